@@ -1,0 +1,15 @@
+# max-softmax: the Mojo package MAX loads with `custom_extensions=[".../op"]`.
+#
+# Layout (one job per file):
+#   softmax_op.mojo         the @extensibility.register structs MAX calls
+#   dispatch.mojo           the one table choosing a kernel from (rows, n, dtype)
+#   row_math.mojo           numerics shared by every kernel (accumulator type,
+#                           guarded exp-differences, the softmax/log-softmax epilogue)
+#   gpu_reductions.mojo     warp-shuffle and block reductions
+#   gpu_tree_rows.mojo      baseline: block per row, shared-memory tree reduction
+#   gpu_register_rows.mojo  short and medium rows held in registers
+#                           (a warp per row, or a block per row)
+#   gpu_online_rows.mojo    long rows: online max/sum pass, then a normalising pass
+#   gpu_split_rows.mojo     few very long rows: each row split across many blocks
+#   gpu_strided_rows.mojo   softmax over an axis that is not the last one
+#   cpu_rows.mojo           vectorized, multithreaded CPU kernels

@@ -1,0 +1,166 @@
+"""Vectorized, multithreaded CPU softmax over a `(outer, n, inner)` view.
+
+Contiguous rows (`inner == 1`) are split into tasks of whole rows; each row
+takes three SIMD sweeps (max; exp and sum; scale). Rows along another axis
+(`inner > 1`) are processed `W` columns at a time, so the SIMD lanes run
+along the contiguous inner dimension and every load is still a vector load.
+"""
+
+from max.algorithm import sync_parallelize
+from std.math import ceildiv, exp
+from std.sys import size_of
+from std.sys import simd_width_of
+from std.utils.numerics import inf
+
+from .row_math import accum_dtype, epilogue, row_scale
+
+# Enough elements per task that thread start-up is noise, few enough tasks
+# that both cores stay busy on small batches.
+comptime TASK_ELEMENTS = 1 << 15
+
+
+def softmax_cpu[
+    dtype: DType, log_out: Bool
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int,
+    n: Int,
+    inner: Int,
+) raises:
+    """Softmax (or log-softmax) of every row of `src` into `dst`.
+
+    Parameters:
+        dtype: Element type of both tensors.
+        log_out: Write log-softmax instead of softmax.
+
+    Args:
+        dst: Output, `outer * n * inner` elements, row-major.
+        src: Input, same shape.
+        outer: Product of the dims before the softmax axis.
+        n: Length of the softmax axis.
+        inner: Product of the dims after it.
+    """
+    if inner == 1:
+        _contiguous_rows[dtype, log_out](dst, src, outer, n)
+    else:
+        _strided_rows[dtype, log_out](dst, src, outer, n, inner)
+
+
+def _contiguous_rows[
+    dtype: DType, log_out: Bool
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+) raises:
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime W = simd_width_of[acc]()
+    var rows_per_task = max(1, TASK_ELEMENTS // max(n, 1))
+    var tasks = ceildiv(rows, rows_per_task)
+    var n_vec = n - n % W
+
+    def task(t: Int) raises {imm}:
+        for r in range(t * rows_per_task, min(rows, (t + 1) * rows_per_task)):
+            var x = src.unsafe_offset(r * n)
+            var y = dst.unsafe_offset(r * n)
+
+            var mv = SIMD[acc, W](-inf[acc]())
+            for j in range(0, n_vec, W):
+                mv = max(mv, x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]())
+            var m = mv.reduce_max()
+            for j in range(n_vec, n):
+                m = max(m, x[unsafe_offset=j].cast[acc]())
+
+            # Sum of exp(x - m). Softmax of 32/64-bit types parks the exps in
+            # dst and rescales them in place; 16-bit types would round them
+            # twice, so they recompute exp in the last sweep instead.
+            comptime park = not log_out and size_of[dtype]() >= 4
+            var sv = SIMD[acc, W](0)
+            for j in range(0, n_vec, W):
+                var e = exp(x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m)
+                comptime if park:
+                    y.unsafe_offset(j).unsafe_store(e.cast[dtype]())
+                sv += e
+            var s = sv.reduce_add()
+            for j in range(n_vec, n):
+                var e = exp(x[unsafe_offset=j].cast[acc]() - m)
+                comptime if park:
+                    y[unsafe_offset=j] = e.cast[dtype]()
+                s += e
+
+            var scale = row_scale[log_out, acc](s)
+            for j in range(0, n_vec, W):
+                comptime if park:
+                    var e = y.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+                    y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
+                else:
+                    var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+                    y.unsafe_offset(j).unsafe_store(
+                        epilogue[log_out, acc, W](v, m, scale).cast[dtype]()
+                    )
+            for j in range(n_vec, n):
+                comptime if park:
+                    y[unsafe_offset=j] = (y[unsafe_offset=j].cast[acc]() * scale).cast[dtype]()
+                else:
+                    var v = x[unsafe_offset=j].cast[acc]()
+                    y[unsafe_offset=j] = epilogue[log_out, acc, 1](v, m, scale).cast[dtype]()
+
+    sync_parallelize(task, tasks)
+
+
+def _strided_rows[
+    dtype: DType, log_out: Bool
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int,
+    n: Int,
+    inner: Int,
+) raises:
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime W = simd_width_of[acc]()
+    var col_blocks = ceildiv(inner, W)
+
+    def task(t: Int) raises {imm}:
+        var o = t // col_blocks
+        var i0 = (t % col_blocks) * W
+        var base = o * n * inner + i0
+        if i0 + W <= inner:
+            _column_block[dtype, log_out, W](dst, src, base, n, inner)
+        else:
+            for i in range(i0, inner):
+                _column_block[dtype, log_out, 1](dst, src, base + i - i0, n, inner)
+
+    sync_parallelize(task, outer * col_blocks)
+
+
+@always_inline
+def _column_block[
+    dtype: DType, log_out: Bool, w: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    n: Int,
+    stride: Int,
+):
+    """Softmax down `w` adjacent columns of stride `stride` at once."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var m = SIMD[acc, w](-inf[acc]())
+    for j in range(n):
+        m = max(m, src.unsafe_offset(base + j * stride).unsafe_load[width=w]().cast[acc]())
+    var s = SIMD[acc, w](0)
+    for j in range(n):
+        s += exp(src.unsafe_offset(base + j * stride).unsafe_load[width=w]().cast[acc]() - m)
+    var scale = row_scale[log_out, acc, w](s)
+    for j in range(n):
+        var at = base + j * stride
+        var v = src.unsafe_offset(at).unsafe_load[width=w]().cast[acc]()
+        dst.unsafe_offset(at).unsafe_store(
+            epilogue[log_out, acc, w](v, m, scale).cast[dtype]()
+        )

@@ -1,0 +1,64 @@
+"""Softmax along an axis that is not the last (`inner > 1`).
+
+The tensor is viewed as (outer, n, inner) and each thread owns one column
+(o, i), walking j = 0..n-1 at stride `inner`. Neighbouring threads own
+neighbouring i, so every step of the walk is a coalesced load across the
+warp. One online sweep gives (max, sum); a second writes the result.
+"""
+
+from max.gpu import block_idx, thread_idx
+from std.utils.numerics import inf
+
+from .row_math import (
+    accum_dtype,
+    epilogue,
+    exp_diff,
+    online_sum_guard,
+    row_scale,
+)
+
+comptime STRIDED_THREADS = 256
+
+
+def strided_rows_kernel[
+    dtype: DType, log_out: Bool
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int64,
+    n: Int64,
+    inner: Int64,
+):
+    """One thread per column of the (outer, n, inner) view.
+
+    Args:
+        dst: Output, same layout as `src`.
+        src: Input, `outer * n * inner` elements.
+        outer: Product of the dims before the axis.
+        n: Length of the axis.
+        inner: Product of the dims after the axis (the stride of the walk).
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var col = Int(block_idx.x) * STRIDED_THREADS + Int(thread_idx.x)
+    var cols = Int(outer) * Int(inner)
+    if col >= cols:
+        return
+    var len = Int(n)
+    var stride = Int(inner)
+    var o = col // stride
+    var i = col % stride
+    var base = o * len * stride + i
+
+    var m = -inf[acc]()
+    var s = Scalar[acc](0)
+    for j in range(len):
+        var v = src[unsafe_offset=base + j * stride].cast[acc]()
+        var new_m = max(m, v)
+        s = s * exp_diff[acc, 1](m, new_m) + exp_diff[acc, 1](v, new_m)
+        m = new_m
+    var scale = row_scale[log_out, acc](online_sum_guard[acc](m, s))
+    for j in range(len):
+        var at = base + j * stride
+        var v = src[unsafe_offset=at].cast[acc]()
+        dst[unsafe_offset=at] = epilogue[log_out, acc, 1](v, m, scale).cast[dtype]()

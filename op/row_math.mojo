@@ -1,0 +1,88 @@
+"""Numerics shared by every softmax kernel, CPU and GPU.
+
+All kernels accumulate in `accum_dtype[dtype]()` (float32 for the 16-bit
+types and float32, float64 for float64) and agree on these semantics, the
+same as `scipy.special.softmax`:
+
+- a row holding NaN or +inf is all NaN;
+- a row of only -inf is all NaN;
+- otherwise -inf entries give exactly 0 and huge finite values are fine,
+  because the row max is subtracted before `exp`.
+"""
+
+from std.math import exp, log
+from std.sys import size_of
+from std.utils.numerics import inf, nan
+
+
+def accum_dtype[dtype: DType]() -> DType:
+    """The type kernels compute in: float64 for float64, else float32."""
+    comptime if dtype == DType.float64:
+        return DType.float64
+    else:
+        return DType.float32
+
+
+def vector_width[dtype: DType]() -> Int:
+    """Elements in one 16-byte load of `dtype`."""
+    return 16 // size_of[dtype]()
+
+
+@always_inline
+def exp_diff[
+    acc: DType, w: Int
+](a: SIMD[acc, w], b: SIMD[acc, w]) -> SIMD[acc, w]:
+    """`exp(a - b)`, but exactly 1 where `a == b`.
+
+    The online algorithm rescales its running sum by `exp(old_max -
+    new_max)` and adds `exp(x - new_max)`. While the row has seen only
+    -inf both are `exp(-inf - -inf) = exp(NaN)`; treating equal values as
+    a difference of 0 keeps a row like [-inf, -inf, 1] finite. NaN never
+    compares equal, so NaN still propagates.
+    """
+    comptime assert acc.is_floating_point()
+    return a.eq(b).select(SIMD[acc, w](1), exp(a - b))
+
+
+@always_inline
+def online_sum_guard[acc: DType](row_max: Scalar[acc], sum: Scalar[acc]) -> Scalar[acc]:
+    """The online sum, made NaN where the three-pass algorithm gives NaN.
+
+    With `exp_diff`, a row whose max is +inf (or only -inf) gets a finite
+    sum; SciPy's three-pass softmax gives NaN there (inf - inf), so we do
+    too.
+    """
+    if row_max == inf[acc]() or row_max == -inf[acc]():
+        return nan[acc]()
+    return sum
+
+
+@always_inline
+def row_scale[
+    log_out: Bool, acc: DType, w: Int = 1
+](sum: SIMD[acc, w]) -> SIMD[acc, w]:
+    """What the epilogue needs from the row sum: 1/sum, or log(sum)."""
+    comptime assert acc.is_floating_point()
+    comptime if log_out:
+        return log(sum)
+    else:
+        return 1 / sum
+
+
+@always_inline
+def epilogue[
+    log_out: Bool, acc: DType, w: Int
+](x: SIMD[acc, w], row_max: SIMD[acc, w], scale: SIMD[acc, w]) -> SIMD[
+    acc, w
+]:
+    """softmax: exp(x - max) / sum; log_softmax: (x - max) - log(sum).
+
+    `scale` comes from `row_scale`. For log_softmax the max is subtracted
+    before log(sum) so that x == max gives -log(sum) exactly, even when
+    max is 1e30.
+    """
+    comptime assert acc.is_floating_point()
+    comptime if log_out:
+        return (x - row_max) - scale
+    else:
+        return exp(x - row_max) * scale

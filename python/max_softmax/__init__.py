@@ -1,0 +1,23 @@
+"""max-softmax: a fast, exact softmax for MAX, written in Mojo.
+
+- `max_softmax.ops.softmax(x, axis)`: add the op to your own MAX graph;
+- `max_softmax.softmax(array, axis, device=...)`: numpy in, numpy out;
+- `max_softmax.KERNELS`: the Mojo package for `custom_extensions=[...]`.
+"""
+
+from . import ops
+from ._paths import KERNELS
+from .arrays import log_softmax, softmax
+from .models import NoGPUError, gpu_available
+from .validation import SUPPORTED_DTYPES, SoftmaxInputError
+
+__all__ = [
+    "KERNELS",
+    "SUPPORTED_DTYPES",
+    "NoGPUError",
+    "SoftmaxInputError",
+    "gpu_available",
+    "log_softmax",
+    "ops",
+    "softmax",
+]

@@ -1,0 +1,113 @@
+"""The one place that builds, compiles and caches the MAX models.
+
+A model runs one op on a rank-3 (outer, n, inner) tensor with symbolic
+dims, so a model compiled once per (op, dtype, device, variant) serves every
+shape, rank and axis. Compilation happens once per key even when many
+threads ask at the same time.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import cache
+
+from max import driver
+from max.dtype import DType
+from max.engine import InferenceSession, Model
+from max.graph import DeviceRef, Graph, TensorType
+
+from . import ops
+from ._paths import KERNELS
+
+DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "gpu")
+
+
+class NoGPUError(RuntimeError):
+    """Raised when device="gpu" is requested on a machine without one."""
+
+
+@cache
+def gpu_available() -> bool:
+    """True when MAX sees at least one accelerator."""
+    try:
+        return driver.accelerator_count() > 0
+    except Exception:
+        return False
+
+
+def resolve_device(device: str) -> str:
+    """Map "auto" / "cpu" / "gpu" to the device kind that will run: "cpu" or "gpu"."""
+    if device not in DEVICE_CHOICES:
+        raise ValueError(
+            f"max_softmax: device must be one of {DEVICE_CHOICES}, got {device!r}"
+        )
+    if device == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    if device == "gpu" and not gpu_available():
+        raise NoGPUError(
+            "max_softmax: device='gpu' was requested but MAX finds no "
+            "accelerator on this machine; use device='cpu' or 'auto'"
+        )
+    return device
+
+
+@cache
+def _device(kind: str) -> driver.Device:
+    return driver.Accelerator() if kind == "gpu" else driver.CPU()
+
+
+@cache
+def _session(kind: str) -> InferenceSession:
+    return InferenceSession(devices=[_device(kind)])
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    """What a compiled model is specialised on."""
+
+    op: str
+    dtype: DType
+    device: str
+    variant: str = "auto"
+
+
+_models: dict[ModelKey, Model] = {}
+_locks: dict[ModelKey, threading.Lock] = {}
+_locks_guard = threading.Lock()
+compile_count: dict[ModelKey, int] = {}
+"""How many times each key was compiled (tests check it stays 1)."""
+
+
+def device(kind: str) -> driver.Device:
+    """The MAX device object for "cpu" or "gpu"."""
+    return _device(kind)
+
+
+def get_model(key: ModelKey) -> Model:
+    """The compiled model for `key`, compiling it on first use."""
+    model = _models.get(key)
+    if model is not None:
+        return model
+    with _locks_guard:
+        lock = _locks.setdefault(key, threading.Lock())
+    with lock:
+        model = _models.get(key)
+        if model is None:
+            model = _compile(key)
+            compile_count[key] = compile_count.get(key, 0) + 1
+            _models[key] = model
+    return model
+
+
+def _compile(key: ModelKey) -> Model:
+    dev = DeviceRef.GPU() if key.device == "gpu" else DeviceRef.CPU()
+    input_type = TensorType(key.dtype, ["outer", "n", "inner"], device=dev)
+    op = getattr(ops, key.op)
+    with Graph(
+        f"max_softmax_{key.op}_{key.dtype.name}_{key.device}_{key.variant}",
+        input_types=[input_type],
+        custom_extensions=[KERNELS],
+    ) as graph:
+        graph.output(op(graph.inputs[0].tensor, axis=1, variant=key.variant))
+    return _session(key.device).load(graph)

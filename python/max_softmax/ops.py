@@ -1,0 +1,97 @@
+"""Graph-level functions: add our ops to the user's own `max.graph.Graph`.
+
+They mirror `max.graph.ops.softmax`: call them inside a `with Graph(...)`
+block on a `TensorValue` of any rank, on CPU or GPU::
+
+    with Graph("model", input_types=[...], custom_extensions=[KERNELS]) as g:
+        logits = ops.matmul(x, w)
+        probs = max_softmax.ops.softmax(logits, axis=-1)
+
+If the graph was created without `custom_extensions=[max_softmax.KERNELS]`,
+the first call adds the kernel library to the current graph.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from operator import mul
+
+from max.graph import Graph, TensorType, TensorValue, ops
+from max.graph.dim import Dim
+
+from ._paths import KERNELS
+from .validation import check_dtype, normalize_axis
+
+VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "online", "split")
+"""Kernel families `variant=` accepts; "auto" uses the dispatch table in
+op/dispatch.mojo. Others exist for benchmarks and tests."""
+
+
+def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
+    """Softmax of `x` along `axis`, computed by our Mojo kernels.
+
+    Args:
+        x: A floating-point tensor (float32, float16, bfloat16, float64) of
+            rank >= 1 in the current graph; dims may be symbolic.
+        axis: The axis to normalise; negative values count from the end.
+        variant: GPU kernel family (see `VARIANTS`); "auto" picks by shape.
+
+    Returns:
+        A tensor of the shape, dtype and device of `x`.
+    """
+    return _row_op("softmax", x, axis, variant)
+
+
+def log_softmax(
+    x: TensorValue, axis: int = -1, *, variant: str = "auto"
+) -> TensorValue:
+    """Log-softmax of `x` along `axis`: x - max - log(sum(exp(x - max))).
+
+    Same arguments and result as `softmax`.
+    """
+    return _row_op("log_softmax", x, axis, variant)
+
+
+def _row_op(name: str, x: TensorValue, axis: int, variant: str) -> TensorValue:
+    x = TensorValue(x)
+    check_dtype(x.dtype)
+    if variant not in VARIANTS:
+        raise ValueError(
+            f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}"
+        )
+    shape = list(x.shape)
+    axis = normalize_axis(axis, len(shape))
+    _ensure_kernels_loaded()
+
+    # One (outer, n, inner) view for every rank and axis, so each
+    # (op, dtype, device) compiles once. The reshapes are free.
+    def product(dims: list[Dim]) -> Dim:
+        return reduce(mul, dims, Dim(1))
+
+    view = [product(shape[:axis]), shape[axis], product(shape[axis + 1 :])]
+    x3 = ops.reshape(x, view) if len(shape) != 3 or axis != 1 else x
+    parameters: dict[str, str | bool | int | float] = {}
+    if variant != "auto":
+        parameters["variant"] = variant
+    (y3,) = ops.custom(
+        name=name,
+        device=x.device,
+        values=[x3],
+        out_types=[TensorType(x.dtype, x3.shape, x.device)],
+        parameters=parameters or None,
+    )
+    y = y3.tensor
+    return y if x3 is x else ops.reshape(y, shape)
+
+
+def _ensure_kernels_loaded() -> None:
+    graph = Graph.current
+    if KERNELS in graph.kernel_libraries_paths:
+        return
+    try:
+        graph._import_kernels([KERNELS])
+    except Exception as err:  # pragma: no cover - depends on MAX internals
+        raise RuntimeError(
+            "max_softmax: could not add the kernel library to this graph; "
+            "create it with Graph(..., custom_extensions=[max_softmax.KERNELS])"
+        ) from err

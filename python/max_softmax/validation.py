@@ -1,0 +1,57 @@
+"""Argument checks shared by the graph-level and array-level functions.
+
+Every user mistake becomes a Python exception that names the problem,
+before anything reaches MAX or Mojo.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from max.dtype import DType
+
+SUPPORTED_DTYPES: tuple[DType, ...] = (
+    DType.float32,
+    DType.float16,
+    DType.bfloat16,
+    DType.float64,
+)
+"""Element types every op accepts (16-bit types compute in float32)."""
+
+
+class SoftmaxInputError(ValueError):
+    """Raised for input that max_softmax cannot take (dtype, rank, axis)."""
+
+
+def check_dtype(dtype: DType) -> DType:
+    """Return `dtype` if it is a supported floating type, else raise."""
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise TypeError(
+            f"max_softmax: softmax needs a floating-point tensor ({names}), "
+            f"got {dtype.name}"
+        )
+    return dtype
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    """Map `axis` (negative counts from the end) into [0, rank), or raise."""
+    if rank == 0:
+        raise SoftmaxInputError(
+            "max_softmax: softmax needs a tensor of rank >= 1, got a scalar "
+            "(rank 0)"
+        )
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"max_softmax: axis must be an int, got {axis!r}")
+    if not -rank <= axis < rank:
+        raise SoftmaxInputError(
+            f"max_softmax: axis {axis} is out of range for a tensor of rank "
+            f"{rank} (valid: {-rank} to {rank - 1})"
+        )
+    return int(axis) % rank
+
+
+def canonical_shape(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """The (outer, n, inner) view the kernels work on, for a concrete shape."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    return outer, int(shape[axis]), inner
