@@ -39,11 +39,16 @@ def online_pair[
     var s = Scalar[acc](0)
     if vector_loads:
         for e in range(begin + t * V, end, threads * V):
-            var v = x.unsafe_offset(e).unsafe_load[width=V, alignment=16]().cast[acc]()
+            var v = (
+                x.unsafe_offset(e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
             var new_m = max(m, v.reduce_max())
-            s = s * exp_diff[acc, 1](m, new_m) + exp_diff[acc, V](
-                v, SIMD[acc, V](new_m)
-            ).reduce_add()
+            s = (
+                s * exp_diff[acc, 1](m, new_m)
+                + exp_diff[acc, V](v, SIMD[acc, V](new_m)).reduce_add()
+            )
             m = new_m
     else:
         for e in range(begin + t, end, threads):
@@ -72,14 +77,20 @@ def normalize_range[
     comptime assert acc.is_floating_point()
     if vector_loads:
         for e in range(begin + t * V, end, threads * V):
-            var v = x.unsafe_offset(e).unsafe_load[width=V, alignment=16]().cast[acc]()
+            var v = (
+                x.unsafe_offset(e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
             y.unsafe_offset(e).unsafe_store[alignment=16](
                 epilogue[log_out, acc, V](v, row_max, scale).cast[dtype]()
             )
     else:
         for e in range(begin + t, end, threads):
             var v = x[unsafe_offset=e].cast[acc]()
-            y[unsafe_offset=e] = epilogue[log_out, acc, 1](v, row_max, scale).cast[dtype]()
+            y[unsafe_offset=e] = epilogue[log_out, acc, 1](
+                v, row_max, scale
+            ).cast[dtype]()
 
 
 def online_rows_kernel[
@@ -113,7 +124,9 @@ def online_rows_kernel[
     var pair = online_pair[dtype, V, ONLINE_THREADS](x, 0, len, t, vector_loads)
     var total = block_max_sum[acc, ONLINE_THREADS](pair[0], pair[1])
     var row_max = total[0]
-    var scale = row_scale[log_out, acc](online_sum_guard[acc](row_max, total[1]))
+    var scale = row_scale[log_out, acc](
+        online_sum_guard[acc](row_max, total[1])
+    )
     normalize_range[dtype, log_out, V, ONLINE_THREADS](
         y, x, 0, len, t, vector_loads, row_max, scale
     )

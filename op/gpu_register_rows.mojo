@@ -16,11 +16,10 @@ still coalesced, loads: element (k*V + v)*threads + t.
 """
 
 from max.gpu import WARP_SIZE, block_idx, thread_idx
-from std.math import exp
 from std.utils.numerics import inf
 
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, epilogue, row_scale
+from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
 comptime ROW_BLOCK_THREADS = 512
 comptime WARPS_PER_BLOCK = 4
@@ -75,7 +74,11 @@ def register_rows_kernel[
         if vector_loads:
             var e0 = (k * threads + t) * V
             if e0 < len:
-                chunk = x.unsafe_offset(e0).unsafe_load[width=V, alignment=16]().cast[acc]()
+                chunk = (
+                    x.unsafe_offset(e0)
+                    .unsafe_load[width=V, alignment=16]()
+                    .cast[acc]()
+                )
         else:
             comptime for v in range(V):
                 var e = (k * V + v) * threads + t
@@ -86,7 +89,9 @@ def register_rows_kernel[
     var row_max = block_max[acc, threads](vals.reduce_max())
     # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
     # (row_max == -inf), and that row is NaN anyway.
-    var sum = block_sum[acc, threads](exp(vals - row_max).reduce_add())
+    var sum = block_sum[acc, threads](
+        exp_nan[acc, V * K](vals - row_max).reduce_add()
+    )
     var scale = row_scale[log_out, acc](sum)
     var out = epilogue[log_out, acc, V * K](vals, row_max, scale)
 

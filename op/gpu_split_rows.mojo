@@ -15,7 +15,7 @@ from std.utils.numerics import inf
 
 from .gpu_online_rows import normalize_range, online_pair
 from .gpu_reductions import block_max_sum
-from .row_math import accum_dtype, exp_diff, online_sum_guard, row_scale
+from .row_math import accum_dtype, fold_pair, online_sum_guard, row_scale
 
 comptime SPLIT_THREADS = 512
 comptime SPLIT_CHUNK = 16384
@@ -78,14 +78,19 @@ def split_normalize_kernel[
     var m = -inf[acc]()
     var s = Scalar[acc](0)
     for i in range(t, chunks, SPLIT_THREADS):
-        var pm = partials[unsafe_offset=(r * chunks + i) * 2]
-        var ps = partials[unsafe_offset=(r * chunks + i) * 2 + 1]
-        var new_m = max(m, pm)
-        s = s * exp_diff[acc, 1](m, new_m) + ps * exp_diff[acc, 1](pm, new_m)
-        m = new_m
+        var folded = fold_pair[acc](
+            m,
+            s,
+            partials[unsafe_offset=(r * chunks + i) * 2],
+            partials[unsafe_offset=(r * chunks + i) * 2 + 1],
+        )
+        m = folded[0]
+        s = folded[1]
     var total = block_max_sum[acc, SPLIT_THREADS](m, s)
     var row_max = total[0]
-    var scale = row_scale[log_out, acc](online_sum_guard[acc](row_max, total[1]))
+    var scale = row_scale[log_out, acc](
+        online_sum_guard[acc](row_max, total[1])
+    )
 
     var begin = c * SPLIT_CHUNK
     normalize_range[dtype, log_out, V, SPLIT_THREADS](

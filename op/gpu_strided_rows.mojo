@@ -13,11 +13,13 @@ from .row_math import (
     accum_dtype,
     epilogue,
     exp_diff,
+    fold_pair,
     online_sum_guard,
     row_scale,
 )
 
 comptime STRIDED_THREADS = 256
+comptime STRIDED_SUM_BLOCK = 256
 
 
 def strided_rows_kernel[
@@ -50,15 +52,25 @@ def strided_rows_kernel[
     var i = col % stride
     var base = o * len * stride + i
 
+    # Online pairs over blocks of STRIDED_SUM_BLOCK steps, folded into the
+    # total, so one thread's float32 sum over a million steps stays accurate.
     var m = -inf[acc]()
     var s = Scalar[acc](0)
-    for j in range(len):
-        var v = src[unsafe_offset=base + j * stride].cast[acc]()
-        var new_m = max(m, v)
-        s = s * exp_diff[acc, 1](m, new_m) + exp_diff[acc, 1](v, new_m)
-        m = new_m
+    for b in range(0, len, STRIDED_SUM_BLOCK):
+        var bm = -inf[acc]()
+        var bs = Scalar[acc](0)
+        for j in range(b, min(b + STRIDED_SUM_BLOCK, len)):
+            var v = src[unsafe_offset=base + j * stride].cast[acc]()
+            var new_m = max(bm, v)
+            bs = bs * exp_diff[acc, 1](bm, new_m) + exp_diff[acc, 1](v, new_m)
+            bm = new_m
+        var folded = fold_pair[acc](m, s, bm, bs)
+        m = folded[0]
+        s = folded[1]
     var scale = row_scale[log_out, acc](online_sum_guard[acc](m, s))
     for j in range(len):
         var at = base + j * stride
         var v = src[unsafe_offset=at].cast[acc]()
-        dst[unsafe_offset=at] = epilogue[log_out, acc, 1](v, m, scale).cast[dtype]()
+        dst[unsafe_offset=at] = epilogue[log_out, acc, 1](v, m, scale).cast[
+            dtype
+        ]()

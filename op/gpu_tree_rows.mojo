@@ -9,11 +9,10 @@ global memory three times (max, sum, write).
 from max.gpu import block_idx, thread_idx
 from max.gpu.memory import AddressSpace
 from max.gpu.sync import barrier
-from std.math import exp
 from std.memory import stack_allocation
 from std.utils.numerics import inf
 
-from .row_math import accum_dtype, epilogue, row_scale
+from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
 comptime TREE_THREADS = 256
 
@@ -21,14 +20,23 @@ comptime TREE_THREADS = 256
 @always_inline
 def _tree_reduce[
     acc: DType, is_max: Bool
-](slots: Pointer[Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED], tid: Int) -> Scalar[acc]:
+](
+    slots: Pointer[
+        Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    tid: Int,
+) -> Scalar[acc]:
     var stride = TREE_THREADS // 2
     while stride > 0:
         if tid < stride:
             comptime if is_max:
-                slots[unsafe_offset=tid] = max(slots[unsafe_offset=tid], slots[unsafe_offset=tid + stride])
+                slots[unsafe_offset=tid] = max(
+                    slots[unsafe_offset=tid], slots[unsafe_offset=tid + stride]
+                )
             else:
-                slots[unsafe_offset=tid] = slots[unsafe_offset=tid] + slots[unsafe_offset=tid + stride]
+                slots[unsafe_offset=tid] = (
+                    slots[unsafe_offset=tid] + slots[unsafe_offset=tid + stride]
+                )
         barrier()
         stride //= 2
     var r = slots[unsafe_offset=0]
@@ -72,11 +80,13 @@ def tree_rows_kernel[
 
     var s = Scalar[acc](0)
     for j in range(tid, len, TREE_THREADS):
-        s += exp(src[unsafe_offset=base + j].cast[acc]() - row_max)
+        s += exp_nan[acc, 1](src[unsafe_offset=base + j].cast[acc]() - row_max)
     slots[unsafe_offset=tid] = s
     barrier()
     var scale = row_scale[log_out, acc](_tree_reduce[acc, False](slots, tid))
 
     for j in range(tid, len, TREE_THREADS):
         var v = src[unsafe_offset=base + j].cast[acc]()
-        dst[unsafe_offset=base + j] = epilogue[log_out, acc, 1](v, row_max, scale).cast[dtype]()
+        dst[unsafe_offset=base + j] = epilogue[log_out, acc, 1](
+            v, row_max, scale
+        ).cast[dtype]()

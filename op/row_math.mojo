@@ -10,7 +10,7 @@ same as `scipy.special.softmax`:
   because the row max is subtracted before `exp`.
 """
 
-from std.math import exp, log
+from std.math import exp, isnan, log
 from std.sys import size_of
 from std.utils.numerics import inf, nan
 
@@ -29,6 +29,17 @@ def vector_width[dtype: DType]() -> Int:
 
 
 @always_inline
+def exp_nan[acc: DType, w: Int](x: SIMD[acc, w]) -> SIMD[acc, w]:
+    """`exp(x)` that keeps NaN as NaN.
+
+    Mojo's vectorized `exp` maps NaN to inf on the CPU; a NaN in a row must
+    instead make its sum, and so the whole row, NaN.
+    """
+    comptime assert acc.is_floating_point()
+    return isnan(x).select(x, exp(x))
+
+
+@always_inline
 def exp_diff[
     acc: DType, w: Int
 ](a: SIMD[acc, w], b: SIMD[acc, w]) -> SIMD[acc, w]:
@@ -41,11 +52,28 @@ def exp_diff[
     compares equal, so NaN still propagates.
     """
     comptime assert acc.is_floating_point()
-    return a.eq(b).select(SIMD[acc, w](1), exp(a - b))
+    return a.eq(b).select(SIMD[acc, w](1), exp_nan[acc, w](a - b))
 
 
 @always_inline
-def online_sum_guard[acc: DType](row_max: Scalar[acc], sum: Scalar[acc]) -> Scalar[acc]:
+def fold_pair[
+    acc: DType
+](
+    m: Scalar[acc], s: Scalar[acc], part_m: Scalar[acc], part_s: Scalar[acc]
+) -> Tuple[Scalar[acc], Scalar[acc]]:
+    """Fold one online pair (max, sum of exp(x - max)) into another."""
+    var new_m = max(m, part_m)
+    return (
+        new_m,
+        s * exp_diff[acc, 1](m, new_m)
+        + part_s * exp_diff[acc, 1](part_m, new_m),
+    )
+
+
+@always_inline
+def online_sum_guard[
+    acc: DType
+](row_max: Scalar[acc], sum: Scalar[acc]) -> Scalar[acc]:
     """The online sum, made NaN where the three-pass algorithm gives NaN.
 
     With `exp_diff`, a row whose max is +inf (or only -inf) gets a finite
@@ -64,7 +92,8 @@ def row_scale[
     """What the epilogue needs from the row sum: 1/sum, or log(sum)."""
     comptime assert acc.is_floating_point()
     comptime if log_out:
-        return log(sum)
+        # Like exp, Mojo's log does not keep NaN as NaN on the CPU.
+        return isnan(sum).select(sum, log(sum))
     else:
         return 1 / sum
 
@@ -72,10 +101,8 @@ def row_scale[
 @always_inline
 def epilogue[
     log_out: Bool, acc: DType, w: Int
-](x: SIMD[acc, w], row_max: SIMD[acc, w], scale: SIMD[acc, w]) -> SIMD[
-    acc, w
-]:
-    """softmax: exp(x - max) / sum; log_softmax: (x - max) - log(sum).
+](x: SIMD[acc, w], row_max: SIMD[acc, w], scale: SIMD[acc, w]) -> SIMD[acc, w]:
+    """Softmax: exp(x - max) / sum; log-softmax: (x - max) - log(sum).
 
     `scale` comes from `row_scale`. For log_softmax the max is subtracted
     before log(sum) so that x == max gives -log(sum) exactly, even when
@@ -85,4 +112,4 @@ def epilogue[
     comptime if log_out:
         return (x - row_max) - scale
     else:
-        return exp(x - row_max) * scale
+        return exp_nan[acc, w](x - row_max) * scale

@@ -14,7 +14,7 @@ from .dispatch import softmax_rows
 
 @extensibility.register("softmax")
 struct Softmax:
-    """softmax(x) along axis 1 of an (outer, n, inner) tensor."""
+    """Softmax along axis 1 of an (outer, n, inner) tensor."""
 
     @staticmethod
     def execute[
@@ -41,7 +41,7 @@ struct Softmax:
 
 @extensibility.register("log_softmax")
 struct LogSoftmax:
-    """log_softmax(x) along axis 1 of an (outer, n, inner) tensor."""
+    """Log-softmax along axis 1 of an (outer, n, inner) tensor."""
 
     @staticmethod
     def execute[

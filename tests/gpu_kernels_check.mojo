@@ -12,8 +12,17 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](x.unsafe_ptr())
     var dst = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](y.unsafe_ptr())
     comptime for log_out in [False, True]:
-        comptime for variant in ["auto", "tree", "warp", "block", "online", "split"]:
-            softmax_rows["gpu", dtype, log_out, variant](ctx, dst, src, 4, 1000, 1)
+        comptime for variant in [
+            "auto",
+            "tree",
+            "warp",
+            "block",
+            "online",
+            "split",
+        ]:
+            softmax_rows["gpu", dtype, log_out, variant](
+                ctx, dst, src, 4, 1000, 1
+            )
         softmax_rows["gpu", dtype, log_out, "auto"](ctx, dst, src, 4, 100, 7)
 
 

@@ -12,9 +12,7 @@ from .ops import VARIANTS
 from .validation import canonical_shape, normalize_axis
 
 
-def softmax(
-    x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto"
-) -> np.ndarray:
+def softmax(x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto") -> np.ndarray:
     """Softmax of array `x` along `axis`, computed by our Mojo kernels.
 
     Args:
@@ -53,9 +51,7 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str) -> np.ndarr
     dtype = max_dtype(array.dtype)
     axis = normalize_axis(axis, array.ndim)
     if variant not in VARIANTS:
-        raise ValueError(
-            f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}"
-        )
+        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
     kind = resolve_device(device_name)
     if array.size == 0:
         return np.empty(array.shape, dtype=array.dtype)

@@ -34,8 +34,7 @@ def max_dtype(dtype: np.dtype) -> DType:
     except KeyError:
         names = ", ".join(DTYPE_NAMES)
         raise TypeError(
-            f"max_softmax: softmax needs a floating-point array ({names}), "
-            f"got {np.dtype(dtype)}"
+            f"max_softmax: softmax needs a floating-point array ({names}), got {np.dtype(dtype)}"
         ) from None
 
 

@@ -39,9 +39,7 @@ def gpu_available() -> bool:
 def resolve_device(device: str) -> str:
     """Map "auto" / "cpu" / "gpu" to the device kind that will run: "cpu" or "gpu"."""
     if device not in DEVICE_CHOICES:
-        raise ValueError(
-            f"max_softmax: device must be one of {DEVICE_CHOICES}, got {device!r}"
-        )
+        raise ValueError(f"max_softmax: device must be one of {DEVICE_CHOICES}, got {device!r}")
     if device == "auto":
         return "gpu" if gpu_available() else "cpu"
     if device == "gpu" and not gpu_available():

@@ -42,9 +42,7 @@ def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorV
     return _row_op("softmax", x, axis, variant)
 
 
-def log_softmax(
-    x: TensorValue, axis: int = -1, *, variant: str = "auto"
-) -> TensorValue:
+def log_softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
     """Log-softmax of `x` along `axis`: x - max - log(sum(exp(x - max))).
 
     Same arguments and result as `softmax`.
@@ -56,9 +54,7 @@ def _row_op(name: str, x: TensorValue, axis: int, variant: str) -> TensorValue:
     x = TensorValue(x)
     check_dtype(x.dtype)
     if variant not in VARIANTS:
-        raise ValueError(
-            f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}"
-        )
+        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
     shape = list(x.shape)
     axis = normalize_axis(axis, len(shape))
     _ensure_kernels_loaded()

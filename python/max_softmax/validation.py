@@ -27,8 +27,7 @@ def check_dtype(dtype: DType) -> DType:
     if dtype not in SUPPORTED_DTYPES:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise TypeError(
-            f"max_softmax: softmax needs a floating-point tensor ({names}), "
-            f"got {dtype.name}"
+            f"max_softmax: softmax needs a floating-point tensor ({names}), got {dtype.name}"
         )
     return dtype
 
@@ -37,8 +36,7 @@ def normalize_axis(axis: int, rank: int) -> int:
     """Map `axis` (negative counts from the end) into [0, rank), or raise."""
     if rank == 0:
         raise SoftmaxInputError(
-            "max_softmax: softmax needs a tensor of rank >= 1, got a scalar "
-            "(rank 0)"
+            "max_softmax: softmax needs a tensor of rank >= 1, got a scalar (rank 0)"
         )
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"max_softmax: axis must be an int, got {axis!r}")

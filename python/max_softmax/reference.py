@@ -1,0 +1,78 @@
+"""The float64 SciPy reference and the per-dtype tolerances, in one place.
+
+Tests, the `softmax` command and the benchmark's pre-timing check all judge
+results with `compare`, so "correct" means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.special
+
+# (rtol, atol) per op and dtype: a few units in the last place of the
+# output type, since 16-bit outputs are rounded once from float32 math.
+# float64 allows 1e-10: Mojo's float64 exp is good to ~1e-11, not 1 ulp.
+TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    ("softmax", "float64"): (1e-10, 1e-14),
+    ("softmax", "float32"): (2e-5, 1e-7),
+    ("softmax", "float16"): (2e-3, 1e-6),
+    ("softmax", "bfloat16"): (1.6e-2, 1e-6),
+    ("log_softmax", "float64"): (1e-10, 1e-10),
+    ("log_softmax", "float32"): (1e-5, 2e-5),
+    ("log_softmax", "float16"): (2e-3, 4e-3),
+    ("log_softmax", "bfloat16"): (1.6e-2, 3e-2),
+}
+
+
+def reference(op: str, x: np.ndarray, axis: int) -> np.ndarray:
+    """SciPy's softmax / log_softmax of `x` computed in float64.
+
+    One deliberate difference: SciPy's log_softmax of a row holding +inf is
+    -inf at the finite entries (while its softmax of that row is all NaN);
+    ours, like torch, is NaN on the whole row, so log_softmax == log(softmax).
+    """
+    x64 = np.asarray(x).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if op == "softmax":
+            return scipy.special.softmax(x64, axis=axis)
+        out = scipy.special.log_softmax(x64, axis=axis)
+    has_inf = np.any(x64 == np.inf, axis=axis, keepdims=True)
+    return np.where(has_inf, np.nan, out)
+
+
+@dataclass
+class Comparison:
+    """How far a result is from the reference."""
+
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    nan_mismatches: int
+    rtol: float
+    atol: float
+
+
+def compare(op: str, got: np.ndarray, x: np.ndarray, axis: int) -> Comparison:
+    """Compare `got` with the float64 reference of `x` under our tolerances."""
+    ref = reference(op, x, axis)
+    rtol, atol = TOLERANCES[(op, np.dtype(x.dtype).name)]
+    g = np.asarray(got).astype(np.float64)
+    nan_mismatch = int(np.count_nonzero(np.isnan(g) != np.isnan(ref)))
+    both = ~np.isnan(ref) & ~np.isnan(g)
+    same_inf = both & (g == ref)  # -inf == -inf in log_softmax of -inf entries
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = np.where(same_inf, 0.0, np.abs(g - ref))
+        diff = np.where(both, diff, 0.0)
+        scale = np.where(both & ~same_inf, np.abs(ref), 1.0)
+        rel = np.where(scale > 0, diff / scale, diff)
+    ok = nan_mismatch == 0 and bool(np.all(diff <= atol + rtol * scale))
+    return Comparison(
+        ok=ok,
+        max_abs_err=float(diff.max(initial=0.0)),
+        max_rel_err=float(rel.max(initial=0.0)),
+        nan_mismatches=nan_mismatch,
+        rtol=rtol,
+        atol=atol,
+    )

@@ -1,0 +1,56 @@
+"""Bad input gets a clear Python exception naming the problem."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import max_softmax
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_, np.complex64])
+def test_non_float_dtype(dtype):
+    with pytest.raises(TypeError, match="floating-point"):
+        max_softmax.softmax(np.ones((2, 3), dtype=dtype), device="cpu")
+
+
+def test_rank_zero():
+    with pytest.raises(ValueError, match="rank >= 1"):
+        max_softmax.softmax(np.float32(1.0), device="cpu")
+
+
+@pytest.mark.parametrize("axis", [2, -3, 10])
+def test_axis_out_of_range(axis):
+    with pytest.raises(ValueError, match=f"axis {axis} is out of range for a tensor of rank 2"):
+        max_softmax.softmax(np.ones((2, 3), dtype=np.float32), axis=axis, device="cpu")
+
+
+def test_axis_not_int():
+    with pytest.raises(TypeError, match="axis must be an int"):
+        max_softmax.softmax(np.ones(3, dtype=np.float32), axis=1.5, device="cpu")
+
+
+def test_unknown_device():
+    with pytest.raises(ValueError, match="device must be one of"):
+        max_softmax.softmax(np.ones(3, dtype=np.float32), device="tpu")
+
+
+def test_unknown_variant():
+    with pytest.raises(ValueError, match="unknown variant"):
+        max_softmax.softmax(np.ones(3, dtype=np.float32), device="cpu", variant="fast")
+
+
+@pytest.mark.skipif(max_softmax.gpu_available(), reason="a GPU is present")
+def test_gpu_requested_without_gpu():
+    with pytest.raises(max_softmax.NoGPUError, match="no accelerator"):
+        max_softmax.softmax(np.ones(3, dtype=np.float32), device="gpu")
+
+
+@pytest.mark.skipif(not max_softmax.gpu_available(), reason="no GPU: MAX finds no accelerator")
+def test_variant_too_short_for_row_on_gpu():
+    x = np.ones((2, 5000), dtype=np.float32)
+    with pytest.raises(ValueError, match="variant 'warp' handles rows up to 1024"):
+        max_softmax.softmax(x, device="gpu", variant="warp")
+    # The model stays usable after the error.
+    y = max_softmax.softmax(x, device="gpu")
+    np.testing.assert_allclose(y, 1 / 5000, rtol=1e-6)

@@ -1,0 +1,119 @@
+"""Softmax and log-softmax values against scipy.special in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICES, DTYPES, GPU_SKIP, assert_matches_scipy, random_logits
+
+import max_softmax
+
+OPS = ["softmax", "log_softmax"]
+
+# Shapes and every axis of each, negative ones included.
+SHAPES_AXES = [
+    ((128,), -1),  # the classic puzzle vector
+    ((1,), 0),
+    ((1000,), 0),  # not a power of two
+    ((7, 50257), -1),  # GPT-2 vocabulary
+    ((16, 1025), 1),
+    ((3, 5, 7), 0),
+    ((3, 5, 7), 1),
+    ((3, 5, 7), 2),
+    ((3, 5, 7), -3),
+    ((2, 3, 4, 5), 0),
+    ((2, 3, 4, 5), 2),
+    ((2, 3, 4, 5), -1),
+    ((2, 3, 4, 5), -3),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", SHAPES_AXES)
+def test_matches_scipy(rng, device, op, dtype, shape, axis):
+    x = random_logits(rng, shape, dtype)
+    y = getattr(max_softmax, op)(x, axis=axis, device=device)
+    assert_matches_scipy(op, y, x, axis)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,axis", [((2, 1 << 20), -1), ((1 << 20, 3), 0)])
+def test_long_rows(rng, device, shape, axis):
+    x = random_logits(rng, shape, "float32")
+    y = max_softmax.softmax(x, axis=axis, device=device)
+    assert_matches_scipy("softmax", y, x, axis)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_properties(rng, device):
+    """Rows sum to 1, 0 <= p <= 1, shift invariance, argmax preserved."""
+    x = random_logits(rng, (64, 300), "float32")
+    p = max_softmax.softmax(x, device=device)
+    np.testing.assert_allclose(p.sum(axis=-1), 1.0, rtol=1e-5)
+    assert np.all((p >= 0) & (p <= 1))
+    shifted = max_softmax.softmax(x + np.float32(100), device=device)
+    np.testing.assert_allclose(shifted, p, rtol=1e-4, atol=1e-7)
+    assert np.array_equal(p.argmax(axis=-1), x.argmax(axis=-1))
+    again = max_softmax.softmax(x, device=device)
+    assert np.array_equal(again, p), "same input must give bit-identical output"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_input(rng, device):
+    base = random_logits(rng, (20, 30), "float32")
+    view = base[::2, ::-3]
+    y = max_softmax.softmax(view, axis=0, device=device)
+    assert_matches_scipy("softmax", y, np.ascontiguousarray(view), 0)
+
+
+def test_other_shape_does_not_recompile(rng):
+    from max.dtype import DType
+
+    from max_softmax.models import ModelKey, compile_count
+
+    for shape in [(3, 10), (5, 7, 2), (1000,)]:
+        max_softmax.softmax(random_logits(rng, shape, "float32"), device="cpu")
+    assert compile_count[ModelKey("softmax", DType.float32, "cpu")] == 1
+
+
+# --- GPU kernel families and dispatch boundaries -------------------------
+
+VARIANT_CASES = [
+    ("tree", (5, 1000)),
+    ("tree", (3, 70001)),
+    ("warp", (5, 100)),
+    ("warp", (9, 1024)),
+    ("warp", (6, 1023)),
+    ("block", (3, 1025)),
+    ("block", (2, 32768)),
+    ("block", (2, 32767)),
+    ("online", (5, 1000)),
+    ("online", (3, 100003)),
+    ("split", (3, 1000)),
+    ("split", (2, (1 << 20) + 3)),
+]
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant,shape", VARIANT_CASES)
+def test_gpu_variants(rng, variant, shape, dtype):
+    x = random_logits(rng, shape, dtype)
+    y = max_softmax.softmax(x, device="gpu", variant=variant)
+    assert_matches_scipy("softmax", y, x, -1)
+
+
+# Row lengths around every boundary of the GPU dispatch table (fp32 V=4
+# and bf16 V=8 share these in units of elements).
+BOUNDARIES = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [b + d for b in BOUNDARIES for d in (-1, 0, 1)])
+def test_gpu_dispatch_boundaries(rng, n, dtype):
+    x = random_logits(rng, (5, n), dtype)
+    gpu = max_softmax.softmax(x, device="gpu")
+    assert_matches_scipy("softmax", gpu, x, -1)
