@@ -1,0 +1,550 @@
+"""`softmax bench`: GB/s of our kernels against every peer that is installed.
+
+Method (the same for every provider, so the numbers compare):
+
+- Fresh random inputs (never zeros). K distinct input/output pairs are
+  rotated so that the K tensors together exceed the GPU's L2 (50 MB on an
+  H100): each call reads from HBM, as in a model.
+- Marginal time per call = (T(K calls) - T(1 call)) / (K - 1), each T the
+  median of several synchronized wall-clock runs after a warm-up. This
+  removes fixed per-`execute` / per-sync overhead (MAX's ~30 us) for all
+  providers alike. For MAX (ours and the built-in) the K calls are K ops in
+  one graph, executed once.
+- GB/s = bytes that must move (read input + write output = 2 x tensor
+  bytes) / marginal time; the roof is a device copy of the same tensors
+  measured in the same run.
+- Every provider's output is checked against the float64 SciPy reference
+  (first rows) before it is timed; a failing provider is reported, not
+  timed.
+
+Results go to a JSON file first; the table and the PNG plot are made from
+that data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
+from .models import device as max_device
+from .models import resolve_device
+from .reference import compare
+
+ISSUE_SHAPES_GPU: list[tuple[int, int]] = [
+    (4096, 1024),
+    (4096, 4096),
+    (4096, 16384),
+    (4096, 65536),
+    (8192, 50257),
+    (32, 1 << 20),
+]
+SWEEP_GPU: list[tuple[int, int]] = [
+    (16384, 32),
+    (16384, 128),
+    (16384, 512),
+    (8192, 2048),
+    (2048, 8192),
+    (1024, 32768),
+    (256, 131072),
+    (64, 524288),
+    (1, 1 << 20),
+    (16, 1 << 20),
+]
+SHAPES_CPU: list[tuple[int, int]] = [
+    (4096, 1024),
+    (1024, 16384),
+    (256, 65536),
+    (16, 1 << 20),
+    (2048, 128),
+]
+L2_BYTES = 50 << 20
+CHECK_ROWS = 64
+
+
+@dataclass
+class Row:
+    """One provider at one shape and dtype."""
+
+    provider: str
+    rows: int
+    n: int
+    dtype: str
+    device: str
+    us: float | None = None
+    gbps: float | None = None
+    ok: bool | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --- providers -----------------------------------------------------------
+
+
+class Provider:
+    """Something that computes softmax along the last axis of a batch."""
+
+    name = "?"
+
+    def prepare(self, xs: list[np.ndarray]) -> None:
+        """Move the K inputs to where the provider computes (untimed)."""
+
+    def run(self, k: int) -> None:
+        """Compute softmax of the first k inputs and wait for the results."""
+
+    def output0(self) -> np.ndarray:
+        """The result for input 0, as numpy."""
+        raise NotImplementedError
+
+
+class MaxGraphProvider(Provider):
+    """Our op (any variant) or MAX's built-in ops.softmax, K ops per graph."""
+
+    def __init__(self, kind: str, dtype: str, ours: bool, variant: str = "auto"):
+        from max.engine import InferenceSession
+
+        self.kind, self.dtype, self.ours, self.variant = kind, dtype, ours, variant
+        self.name = (
+            ("ours" if variant == "auto" else f"ours:{variant}") if ours else "max.ops.softmax"
+        )
+        self.session = InferenceSession(devices=[max_device(kind)])
+        self.models: dict[int, object] = {}
+
+    def _model(self, k: int):
+        if k not in self.models:
+            from max.graph import DeviceRef, Graph, TensorType, ops
+
+            from . import ops as our_ops
+            from ._paths import KERNELS
+
+            ref = DeviceRef.GPU() if self.kind == "gpu" else DeviceRef.CPU()
+            t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], device=ref)
+            with Graph(
+                f"bench_{self.name}_{k}", input_types=[t] * k, custom_extensions=[KERNELS]
+            ) as g:
+                outs = []
+                for v in g.inputs:
+                    if self.ours:
+                        outs.append(our_ops.softmax(v.tensor, -1, variant=self.variant))
+                    else:
+                        outs.append(ops.softmax(v.tensor, axis=-1))
+                g.output(*outs)
+            self.models[k] = self.session.load(g)
+        return self.models[k]
+
+    def prepare(self, xs):
+        dev = max_device(self.kind)
+        self.bufs = [to_buffer(np.ascontiguousarray(x)).to(dev) for x in xs]
+
+    def run(self, k):
+        out = self._model(k).execute(*self.bufs[:k])
+        self.last = out
+        if self.kind == "gpu":
+            max_device("gpu").synchronize()
+
+    def output0(self):
+        from .dtypes import to_numpy
+
+        return to_numpy(self.last[0])
+
+
+class TorchProvider(Provider):
+    """torch.softmax (and the device-copy roof with copy=True)."""
+
+    def __init__(self, kind: str, copy: bool = False):
+        import torch
+
+        self.torch, self.kind, self.copy = torch, kind, copy
+        self.name = "copy" if copy else "torch"
+        self.dev = torch.device("cuda" if kind == "gpu" else "cpu")
+
+    def prepare(self, xs):
+        t = self.torch
+        self.xs = [_to_torch(t, x, self.dev) for x in xs]
+        self.ys = [t.empty_like(x) for x in self.xs]
+
+    def run(self, k):
+        t = self.torch
+        for x, y in zip(self.xs[:k], self.ys[:k]):
+            if self.copy:
+                y.copy_(x)
+            else:
+                t.softmax(x, dim=-1, out=y)
+        if self.kind == "gpu":
+            t.cuda.synchronize()
+
+    def output0(self):
+        return _from_torch(self.ys[0])
+
+
+class TritonProvider(TorchProvider):
+    """The Triton tutorial's fused softmax (a program per row, row in SRAM)."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        from ._triton_softmax import triton_softmax
+
+        self.fn = triton_softmax
+        self.name = "triton"
+
+    def run(self, k):
+        for x, y in zip(self.xs[:k], self.ys[:k]):
+            self.fn(x, y)
+        self.torch.cuda.synchronize()
+
+
+class JaxProvider(Provider):
+    """jax.nn.softmax, jitted."""
+
+    def __init__(self, kind: str):
+        import jax
+
+        self.jax = jax
+        self.name = "jax"
+        self.dev = jax.devices("gpu" if kind == "gpu" else "cpu")[0]
+        self.fn = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+
+    def prepare(self, xs):
+        self.xs = [self.jax.device_put(x, self.dev) for x in xs]
+
+    def run(self, k):
+        self.ys = [self.fn(x) for x in self.xs[:k]]
+        for y in self.ys:
+            y.block_until_ready()
+
+    def output0(self):
+        return np.asarray(self.ys[0])
+
+
+class NumpyProvider(Provider):
+    """CPU peers: scipy.special.softmax, a plain numpy softmax, and np.copyto."""
+
+    def __init__(self, which: str):
+        self.name = which
+
+    def prepare(self, xs):
+        self.xs = xs
+        self.ys = [np.empty_like(x) for x in xs]
+
+    def run(self, k):
+        import scipy.special
+
+        for x, y in zip(self.xs[:k], self.ys[:k]):
+            if self.name == "copy":
+                np.copyto(y, x)
+            elif self.name == "scipy":
+                y[...] = scipy.special.softmax(x, axis=-1)
+            else:
+                e = np.exp(x - x.max(axis=-1, keepdims=True))
+                np.divide(e, e.sum(axis=-1, keepdims=True), out=y)
+
+    def output0(self):
+        return self.ys[0]
+
+
+def _to_torch(torch, x: np.ndarray, dev):
+    if x.dtype == DTYPE_NAMES["bfloat16"]:
+        return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).to(dev)
+    return torch.from_numpy(x).to(dev)
+
+
+def _from_torch(y) -> np.ndarray:
+    import torch
+
+    y = y.detach().cpu()
+    if y.dtype == torch.bfloat16:
+        return y.view(torch.uint16).numpy().view(DTYPE_NAMES["bfloat16"])
+    return y.numpy()
+
+
+def make_providers(kind: str, dtype: str, variants: Sequence[str]) -> list[Callable[[], Provider]]:
+    """Factories for every provider available on this machine."""
+    out: list[Callable[[], Provider]] = []
+    have = _installed()
+    if kind == "gpu" and "torch" in have:
+        out.append(lambda: TorchProvider(kind, copy=True))
+    if kind == "cpu":
+        out.append(lambda: NumpyProvider("copy"))
+    out.append(lambda: MaxGraphProvider(kind, dtype, ours=True))
+    for v in variants:
+        out.append(lambda v=v: MaxGraphProvider(kind, dtype, ours=True, variant=v))
+    out.append(lambda: MaxGraphProvider(kind, dtype, ours=False))
+    if "torch" in have:
+        out.append(lambda: TorchProvider(kind))
+    if kind == "gpu" and "triton" in have and "torch" in have:
+        out.append(lambda: TritonProvider(kind))
+    if "jax" in have and dtype != "float16":
+        out.append(lambda: JaxProvider(kind))
+    if kind == "cpu" and dtype in ("float32", "float64"):
+        out.append(lambda: NumpyProvider("scipy"))
+        out.append(lambda: NumpyProvider("numpy"))
+    return out
+
+
+def _installed() -> set[str]:
+    import importlib.util
+
+    return {m for m in ("torch", "triton", "jax") if importlib.util.find_spec(m)}
+
+
+# --- measurement ---------------------------------------------------------
+
+
+def _median_time(fn: Callable[[], None], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(provider: Provider, xs: list[np.ndarray], reps: int) -> tuple[float, bool, str]:
+    """Marginal seconds per call, whether the output checked, and a note."""
+    k = len(xs)
+    provider.prepare(xs)
+    provider.run(1)
+    got = provider.output0()[:CHECK_ROWS]
+    if provider.name == "copy":
+        ok = np.array_equal(got, xs[0][:CHECK_ROWS])
+        c = None
+    else:
+        c = compare("softmax", got, xs[0][:CHECK_ROWS], -1)
+        ok = c.ok
+    if not ok:
+        why = f"max_rel_err={c.max_rel_err:.2g}" if c else "copy differs"
+        return float("nan"), False, f"wrong: {why}"
+    provider.run(k)  # warm-up (and compile) the K-call path
+    t1 = _median_time(lambda: provider.run(1), reps)
+    tk = _median_time(lambda: provider.run(k), reps)
+    return max(tk - t1, 1e-9) / (k - 1), True, ""
+
+
+def run_sweep(args: argparse.Namespace) -> list[Row]:
+    """Measure every provider at every shape and dtype; return the rows."""
+    kind = resolve_device(args.device)
+    shapes = args.shapes or (ISSUE_SHAPES_GPU + SWEEP_GPU if kind == "gpu" else SHAPES_CPU)
+    rng = np.random.default_rng(args.seed)
+    results: list[Row] = []
+    jobs = [(d, s) for d in args.dtype for s in shapes]
+    bar = _progress(len(jobs))
+    for dtype, (rows, n) in jobs:
+        nbytes = rows * n * DTYPE_NAMES[dtype].itemsize
+        # Two K values only (each K is a graph to compile): 16 small tensors
+        # or 3 large ones, always well over 4x the L2 in total.
+        k = args.max_k if kind == "gpu" and 3 * nbytes < 4 * L2_BYTES else 3
+        xs = [
+            (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
+            for _ in range(k)
+        ]
+        for factory in make_providers(kind, dtype, args.variants):
+            try:
+                p = factory()
+                secs, ok, note = measure(p, xs, args.reps)
+                gbps = 2 * nbytes / secs / 1e9 if ok else None
+                results.append(
+                    Row(
+                        p.name,
+                        rows,
+                        n,
+                        dtype,
+                        kind,
+                        secs * 1e6 if ok else None,
+                        gbps,
+                        ok,
+                        note,
+                        {"k": k},
+                    )
+                )
+            except Exception as err:  # a peer that cannot run this case
+                name = getattr(factory, "__name__", "?")
+                results.append(
+                    Row(
+                        getattr(locals().get("p"), "name", name),
+                        rows,
+                        n,
+                        dtype,
+                        kind,
+                        None,
+                        None,
+                        None,
+                        f"error: {str(err)[:120]}",
+                    )
+                )
+            finally:
+                p = None
+        bar(f"{dtype} {rows}x{n}")
+    return results
+
+
+def _progress(total: int) -> Callable[[str], None]:
+    try:
+        from tqdm import tqdm
+
+        t = tqdm(total=total, file=sys.stderr, desc="bench")
+
+        def step(label: str) -> None:
+            t.set_postfix_str(label)
+            t.update()
+
+        return step
+    except ImportError:
+        done = [0]
+
+        def step(label: str) -> None:
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {label}", file=sys.stderr, flush=True)
+
+        return step
+
+
+# --- reporting -----------------------------------------------------------
+
+
+def table(results: list[Row]) -> str:
+    """Markdown table: GB/s per provider, % of the copy roof, ours / best peer."""
+    providers = []
+    for r in results:
+        if r.provider not in providers:
+            providers.append(r.provider)
+    peers = [p for p in providers if not p.startswith("ours") and p != "copy"]
+    head = (
+        "| dtype | rows x N | " + " | ".join(providers) + " | ours % of copy | ours / best peer |"
+    )
+    lines = [head, "|" + "---|" * (len(providers) + 4)]
+    keys = []
+    for r in results:
+        if (r.dtype, r.rows, r.n) not in keys:
+            keys.append((r.dtype, r.rows, r.n))
+    for key in keys:
+        by = {r.provider: r for r in results if (r.dtype, r.rows, r.n) == key}
+
+        def cell(p: str, by: dict[str, Row] = by) -> str:
+            r = by.get(p)
+            if r is None:
+                return "—"
+            return f"{r.gbps:.0f}" if r.gbps else ("✗" if r.ok is False else "err")
+
+        ours = by.get("ours")
+        roof = by.get("copy")
+        best_peer = max((by[p].gbps for p in peers if p in by and by[p].gbps), default=None)
+        pct = (
+            f"{100 * ours.gbps / roof.gbps:.0f}%"
+            if ours and ours.gbps and roof and roof.gbps
+            else "—"
+        )
+        ratio = f"{ours.gbps / best_peer:.2f}x" if ours and ours.gbps and best_peer else "—"
+        lines.append(
+            f"| {key[0]} | {key[1]} x {key[2]} | "
+            + " | ".join(cell(p) for p in providers)
+            + f" | {pct} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[Row], path: Path) -> bool:
+    """GB/s against N per provider (one panel per dtype); False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    dtypes = sorted({r.dtype for r in results})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(7 * len(dtypes), 5), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        provs = []
+        for r in results:
+            if r.dtype == dtype and r.provider not in provs:
+                provs.append(r.provider)
+        for p in provs:
+            pts = sorted(
+                (r.n, r.gbps, r.rows)
+                for r in results
+                if r.dtype == dtype and r.provider == p and r.gbps
+            )
+            if pts:
+                style = "-o" if p.startswith("ours") else ("k--" if p == "copy" else "-x")
+                ax.plot([q[0] for q in pts], [q[1] for q in pts], style, label=p, alpha=0.85)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("row length N (rows vary, see JSON)")
+        ax.set_ylabel("GB/s (2 x tensor bytes / time)")
+        ax.set_title(f"softmax {dtype} on {results[0].device}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of `softmax bench`."""
+    p = argparse.ArgumentParser(prog="softmax bench", description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPE_NAMES))
+    p.add_argument(
+        "--shape",
+        dest="shapes",
+        action="append",
+        type=lambda s: tuple(int(v) for v in s.split("x")),
+        help="ROWSxN (repeatable; default: the issue's shapes and a sweep)",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="also time these forced kernel families, e.g. tree online split",
+    )
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--max-k", type=int, default=16, help="most rotating inputs per shape")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--tag", default="", help="suffix for the output file names")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sweep, write JSON, print the table, save the plot."""
+    args = build_parser().parse_args(argv)
+    results = run_sweep(args)
+    kind = results[0].device if results else args.device
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_{kind}{'_' + args.tag if args.tag else ''}"
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "device": _device_name(kind),
+        "host": platform.node(),
+        "command": "softmax bench " + " ".join(sys.argv[2:] if argv is None else argv),
+        "method": "marginal time per call over K rotating inputs, medians; GB/s = 2 x bytes / time",
+    }
+    (args.out / f"{stem}.json").write_text(
+        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1)
+    )
+    text = table(results)
+    (args.out / f"{stem}.md").write_text(f"{meta}\n\n{text}\n")
+    print(meta)
+    print(text)
+    if plot(results, args.out / f"{stem}.png"):
+        print(f"plot: {args.out / (stem + '.png')}")
+    return 0
+
+
+def _device_name(kind: str) -> str:
+    if kind == "gpu":
+        try:
+            import torch
+
+            return torch.cuda.get_device_name(0)
+        except Exception:
+            return "gpu"
+    return f"{platform.processor() or platform.machine()} CPU"
