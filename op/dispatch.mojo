@@ -7,7 +7,7 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 | rows of length n          | kernel (file)                            |
 |---------------------------|------------------------------------------|
 | n <= 32*V*K, K=1,2,4,8    | warp rows, in registers (gpu_register_rows) |
-| n <= 512*V*K, K=2,4,8,16  | block rows, in registers (gpu_register_rows) |
+| n <= 512*V*K, V*K <= 64   | block rows, in registers (gpu_register_rows) |
 | longer, rows < 264        | split rows across blocks (gpu_split_rows) |
 | longer, more rows         | online block per row (gpu_online_rows)   |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
@@ -22,6 +22,7 @@ from std.math import ceildiv
 from .cpu_rows import softmax_cpu
 from .gpu_online_rows import ONLINE_THREADS, online_rows_kernel
 from .gpu_register_rows import (
+    MAX_VALUES_PER_THREAD,
     ROW_BLOCK_THREADS,
     WARPS_PER_BLOCK,
     register_rows_kernel,
@@ -37,6 +38,7 @@ from .gpu_tree_rows import TREE_THREADS, tree_rows_kernel
 from .row_math import accum_dtype, vector_width
 
 comptime WARP_THREADS = 32
+comptime WARP_MAX_K = 8
 # Fewer rows than this (two per H100 SM) cannot fill the GPU one block per
 # row, so long rows are split across blocks instead.
 comptime SPLIT_BELOW_ROWS = 264
@@ -44,19 +46,25 @@ comptime SPLIT_BELOW_ROWS = 264
 
 def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     """The kernel family "auto" picks for `rows` contiguous rows of `n`."""
-    if n <= WARP_THREADS * V * 8:
+    if chunks_per_thread(n, WARP_THREADS, V, WARP_MAX_K) > 0:
         return "warp"
-    if n <= ROW_BLOCK_THREADS * V * 16:
+    if chunks_per_thread(n, ROW_BLOCK_THREADS, V, block_max_k(V)) > 0:
         return "block"
     if rows < SPLIT_BELOW_ROWS:
         return "split"
     return "online"
 
 
-def chunks_per_thread(n: Int, threads: Int, V: Int) -> Int:
-    """Smallest K in {1, 2, 4, 8, 16} with n <= threads * V * K, else 0."""
+def block_max_k(V: Int) -> Int:
+    """Largest K the block-rows kernel is instantiated with for vector width V.
+    """
+    return min(16, MAX_VALUES_PER_THREAD // V)
+
+
+def chunks_per_thread(n: Int, threads: Int, V: Int, max_k: Int) -> Int:
+    """Smallest power of two K <= max_k with n <= threads * V * K, else 0."""
     var k = 1
-    while k <= 16:
+    while k <= max_k:
         if n <= threads * V * k:
             return k
         k *= 2
@@ -125,15 +133,14 @@ def _launch_gpu[
             dst, src, Int64(n), grid_dim=rows, block_dim=TREE_THREADS
         )
     elif family == "warp":
-        var k = chunks_per_thread(n, WARP_THREADS, V)
-        if k == 0 or k > 8:
+        var k = chunks_per_thread(n, WARP_THREADS, V, WARP_MAX_K)
+        if k == 0:
             raise Error(
                 "max_softmax: variant 'warp' handles rows up to "
-                + String(WARP_THREADS * V * 8)
+                + String(WARP_THREADS * V * WARP_MAX_K)
                 + " elements, got "
                 + String(n)
             )
-        var grid = ceildiv(rows, WARPS_PER_BLOCK)
         comptime for K in [1, 2, 4, 8]:
             if k == K:
                 comptime kernel = register_rows_kernel[
@@ -145,33 +152,36 @@ def _launch_gpu[
                     Int64(rows),
                     Int64(n),
                     vector_flag,
-                    grid_dim=grid,
+                    grid_dim=ceildiv(rows, WARPS_PER_BLOCK),
                     block_dim=WARP_THREADS * WARPS_PER_BLOCK,
                 )
     elif family == "block":
-        var k = chunks_per_thread(n, ROW_BLOCK_THREADS, V)
-        if k == 0:
+        # K >= 2: a row that fits K=1 would have gone to warp rows.
+        var k = max(
+            2, chunks_per_thread(n, ROW_BLOCK_THREADS, V, block_max_k(V))
+        )
+        if chunks_per_thread(n, ROW_BLOCK_THREADS, V, block_max_k(V)) == 0:
             raise Error(
                 "max_softmax: variant 'block' handles rows up to "
-                + String(ROW_BLOCK_THREADS * V * 16)
+                + String(ROW_BLOCK_THREADS * V * block_max_k(V))
                 + " elements, got "
                 + String(n)
             )
-        k = max(k, 2)
         comptime for K in [2, 4, 8, 16]:
-            if k == K:
-                comptime kernel = register_rows_kernel[
-                    dtype, log_out, ROW_BLOCK_THREADS, V, K
-                ]
-                ctx.enqueue_function[kernel](
-                    dst,
-                    src,
-                    Int64(rows),
-                    Int64(n),
-                    vector_flag,
-                    grid_dim=rows,
-                    block_dim=ROW_BLOCK_THREADS,
-                )
+            comptime if V * K <= MAX_VALUES_PER_THREAD:
+                if k == K:
+                    comptime kernel = register_rows_kernel[
+                        dtype, log_out, ROW_BLOCK_THREADS, V, K
+                    ]
+                    ctx.enqueue_function[kernel](
+                        dst,
+                        src,
+                        Int64(rows),
+                        Int64(n),
+                        vector_flag,
+                        grid_dim=rows,
+                        block_dim=ROW_BLOCK_THREADS,
+                    )
     elif family == "online":
         comptime kernel = online_rows_kernel[dtype, log_out, V]
         ctx.enqueue_function[kernel](

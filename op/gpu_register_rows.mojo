@@ -15,7 +15,13 @@ use 16-byte vector loads: thread t's chunk k is elements
 still coalesced, loads: element (k*V + v)*threads + t.
 """
 
-from max.gpu import WARP_SIZE, block_idx, thread_idx
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    WARP_SIZE,
+    block_idx,
+    thread_idx,
+)
+from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_reductions import block_max, block_sum
@@ -23,8 +29,23 @@ from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
 comptime ROW_BLOCK_THREADS = 512
 comptime WARPS_PER_BLOCK = 4
+# Row values one thread keeps in registers. With launch bounds of 512
+# threads the compiler may use 128 registers a thread; 64 values fit with
+# room for addressing. (Without bounds, K=16 asked for more than a block
+# has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100.)
+comptime MAX_VALUES_PER_THREAD = 64
 
 
+def block_threads[threads: Int]() -> Int:
+    """Threads per block for `threads` threads per row."""
+    return threads if threads > WARP_SIZE else WARP_SIZE * WARPS_PER_BLOCK
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(block_threads[threads]())
+    )
+)
 def register_rows_kernel[
     dtype: DType,
     log_out: Bool,
@@ -56,6 +77,7 @@ def register_rows_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
+    comptime assert V * K <= MAX_VALUES_PER_THREAD
     var vector_loads = vector_flag != 0
     comptime rows_per_block = 1 if threads > WARP_SIZE else WARPS_PER_BLOCK
     var t = Int(thread_idx.x) % threads

@@ -36,7 +36,10 @@ def test_matmul_softmax_matmul(rng, device):
     model = InferenceSession(devices=[dev]).load(g)
     (out,) = model.execute(*(Buffer.from_numpy(t).to(dev) for t in (q, k, v)))
     want = scipy.special.softmax(q.astype(np.float64) @ k, axis=-1) @ v
-    np.testing.assert_allclose(out.to(CPU()).to_numpy(), want, rtol=1e-4, atol=1e-5)
+    # GPU matmuls may run in TF32 (10-bit mantissa): the logits, not our
+    # softmax, set the tolerance there.
+    tol = 5e-3 if device == "gpu" else 1e-5
+    np.testing.assert_allclose(out.to(CPU()).to_numpy(), want, rtol=tol, atol=tol)
 
 
 def test_graph_without_custom_extensions(rng):
