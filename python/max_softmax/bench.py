@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -40,6 +41,10 @@ from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
 from .models import device as max_device
 from .models import resolve_device
 from .reference import compare
+
+# JAX grabs 75% of GPU memory on first use unless told not to, which starves
+# MAX's allocator for the large shapes measured after it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 ISSUE_SHAPES_GPU: list[tuple[int, int]] = [
     (4096, 1024),
@@ -395,8 +400,18 @@ def run_sweep(args: argparse.Namespace) -> list[Row]:
                 )
             finally:
                 p = None
+                _release_torch_cache()
         bar(f"{dtype} {rows}x{n}")
     return results
+
+
+def _release_torch_cache() -> None:
+    """Give torch's cached GPU memory back so the next provider can use it."""
+    import sys as _sys
+
+    torch = _sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _progress(total: int) -> Callable[[str], None]:
