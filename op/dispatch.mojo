@@ -6,8 +6,8 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 
 | rows of length n          | kernel (file)                            |
 |---------------------------|------------------------------------------|
-| n <= 32*V*K, K=1,2,4,8    | warp rows, in registers (gpu_register_rows) |
-| n <= 512*V*K, V*K <= 64   | block rows, in registers (gpu_register_rows) |
+| n <= 32*V*4               | warp rows, in registers (gpu_register_rows) |
+| n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | longer, rows < 264        | split rows across blocks (gpu_split_rows) |
 | longer, more rows         | online block per row (gpu_online_rows)   |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
@@ -23,8 +23,10 @@ from .cpu_rows import softmax_cpu
 from .gpu_online_rows import ONLINE_THREADS, online_rows_kernel
 from .gpu_register_rows import (
     MAX_VALUES_PER_THREAD,
-    ROW_BLOCK_THREADS,
-    WARPS_PER_BLOCK,
+    NUM_PLANS,
+    block_threads,
+    plan_chunks,
+    plan_threads,
     register_rows_kernel,
 )
 from .gpu_split_rows import (
@@ -38,7 +40,6 @@ from .gpu_tree_rows import TREE_THREADS, tree_rows_kernel
 from .row_math import accum_dtype, vector_width
 
 comptime WARP_THREADS = 32
-comptime WARP_MAX_K = 8
 # Fewer rows than this (two per H100 SM) cannot fill the GPU one block per
 # row, so long rows are split across blocks instead.
 comptime SPLIT_BELOW_ROWS = 264
@@ -46,29 +47,39 @@ comptime SPLIT_BELOW_ROWS = 264
 
 def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     """The kernel family "auto" picks for `rows` contiguous rows of `n`."""
-    if chunks_per_thread(n, WARP_THREADS, V, WARP_MAX_K) > 0:
-        return "warp"
-    if chunks_per_thread(n, ROW_BLOCK_THREADS, V, block_max_k(V)) > 0:
-        return "block"
+    var plan = register_plan(n, V, 0)
+    if plan >= 0:
+        return "warp" if plan_threads(plan) == WARP_THREADS else "block"
     if rows < SPLIT_BELOW_ROWS:
         return "split"
     return "online"
 
 
-def block_max_k(V: Int) -> Int:
-    """Largest K the block-rows kernel is instantiated with for vector width V.
-    """
-    return min(16, MAX_VALUES_PER_THREAD // V)
-
-
-def chunks_per_thread(n: Int, threads: Int, V: Int, max_k: Int) -> Int:
-    """Smallest power of two K <= max_k with n <= threads * V * K, else 0."""
-    var k = 1
-    while k <= max_k:
+def register_plan(n: Int, V: Int, min_threads: Int) -> Int:
+    """First register plan (see gpu_register_rows) with at least
+    `min_threads` threads per row that holds a row of `n`, else -1."""
+    for i in range(NUM_PLANS):
+        var threads = plan_threads(i)
+        var k = plan_chunks(i)
+        if threads < min_threads or V * k > MAX_VALUES_PER_THREAD:
+            continue
         if n <= threads * V * k:
-            return k
-        k *= 2
-    return 0
+            return i
+    return -1
+
+
+def register_capacity(V: Int, min_threads: Int, max_threads: Int) -> Int:
+    """Longest row a register plan with threads in the range can hold."""
+    var best = 0
+    for i in range(NUM_PLANS):
+        var threads = plan_threads(i)
+        var k = plan_chunks(i)
+        if (
+            min_threads <= threads <= max_threads
+            and V * k <= MAX_VALUES_PER_THREAD
+        ):
+            best = max(best, threads * V * k)
+    return best
 
 
 def softmax_rows[
@@ -132,55 +143,37 @@ def _launch_gpu[
         ctx.enqueue_function[kernel](
             dst, src, Int64(n), grid_dim=rows, block_dim=TREE_THREADS
         )
-    elif family == "warp":
-        var k = chunks_per_thread(n, WARP_THREADS, V, WARP_MAX_K)
-        if k == 0:
+    elif family == "warp" or family == "block":
+        # "warp": 32 threads per row; "block": 64 to 512.
+        var min_threads = WARP_THREADS if family == "warp" else 2 * WARP_THREADS
+        var max_threads = WARP_THREADS if family == "warp" else 512
+        var plan = register_plan(n, V, min_threads)
+        if plan < 0 or plan_threads(plan) > max_threads:
             raise Error(
-                "max_softmax: variant 'warp' handles rows up to "
-                + String(WARP_THREADS * V * WARP_MAX_K)
+                "max_softmax: variant '"
+                + family
+                + "' handles rows up to "
+                + String(register_capacity(V, min_threads, max_threads))
                 + " elements, got "
                 + String(n)
             )
-        comptime for K in [1, 2, 4, 8]:
-            if k == K:
-                comptime kernel = register_rows_kernel[
-                    dtype, log_out, WARP_THREADS, V, K
-                ]
-                ctx.enqueue_function[kernel](
-                    dst,
-                    src,
-                    Int64(rows),
-                    Int64(n),
-                    vector_flag,
-                    grid_dim=ceildiv(rows, WARPS_PER_BLOCK),
-                    block_dim=WARP_THREADS * WARPS_PER_BLOCK,
-                )
-    elif family == "block":
-        # K >= 2: a row that fits K=1 would have gone to warp rows.
-        var k = max(
-            2, chunks_per_thread(n, ROW_BLOCK_THREADS, V, block_max_k(V))
-        )
-        if chunks_per_thread(n, ROW_BLOCK_THREADS, V, block_max_k(V)) == 0:
-            raise Error(
-                "max_softmax: variant 'block' handles rows up to "
-                + String(ROW_BLOCK_THREADS * V * block_max_k(V))
-                + " elements, got "
-                + String(n)
-            )
-        comptime for K in [2, 4, 8, 16]:
+        comptime for i in range(NUM_PLANS):
+            comptime T = plan_threads(i)
+            comptime K = plan_chunks(i)
             comptime if V * K <= MAX_VALUES_PER_THREAD:
-                if k == K:
+                if plan == i:
                     comptime kernel = register_rows_kernel[
-                        dtype, log_out, ROW_BLOCK_THREADS, V, K
+                        dtype, log_out, T, V, K
                     ]
+                    comptime block = block_threads[T]()
                     ctx.enqueue_function[kernel](
                         dst,
                         src,
                         Int64(rows),
                         Int64(n),
                         vector_flag,
-                        grid_dim=rows,
-                        block_dim=ROW_BLOCK_THREADS,
+                        grid_dim=ceildiv(rows, block // T),
+                        block_dim=block,
                     )
     elif family == "online":
         comptime kernel = online_rows_kernel[dtype, log_out, V]

@@ -16,45 +16,62 @@ from .row_math import exp_diff
 
 
 @always_inline
-def block_max[acc: DType, threads: Int](v: Scalar[acc]) -> Scalar[acc]:
-    """Max over the `threads` threads of the block (or over a warp)."""
-    var w = warp.max(v)
-    comptime if threads <= WARP_SIZE:
+def _group_reduce[
+    acc: DType, group: Int, block: Int, is_max: Bool
+](v: Scalar[acc]) -> Scalar[acc]:
+    """Reduce over each aligned group of `group` threads in a `block`-thread
+    block (group == block: the whole block; group <= 32: one warp)."""
+    var w: Scalar[acc]
+    comptime if is_max:
+        w = warp.max(v)
+    else:
+        w = warp.sum(v)
+    comptime if group <= WARP_SIZE:
         return w
     else:
-        comptime warps = threads // WARP_SIZE
+        comptime warps = group // WARP_SIZE
         var slots = stack_allocation[
-            warps, Scalar[acc], address_space=AddressSpace.SHARED
+            block // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
         ]()
         var lane = Int(lane_id())
+        var tid = Int(thread_idx.x)
         if lane == 0:
-            slots[unsafe_offset=Int(thread_idx.x) // WARP_SIZE] = w
+            slots[unsafe_offset=tid // WARP_SIZE] = w
         barrier()
-        var r = slots[unsafe_offset=lane] if lane < warps else -inf[acc]()
+        var first = (tid // group) * warps
+        var r: Scalar[acc]
+        comptime if is_max:
+            r = (
+                slots[unsafe_offset=first + lane] if lane
+                < warps else -inf[acc]()
+            )
+        else:
+            r = slots[unsafe_offset=first + lane] if lane < warps else Scalar[
+                acc
+            ](0)
         # Keep the slots until every warp has read them: the next reduction
         # may reuse this shared memory.
         barrier()
-        return warp.max(r)
+        comptime if is_max:
+            return warp.max(r)
+        else:
+            return warp.sum(r)
 
 
 @always_inline
-def block_sum[acc: DType, threads: Int](v: Scalar[acc]) -> Scalar[acc]:
-    """Sum over the `threads` threads of the block (or over a warp)."""
-    var w = warp.sum(v)
-    comptime if threads <= WARP_SIZE:
-        return w
-    else:
-        comptime warps = threads // WARP_SIZE
-        var slots = stack_allocation[
-            warps, Scalar[acc], address_space=AddressSpace.SHARED
-        ]()
-        var lane = Int(lane_id())
-        if lane == 0:
-            slots[unsafe_offset=Int(thread_idx.x) // WARP_SIZE] = w
-        barrier()
-        var r = slots[unsafe_offset=lane] if lane < warps else Scalar[acc](0)
-        barrier()
-        return warp.sum(r)
+def block_max[
+    acc: DType, group: Int, block: Int = group
+](v: Scalar[acc]) -> Scalar[acc]:
+    """Max over each group of `group` threads (the block, or a warp)."""
+    return _group_reduce[acc, group, block, True](v)
+
+
+@always_inline
+def block_sum[
+    acc: DType, group: Int, block: Int = group
+](v: Scalar[acc]) -> Scalar[acc]:
+    """Sum over each group of `group` threads (the block, or a warp)."""
+    return _group_reduce[acc, group, block, False](v)
 
 
 @always_inline

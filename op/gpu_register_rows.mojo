@@ -4,10 +4,10 @@
 registers, so a row of up to `threads * V * K` elements is loaded once,
 reduced (max, then sum of exp) with warp shuffles, and written once.
 
-- warp rows (`threads == 32`): several rows per block, one per warp, no
+- warp rows (`threads == 32`): four rows per block, one per warp, no
   shared memory and no barriers;
-- block rows (`threads == ROW_BLOCK_THREADS`): one row per block, warp
-  shuffles then a shared-memory combine across warps.
+- block rows (`threads` = 64..512): warp shuffles, then a shared-memory
+  combine across the row's warps; blocks of 128 threads hold several rows.
 
 Rows whose length is a multiple of `V` (and whose base is 16-byte aligned)
 use 16-byte vector loads: thread t's chunk k is elements
@@ -27,18 +27,39 @@ from std.utils.numerics import inf
 from .gpu_reductions import block_max, block_sum
 from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
-comptime ROW_BLOCK_THREADS = 512
-comptime WARPS_PER_BLOCK = 4
+comptime MIN_BLOCK_THREADS = 128
 # Row values one thread keeps in registers. With launch bounds of 512
 # threads the compiler may use 128 registers a thread; 64 values fit with
-# room for addressing. (Without bounds, K=16 asked for more than a block
-# has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100.)
+# room for addressing. (Without bounds, 64 values asked for more than a
+# block has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100.)
 comptime MAX_VALUES_PER_THREAD = 64
+# (threads per row, chunks per thread) in the order dispatch tries them:
+# warps first, then more threads with 4 chunks (16 fp32 values) each, so
+# short rows keep many rows in flight and long rows reach 512 x 64 values.
+comptime NUM_PLANS = 9
+
+
+def plan_threads(i: Int) -> Int:
+    """Threads per row of register plan i."""
+    if i < 3:
+        return 32
+    if i < 7:
+        return 64 << (i - 3)
+    return 512
+
+
+def plan_chunks(i: Int) -> Int:
+    """Chunks (16-byte vectors) per thread of register plan i."""
+    if i < 3:
+        return 1 << i
+    if i < 7:
+        return 4
+    return 4 << (i - 6)
 
 
 def block_threads[threads: Int]() -> Int:
     """Threads per block for `threads` threads per row."""
-    return threads if threads > WARP_SIZE else WARP_SIZE * WARPS_PER_BLOCK
+    return max(threads, MIN_BLOCK_THREADS)
 
 
 @__llvm_metadata(
@@ -64,7 +85,8 @@ def register_rows_kernel[
     Parameters:
         dtype: Element type.
         log_out: Write log-softmax instead of softmax.
-        threads: Threads per row: `WARP_SIZE` or the whole block.
+        threads: Threads per row, a multiple of 32; a block holds
+            `block_threads[threads]() / threads` rows.
         V: Elements per chunk (a 16-byte vector of `dtype`).
         K: Chunks per thread.
 
@@ -78,18 +100,23 @@ def register_rows_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime assert V * K <= MAX_VALUES_PER_THREAD
+    comptime assert threads % WARP_SIZE == 0
+    comptime block = block_threads[threads]()
     var vector_loads = vector_flag != 0
-    comptime rows_per_block = 1 if threads > WARP_SIZE else WARPS_PER_BLOCK
     var t = Int(thread_idx.x) % threads
-    var row = Int(block_idx.x) * rows_per_block + Int(thread_idx.x) // threads
-    # Whole warps (warp rows) or the whole block (block rows) leave together,
-    # so the shuffles and barriers below stay uniform.
-    if row >= Int(rows):
-        return
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    )
+    # Past the last row: a warp-sized group can leave; a larger group stays
+    # for the block's barriers with len = 0, so it loads and stores nothing.
     var len = Int(n)
-    var x = src.unsafe_offset(row * len)
-    var y = dst.unsafe_offset(row * len)
-
+    if row >= Int(rows):
+        comptime if threads == WARP_SIZE:
+            return
+        len = 0
+        row = 0
+    var x = src.unsafe_offset(row * Int(n))
+    var y = dst.unsafe_offset(row * Int(n))
     var vals = SIMD[acc, V * K](-inf[acc]())
     comptime for k in range(K):
         var chunk = SIMD[acc, V](-inf[acc]())
@@ -108,10 +135,10 @@ def register_rows_kernel[
                     chunk[v] = x[unsafe_offset=e].cast[acc]()
         vals = vals.insert[offset=k * V](chunk)
 
-    var row_max = block_max[acc, threads](vals.reduce_max())
+    var row_max = block_max[acc, threads, block](vals.reduce_max())
     # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
     # (row_max == -inf), and that row is NaN anyway.
-    var sum = block_sum[acc, threads](
+    var sum = block_sum[acc, threads, block](
         exp_nan[acc, V * K](vals - row_max).reduce_add()
     )
     var scale = row_scale[log_out, acc](sum)

@@ -49,7 +49,9 @@ def test_gpu_requested_without_gpu():
 @pytest.mark.skipif(not max_softmax.gpu_available(), reason="no GPU: MAX finds no accelerator")
 def test_variant_too_short_for_row_on_gpu():
     x = np.ones((2, 5000), dtype=np.float32)
-    with pytest.raises(ValueError, match="variant 'warp' handles rows up to 1024"):
+    with pytest.raises(
+        ValueError, match="variant 'warp' handles rows up to 512 elements, got 5000"
+    ):
         max_softmax.softmax(x, device="gpu", variant="warp")
     # The model stays usable after the error.
     y = max_softmax.softmax(x, device="gpu")
