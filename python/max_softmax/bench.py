@@ -347,8 +347,13 @@ def measure(provider: Provider, xs: list[np.ndarray], reps: int) -> tuple[float,
     return (tk - t1) / (k - 1), True, ""
 
 
-def run_sweep(args: argparse.Namespace) -> list[Row]:
-    """Measure every provider at every shape and dtype; return the rows."""
+def run_sweep(
+    args: argparse.Namespace, save: Callable[[list[Row]], None] | None = None
+) -> list[Row]:
+    """Measure every provider at every shape and dtype; return the rows.
+
+    `save` is called with the rows so far after each shape, so a sweep cut
+    short by a time limit still leaves its data."""
     kind = resolve_device(args.device)
     shapes = args.shapes or (ISSUE_SHAPES_GPU + SWEEP_GPU if kind == "gpu" else SHAPES_CPU)
     rng = np.random.default_rng(args.seed)
@@ -402,6 +407,8 @@ def run_sweep(args: argparse.Namespace) -> list[Row]:
                 p = None
                 _release_torch_cache()
         bar(f"{dtype} {rows}x{n}")
+        if save:
+            save(results)
     return results
 
 
@@ -482,7 +489,8 @@ def table(results: list[Row]) -> str:
 
 
 def plot(results: list[Row], path: Path) -> bool:
-    """GB/s against N per provider (one panel per dtype); False without matplotlib."""
+    """GB/s per provider at each shape, shapes sorted by row length N (one
+    panel per dtype); False without matplotlib."""
     try:
         import matplotlib
 
@@ -491,25 +499,22 @@ def plot(results: list[Row], path: Path) -> bool:
     except ImportError:
         return False
     dtypes = sorted({r.dtype for r in results})
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(7 * len(dtypes), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(8 * len(dtypes), 5.5), squeeze=False)
     for ax, dtype in zip(axes[0], dtypes):
-        provs = []
-        for r in results:
-            if r.dtype == dtype and r.provider not in provs:
-                provs.append(r.provider)
+        mine = [r for r in results if r.dtype == dtype]
+        shapes = sorted({(r.n, r.rows) for r in mine})
+        where = {s: i for i, s in enumerate(shapes)}
+        provs = list(dict.fromkeys(r.provider for r in mine))
         for p in provs:
-            pts = sorted(
-                (r.n, r.gbps, r.rows)
-                for r in results
-                if r.dtype == dtype and r.provider == p and r.gbps
-            )
+            pts = sorted((where[(r.n, r.rows)], r.gbps) for r in mine if r.provider == p and r.gbps)
             if pts:
                 style = "-o" if p.startswith("ours") else ("k--" if p == "copy" else "-x")
                 ax.plot([q[0] for q in pts], [q[1] for q in pts], style, label=p, alpha=0.85)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("row length N (rows vary, see JSON)")
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels([f"{rows}x{n}" for n, rows in shapes], rotation=45, ha="right")
+        ax.set_xlabel("rows x N (sorted by row length N)")
         ax.set_ylabel("GB/s (2 x tensor bytes / time)")
-        ax.set_title(f"softmax {dtype} on {results[0].device}")
+        ax.set_title(f"softmax {dtype}, {results[0].device}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -540,14 +545,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--tag", default="", help="suffix for the output file names")
+    p.add_argument("--from-json", type=Path, help="redo the table and plot from a saved JSON")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep, write JSON, print the table, save the plot."""
     args = build_parser().parse_args(argv)
-    results = run_sweep(args)
-    kind = results[0].device if results else args.device
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+        results = [Row(**r) for r in data["results"]]
+        print(data["meta"])
+        print(table(results))
+        png = args.from_json.with_suffix(".png")
+        if plot(results, png):
+            print(f"plot: {png}")
+        return 0
+    kind = resolve_device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_{kind}{'_' + args.tag if args.tag else ''}"
     meta = {
@@ -557,9 +571,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "softmax bench " + " ".join(sys.argv[2:] if argv is None else argv),
         "method": "marginal time per call over K rotating inputs, medians; GB/s = 2 x bytes / time",
     }
-    (args.out / f"{stem}.json").write_text(
-        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1)
-    )
+
+    def save(rows: list[Row]) -> None:
+        payload = {"meta": meta, "results": [asdict(r) for r in rows]}
+        (args.out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
+
+    results = run_sweep(args, save)
+    save(results)
     text = table(results)
     (args.out / f"{stem}.md").write_text(f"{meta}\n\n{text}\n")
     print(meta)
