@@ -19,7 +19,13 @@ so benchmarks and tests can run each; "auto" follows the table.
 from max.gpu.host import DeviceContext
 from std.math import ceildiv
 
+from .cpu_backward import softmax_backward_cpu
 from .cpu_rows import softmax_cpu
+from .gpu_backward_rows import (
+    BACKWARD_STRIDED_THREADS,
+    backward_rows_kernel,
+    backward_strided_kernel,
+)
 from .gpu_online_rows import ONLINE_THREADS, online_rows_kernel
 from .gpu_register_rows import (
     MAX_VALUES_PER_THREAD,
@@ -215,3 +221,74 @@ def _launch_gpu[
         _ = partials^
     else:
         raise Error("max_softmax: unknown variant '" + family + "'")
+
+
+# Backward ops: a warp per row up to this length, a block per row beyond.
+comptime BACKWARD_WARP_MAX_N = 1024
+comptime BACKWARD_BLOCK_THREADS = 512
+
+
+def softmax_backward_rows[
+    target: StaticString, dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int,
+    n: Int,
+    inner: Int,
+) raises:
+    """Run softmax_backward (or log_softmax_backward) of the (outer, n,
+    inner) view on `target`."""
+    if outer * n * inner == 0:
+        return
+    comptime if target == "cpu":
+        softmax_backward_cpu[dtype, log_in](dx, a, dy, outer, n, inner)
+    elif target == "gpu":
+        comptime V = vector_width[dtype]()
+        if inner != 1:
+            comptime kernel = backward_strided_kernel[dtype, log_in]
+            ctx.enqueue_function[kernel](
+                dx,
+                a,
+                dy,
+                Int64(outer),
+                Int64(n),
+                Int64(inner),
+                grid_dim=ceildiv(outer * inner, BACKWARD_STRIDED_THREADS),
+                block_dim=BACKWARD_STRIDED_THREADS,
+            )
+            return
+        var vector_flag = Int32(1) if n % V == 0 else Int32(0)
+        if n <= BACKWARD_WARP_MAX_N:
+            comptime kernel = backward_rows_kernel[
+                dtype, log_in, WARP_THREADS, V
+            ]
+            comptime block = block_threads[WARP_THREADS]()
+            ctx.enqueue_function[kernel](
+                dx,
+                a,
+                dy,
+                Int64(outer),
+                Int64(n),
+                vector_flag,
+                grid_dim=ceildiv(outer, block // WARP_THREADS),
+                block_dim=block,
+            )
+        else:
+            comptime kernel = backward_rows_kernel[
+                dtype, log_in, BACKWARD_BLOCK_THREADS, V
+            ]
+            ctx.enqueue_function[kernel](
+                dx,
+                a,
+                dy,
+                Int64(outer),
+                Int64(n),
+                vector_flag,
+                grid_dim=outer,
+                block_dim=BACKWARD_BLOCK_THREADS,
+            )
+    else:
+        raise Error("max_softmax: unsupported target " + String(target))

@@ -113,3 +113,31 @@ def epilogue[
         return (x - row_max) - scale
     else:
         return exp_nan[acc, w](x - row_max) * scale
+
+
+# Backward ops. With a = y (softmax) or log p (log-softmax), g = dy:
+#   softmax_backward:     dx = y * (dy - sum(dy * y))
+#   log_softmax_backward: dx = dy - exp(logp) * sum(dy)
+
+
+@always_inline
+def backward_term[
+    log_in: Bool, acc: DType, w: Int
+](a: SIMD[acc, w], g: SIMD[acc, w]) -> SIMD[acc, w]:
+    """What the backward ops sum along the row: dy * y, or dy."""
+    comptime if log_in:
+        return g
+    else:
+        return g * a
+
+
+@always_inline
+def backward_out[
+    log_in: Bool, acc: DType, w: Int
+](a: SIMD[acc, w], g: SIMD[acc, w], s: SIMD[acc, w]) -> SIMD[acc, w]:
+    """The gradient from a, dy and the row sum of `backward_term`."""
+    comptime assert acc.is_floating_point()
+    comptime if log_in:
+        return g - exp(a) * s
+    else:
+        return a * (g - s)

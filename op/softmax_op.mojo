@@ -9,7 +9,7 @@ import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 
-from .dispatch import softmax_rows
+from .dispatch import softmax_backward_rows, softmax_rows
 
 
 @extensibility.register("softmax")
@@ -60,4 +60,55 @@ struct LogSoftmax:
             input.dim_size(0),
             input.dim_size(1),
             input.dim_size(2),
+        )
+
+
+@extensibility.register("softmax_backward")
+struct SoftmaxBackward:
+    """Gradient of softmax along axis 1: dx = y * (dy - sum(dy * y))."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+    ](
+        dx: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        y: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        softmax_backward_rows[target, dtype, False](
+            ctx,
+            rebind[Pointer[Scalar[dtype], MutAnyOrigin]](dx.unsafe_ptr()),
+            rebind[Pointer[Scalar[dtype], MutAnyOrigin]](y.unsafe_ptr()),
+            rebind[Pointer[Scalar[dtype], MutAnyOrigin]](dy.unsafe_ptr()),
+            y.dim_size(0),
+            y.dim_size(1),
+            y.dim_size(2),
+        )
+
+
+@extensibility.register("log_softmax_backward")
+struct LogSoftmaxBackward:
+    """Gradient of log-softmax along axis 1: dx = dy - exp(logp) * sum(dy).
+    """
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+    ](
+        dx: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        logp: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        softmax_backward_rows[target, dtype, True](
+            ctx,
+            rebind[Pointer[Scalar[dtype], MutAnyOrigin]](dx.unsafe_ptr()),
+            rebind[Pointer[Scalar[dtype], MutAnyOrigin]](logp.unsafe_ptr()),
+            rebind[Pointer[Scalar[dtype], MutAnyOrigin]](dy.unsafe_ptr()),
+            logp.dim_size(0),
+            logp.dim_size(1),
+            logp.dim_size(2),
         )

@@ -3,7 +3,7 @@
 # Running the binary needs a GPU; building it is the check (test_gpu_build.py).
 from max.gpu.host import DeviceContext
 
-from op.dispatch import softmax_rows
+from op.dispatch import softmax_backward_rows, softmax_rows
 
 
 def launch_all[dtype: DType](ctx: DeviceContext) raises:
@@ -24,6 +24,8 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
                 ctx, dst, src, 4, 1000, 1
             )
         softmax_rows["gpu", dtype, log_out, "auto"](ctx, dst, src, 4, 100, 7)
+        softmax_backward_rows["gpu", dtype, log_out](ctx, dst, src, src, 4, 1000, 1)
+        softmax_backward_rows["gpu", dtype, log_out](ctx, dst, src, src, 4, 100, 7)
 
 
 def main() raises:

@@ -7,7 +7,7 @@
 
 from . import ops
 from ._paths import KERNELS
-from .arrays import log_softmax, softmax
+from .arrays import log_softmax, log_softmax_backward, softmax, softmax_backward
 from .models import NoGPUError, gpu_available
 from .validation import SUPPORTED_DTYPES, SoftmaxInputError
 
@@ -18,6 +18,8 @@ __all__ = [
     "SoftmaxInputError",
     "gpu_available",
     "log_softmax",
+    "log_softmax_backward",
     "ops",
     "softmax",
+    "softmax_backward",
 ]

@@ -37,6 +37,26 @@ def log_softmax(
     return _run("log_softmax", x, axis, device, variant)
 
 
+def softmax_backward(y: Any, dy: Any, axis: int = -1, *, device: str = "auto") -> np.ndarray:
+    """Gradient of softmax, dx = y * (dy - sum(dy * y, axis)), as numpy.
+
+    Args:
+        y: `softmax(x, axis)`.
+        dy: Gradient of the loss with respect to y (same shape and dtype).
+        axis: The axis softmax was taken along.
+        device: "auto", "cpu" or "gpu".
+    """
+    return _run("softmax_backward", y, axis, device, "auto", dy)
+
+
+def log_softmax_backward(logp: Any, dy: Any, axis: int = -1, *, device: str = "auto") -> np.ndarray:
+    """Gradient of log-softmax, dx = dy - exp(logp) * sum(dy, axis), as numpy.
+
+    Arguments as for `softmax_backward`, with `logp = log_softmax(x, axis)`.
+    """
+    return _run("log_softmax_backward", logp, axis, device, "auto", dy)
+
+
 def as_array(x: Any) -> np.ndarray:
     """`x` as a numpy array, without copying where possible."""
     if isinstance(x, np.ndarray):
@@ -46,19 +66,28 @@ def as_array(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _run(op: str, x: Any, axis: int, device_name: str, variant: str) -> np.ndarray:
+def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = None) -> np.ndarray:
     array = as_array(x)
     dtype = max_dtype(array.dtype)
     axis = normalize_axis(axis, array.ndim)
+    grads = None if dy is None else as_array(dy)
+    if grads is not None and (grads.shape != array.shape or grads.dtype != array.dtype):
+        raise ValueError(
+            f"max_softmax: {op} needs dy of the same shape and dtype as its first "
+            f"input: got {grads.dtype}{grads.shape} for {array.dtype}{array.shape}"
+        )
     if variant not in VARIANTS:
         raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
     kind = resolve_device(device_name)
     if array.size == 0:
         return np.empty(array.shape, dtype=array.dtype)
     model = get_model(ModelKey(op, dtype, kind, variant))
-    view = np.ascontiguousarray(array).reshape(canonical_shape(array.shape, axis))
-    buffer = to_buffer(view)
+    view = canonical_shape(array.shape, axis)
+    buffers = [
+        to_buffer(np.ascontiguousarray(a).reshape(view))
+        for a in ([array] if grads is None else [array, grads])
+    ]
     if kind == "gpu":
-        buffer = buffer.to(device("gpu"))
-    (out,) = model.execute(buffer)
+        buffers = [b.to(device("gpu")) for b in buffers]
+    (out,) = model.execute(*buffers)
     return to_numpy(out).reshape(array.shape)

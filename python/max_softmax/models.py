@@ -98,14 +98,22 @@ def get_model(key: ModelKey) -> Model:
     return model
 
 
+BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
+
+
 def _compile(key: ModelKey) -> Model:
     dev = DeviceRef.GPU() if key.device == "gpu" else DeviceRef.CPU()
     input_type = TensorType(key.dtype, ["outer", "n", "inner"], device=dev)
     op = getattr(ops, key.op)
+    arity = 2 if key.op in BACKWARD_OPS else 1
     with Graph(
         f"max_softmax_{key.op}_{key.dtype.name}_{key.device}_{key.variant}",
-        input_types=[input_type],
+        input_types=[input_type] * arity,
         custom_extensions=[KERNELS],
     ) as graph:
-        graph.output(op(graph.inputs[0].tensor, axis=1, variant=key.variant))
+        inputs = [v.tensor for v in graph.inputs]
+        if arity == 2:
+            graph.output(op(*inputs, axis=1))
+        else:
+            graph.output(op(inputs[0], axis=1, variant=key.variant))
     return _session(key.device).load(graph)

@@ -50,9 +50,48 @@ def log_softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> Ten
     return _row_op("log_softmax", x, axis, variant)
 
 
-def _row_op(name: str, x: TensorValue, axis: int, variant: str) -> TensorValue:
+def softmax_backward(y: TensorValue, dy: TensorValue, axis: int = -1) -> TensorValue:
+    """Gradient of softmax: dx = y * (dy - sum(dy * y, axis)).
+
+    Args:
+        y: The output of `softmax(x, axis)`.
+        dy: The gradient of the loss with respect to `y`; same shape,
+            dtype and device as `y`.
+        axis: The axis softmax was taken along.
+
+    Returns:
+        dx, the gradient with respect to `x`, shaped like `y`.
+    """
+    return _row_op("softmax_backward", y, axis, "auto", dy)
+
+
+def log_softmax_backward(logp: TensorValue, dy: TensorValue, axis: int = -1) -> TensorValue:
+    """Gradient of log-softmax: dx = dy - exp(logp) * sum(dy, axis).
+
+    Args:
+        logp: The output of `log_softmax(x, axis)`.
+        dy: The gradient of the loss with respect to `logp`.
+        axis: The axis log_softmax was taken along.
+
+    Returns:
+        dx, the gradient with respect to `x`, shaped like `logp`.
+    """
+    return _row_op("log_softmax_backward", logp, axis, "auto", dy)
+
+
+def _row_op(
+    name: str, x: TensorValue, axis: int, variant: str, dy: TensorValue | None = None
+) -> TensorValue:
     x = TensorValue(x)
     check_dtype(x.dtype)
+    if dy is not None:
+        dy = TensorValue(dy)
+        if dy.dtype != x.dtype or list(dy.shape) != list(x.shape) or dy.device != x.device:
+            raise ValueError(
+                f"max_softmax: {name} needs dy like its first input: got "
+                f"{dy.dtype.name}{list(dy.shape)} on {dy.device} for "
+                f"{x.dtype.name}{list(x.shape)} on {x.device}"
+            )
     if variant not in VARIANTS:
         raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
     shape = list(x.shape)
@@ -65,19 +104,21 @@ def _row_op(name: str, x: TensorValue, axis: int, variant: str) -> TensorValue:
         return reduce(mul, dims, Dim(1))
 
     view = [product(shape[:axis]), shape[axis], product(shape[axis + 1 :])]
-    x3 = ops.reshape(x, view) if len(shape) != 3 or axis != 1 else x
+    canonical = len(shape) == 3 and axis == 1
+    values = [v if canonical else ops.reshape(v, view) for v in ([x] if dy is None else [x, dy])]
+    x3 = values[0]
     parameters: dict[str, str | bool | int | float] = {}
     if variant != "auto":
         parameters["variant"] = variant
     (y3,) = ops.custom(
         name=name,
         device=x.device,
-        values=[x3],
+        values=values,
         out_types=[TensorType(x.dtype, x3.shape, x.device)],
         parameters=parameters or None,
     )
     y = y3.tensor
-    return y if x3 is x else ops.reshape(y, shape)
+    return y if canonical else ops.reshape(y, shape)
 
 
 def _ensure_kernels_loaded() -> None:

@@ -23,7 +23,27 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("log_softmax", "float32"): (1e-5, 2e-5),
     ("log_softmax", "float16"): (2e-3, 4e-3),
     ("log_softmax", "bfloat16"): (1.6e-2, 3e-2),
+    # Backward ops: relative to the row's own scale (see compare); dx can
+    # cancel to ~0, so the absolute term carries the low-precision types.
+    ("softmax_backward", "float64"): (1e-10, 1e-12),
+    ("softmax_backward", "float32"): (1e-4, 1e-6),
+    ("softmax_backward", "float16"): (1e-2, 1e-3),
+    ("softmax_backward", "bfloat16"): (5e-2, 8e-3),
+    ("log_softmax_backward", "float64"): (1e-10, 1e-10),
+    ("log_softmax_backward", "float32"): (1e-4, 1e-5),
+    ("log_softmax_backward", "float16"): (1e-2, 1e-2),
+    ("log_softmax_backward", "bfloat16"): (5e-2, 6e-2),
 }
+
+
+def backward_reference(op: str, a: np.ndarray, dy: np.ndarray, axis: int) -> np.ndarray:
+    """The analytic gradient in float64 from the forward output `a` (y or
+    log p, as the op got it) and `dy`."""
+    a64 = np.asarray(a).astype(np.float64)
+    g64 = np.asarray(dy).astype(np.float64)
+    if op == "softmax_backward":
+        return a64 * (g64 - np.sum(g64 * a64, axis=axis, keepdims=True))
+    return g64 - np.exp(a64) * np.sum(g64, axis=axis, keepdims=True)
 
 
 def reference(op: str, x: np.ndarray, axis: int) -> np.ndarray:
@@ -56,9 +76,13 @@ class Comparison:
     atol: float
 
 
-def compare(op: str, got: np.ndarray, x: np.ndarray, axis: int) -> Comparison:
-    """Compare `got` with the float64 reference of `x` under our tolerances."""
-    ref = reference(op, x, axis)
+def compare(
+    op: str, got: np.ndarray, x: np.ndarray, axis: int, ref: np.ndarray | None = None
+) -> Comparison:
+    """Compare `got` with the float64 reference of `x` under our tolerances
+    (or with `ref`, for the backward ops, whose reference needs dy too)."""
+    if ref is None:
+        ref = reference(op, x, axis)
     rtol, atol = TOLERANCES[(op, np.dtype(x.dtype).name)]
     g = np.asarray(got).astype(np.float64)
     nan_mismatch = int(np.count_nonzero(np.isnan(g) != np.isnan(ref)))

@@ -1,0 +1,126 @@
+"""GPU kernels of the backward ops (softmax_backward, log_softmax_backward).
+
+They read two tensors and write one, with one row reduction in between:
+`threads` threads per contiguous row (a warp, four rows to a block, for
+short rows; a whole block for longer ones) sum dy * y (or dy) with the
+shared group reductions, then write the gradient, 16-byte vectors when the
+row is aligned. The second sweep re-reads the row, mostly from L2. Rows
+along another axis use a thread per column, as gpu_strided_rows does.
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from std.utils import StaticTuple
+
+from .gpu_reductions import block_sum
+from .gpu_register_rows import block_threads
+from .row_math import accum_dtype, backward_out, backward_term
+
+comptime BACKWARD_STRIDED_THREADS = 256
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(block_threads[threads]())
+    )
+)
+def backward_rows_kernel[
+    dtype: DType, log_in: Bool, threads: Int, V: Int
+](
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    vector_flag: Int32,
+):
+    """`threads` threads per contiguous row of length `n`.
+
+    Parameters:
+        dtype: Element type.
+        log_in: `a` holds log-softmax output (log_softmax_backward).
+        threads: Threads per row (32 or a whole block).
+        V: Elements per 16-byte vector of `dtype`.
+
+    Args:
+        dx: Output gradient rows.
+        a: Forward output rows (y or log p).
+        dy: Incoming gradient rows.
+        rows: Number of rows.
+        n: Row length.
+        vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime block = block_threads[threads]()
+    var t = Int(thread_idx.x) % threads
+    var row = Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    var len = Int(n)
+    if row >= Int(rows):
+        comptime if threads == 32:
+            return
+        len = 0  # stay for the block's barriers; touch nothing
+        row = 0
+    var base = row * Int(n)
+    var step = threads * V if vector_flag != 0 else threads
+    var first = t * V if vector_flag != 0 else t
+
+    var s = Scalar[acc](0)
+    for e in range(first, len, step):
+        if vector_flag != 0:
+            s += backward_term[log_in, acc, V](
+                a.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
+                dy.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
+            ).reduce_add()
+        else:
+            s += backward_term[log_in, acc, 1](
+                a[unsafe_offset=base + e].cast[acc](),
+                dy[unsafe_offset=base + e].cast[acc](),
+            )
+    var total = block_sum[acc, threads, block](s)
+
+    for e in range(first, len, step):
+        if vector_flag != 0:
+            var g = backward_out[log_in, acc, V](
+                a.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
+                dy.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
+                total,
+            )
+            dx.unsafe_offset(base + e).unsafe_store[alignment=16](g.cast[dtype]())
+        else:
+            dx[unsafe_offset=base + e] = backward_out[log_in, acc, 1](
+                a[unsafe_offset=base + e].cast[acc](),
+                dy[unsafe_offset=base + e].cast[acc](),
+                total,
+            ).cast[dtype]()
+
+
+def backward_strided_kernel[
+    dtype: DType, log_in: Bool
+](
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int64,
+    n: Int64,
+    inner: Int64,
+):
+    """One thread per column (o, i) of the (outer, n, inner) view."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var col = Int(block_idx.x) * BACKWARD_STRIDED_THREADS + Int(thread_idx.x)
+    var stride = Int(inner)
+    if col >= Int(outer) * stride:
+        return
+    var len = Int(n)
+    var base = (col // stride) * len * stride + col % stride
+    var s = Scalar[acc](0)
+    for j in range(len):
+        var at = base + j * stride
+        s += backward_term[log_in, acc, 1](
+            a[unsafe_offset=at].cast[acc](), dy[unsafe_offset=at].cast[acc]()
+        )
+    for j in range(len):
+        var at = base + j * stride
+        dx[unsafe_offset=at] = backward_out[log_in, acc, 1](
+            a[unsafe_offset=at].cast[acc](), dy[unsafe_offset=at].cast[acc](), s
+        ).cast[dtype]()

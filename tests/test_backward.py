@@ -1,0 +1,75 @@
+"""softmax_backward and log_softmax_backward: the analytic formula in
+float64, finite differences of the forward, and properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICES, DTYPES, random_logits
+
+import max_softmax
+from max_softmax.reference import backward_reference, compare
+
+BACKWARD = {"softmax_backward": "softmax", "log_softmax_backward": "log_softmax"}
+SHAPES_AXES = [((128,), 0), ((7, 1000), -1), ((5, 50257), 1), ((3, 5, 7), 0), ((2, 3, 4, 5), -2)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(BACKWARD))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axis", SHAPES_AXES)
+def test_matches_formula(rng, device, op, dtype, shape, axis):
+    x = random_logits(rng, shape, dtype)
+    a = getattr(max_softmax, BACKWARD[op])(x, axis=axis, device=device)
+    dy = random_logits(rng, shape, dtype, scale=1.0)
+    dx = getattr(max_softmax, op)(a, dy, axis=axis, device=device)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    c = compare(op, dx, a, axis, ref=backward_reference(op, a, dy, axis))
+    assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(BACKWARD))
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_finite_differences(rng, device, op, axis):
+    """d/dx of L = sum(w * forward(x)) by central differences, float64."""
+    x = rng.standard_normal((3, 4, 5))
+    w = rng.standard_normal(x.shape)
+    forward = getattr(max_softmax, BACKWARD[op])
+    got = getattr(max_softmax, op)(
+        forward(x, axis=axis, device=device), w, axis=axis, device=device
+    )
+    h = 1e-6
+    numeric = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = h
+        up = np.sum(w * forward(x + e, axis=axis, device=device))
+        down = np.sum(w * forward(x - e, axis=axis, device=device))
+        numeric[i] = (up - down) / (2 * h)
+    np.testing.assert_allclose(got, numeric, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_properties(rng, device):
+    x = random_logits(rng, (16, 300), "float64")
+    y = max_softmax.softmax(x, device=device)
+    dy = rng.standard_normal(x.shape)
+    dx = max_softmax.softmax_backward(y, dy, device=device)
+    np.testing.assert_allclose(dx.sum(axis=-1), 0.0, atol=1e-12)  # rows sum to 0
+    # dy constant along each row: softmax is shift invariant, so dx = 0.
+    const = np.broadcast_to(rng.standard_normal((16, 1)), x.shape).copy()
+    np.testing.assert_allclose(max_softmax.softmax_backward(y, const, device=device), 0, atol=1e-12)
+    logp = max_softmax.log_softmax(x, device=device)
+    # dy = p = exp(logp): dx = p - p * sum(p) = 0.
+    np.testing.assert_allclose(
+        max_softmax.log_softmax_backward(logp, y, device=device), 0, atol=1e-12
+    )
+
+
+def test_dy_mismatch_is_a_clear_error():
+    y = np.ones((2, 3), np.float32) / 3
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        max_softmax.softmax_backward(y, np.ones((3, 2), np.float32), device="cpu")
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        max_softmax.softmax_backward(y, np.ones((2, 3), np.float64), device="cpu")
