@@ -36,3 +36,20 @@ def test_options(capsys):
 def test_bad_input_exit_status(capsys):
     assert main(["--device", "cpu", "--shape", "3", "--axis", "4"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_backward_flag(capsys):
+    args = [
+        "--device",
+        "cpu",
+        "--shape",
+        "4,300",
+        "--op",
+        "log_softmax",
+        "--backward",
+        "--repeat",
+        "1",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "log_softmax_backward" in out and "FAIL" not in out

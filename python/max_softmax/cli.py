@@ -18,7 +18,7 @@ import numpy as np
 from . import arrays
 from .dtypes import DTYPE_NAMES
 from .models import DEVICE_CHOICES, resolve_device
-from .reference import compare
+from .reference import backward_reference, compare
 
 DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 50257), (128,))
 """A batch of GPT-2 logits (vocabulary 50257) and the classic 128-vector."""
@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=list(DTYPE_NAMES), default="float32")
     p.add_argument("--device", choices=list(DEVICE_CHOICES), default="auto")
     p.add_argument("--op", choices=["softmax", "log_softmax"], default="softmax")
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="also run the op's backward (softmax_backward / log_softmax_backward) "
+        "on a random dy and check it against the float64 formula",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=20, help="timed calls per shape")
     p.add_argument("--scale", type=float, default=4.0, help="std of the random logits")
@@ -89,6 +95,17 @@ def run_check(args: argparse.Namespace) -> bool:
             f"first_call={first:.2f}s  per_call={per_call:.0f}us (numpy in/out)  "
             f"{'OK' if c.ok else 'FAIL'} (rtol={c.rtol:g}, atol={c.atol:g})"
         )
+        if args.backward and y.size:
+            bop = args.op + "_backward"
+            dy = rng.standard_normal(shape).astype(dtype)
+            dx = getattr(arrays, bop)(y, dy, axis=args.axis, device=kind)
+            b = compare(bop, dx, y, args.axis, ref=backward_reference(bop, y, dy, args.axis))
+            all_ok &= b.ok
+            print(
+                f"  {bop} shape={'x'.join(map(str, shape))}  max_abs_err={b.max_abs_err:.2e}  "
+                f"grad_row_sums_max={np.abs(dx.astype(np.float64).sum(axis=args.axis)).max():.2e}"
+                f"  {'OK' if b.ok else 'FAIL'}"
+            )
     print("check against scipy.special." + args.op + ": " + ("PASSED" if all_ok else "FAILED"))
     return all_ok
 
@@ -100,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "train":
+        from .train import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return 0 if run_check(args) else 1
