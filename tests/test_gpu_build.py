@@ -1,7 +1,11 @@
-"""Every GPU kernel compiles for the H100 (sm_90), even on a machine without a GPU."""
+"""Every GPU kernel compiles for the H100 (sm_90), even on a machine without
+a GPU; where CUDA's ptxas is installed, every kernel also fits its launch
+(registers x threads per block within the SM's 65,536 registers) and spills
+little."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,6 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECK = ROOT / "tests" / "gpu_kernels_check.mojo"
+REGISTERS_PER_SM = 65536
+MAX_SPILL_BYTES = 1024
 
 
 def _mojo() -> str:
@@ -17,19 +24,51 @@ def _mojo() -> str:
     return str(local) if local.exists() else (shutil.which("mojo") or "mojo")
 
 
-@pytest.mark.parametrize("arch", ["sm_90"])
-def test_all_gpu_kernels_compile(tmp_path, arch):
+def _build(out: Path, *extra: str) -> None:
     cmd = [
         _mojo(),
         "build",
         "-I",
         str(ROOT),
         "--target-accelerator",
-        arch,
-        str(ROOT / "tests" / "gpu_kernels_check.mojo"),
+        "sm_90",
+        *extra,
+        str(CHECK),
         "-o",
-        str(tmp_path / "check"),
+        str(out),
     ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=out.parent)
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert result.returncode == 0, "\n".join(errors[:40]) or result.stderr[-4000:]
+
+
+def test_all_gpu_kernels_compile(tmp_path):
+    _build(tmp_path / "check")
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="CUDA's ptxas is not installed")
+def test_kernels_fit_their_launch(tmp_path):
+    """The check that would have caught CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES."""
+    _build(tmp_path / "check.s", "--emit", "asm")
+    ptx_files = sorted(tmp_path.glob("*.ptx"))
+    assert len(ptx_files) > 50, "expected one PTX file per kernel instantiation"
+    problems = []
+    for ptx in ptx_files:
+        text = ptx.read_text()
+        threads = re.search(r"\.maxntid (\d+)", text)
+        info = subprocess.run(
+            ["ptxas", "-arch=sm_90a", "-v", str(ptx), "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stderr
+        regs = re.search(r"Used (\d+) registers", info)
+        spills = re.search(r"(\d+) bytes spill stores", info)
+        assert regs, info
+        # Kernels without launch bounds run at most 1024 threads a block here.
+        block = int(threads.group(1)) if threads else 1024
+        if int(regs.group(1)) * block > REGISTERS_PER_SM:
+            problems.append(f"{ptx.name}: {regs.group(1)} registers x {block} threads")
+        if spills and int(spills.group(1)) > MAX_SPILL_BYTES:
+            problems.append(f"{ptx.name}: {spills.group(1)} bytes of spill stores")
+    assert not problems, "\n".join(problems)
