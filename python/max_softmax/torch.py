@@ -1,0 +1,155 @@
+"""PyTorch bridge: our Mojo kernels on `torch.Tensor`s, with autograd.
+
+    from max_softmax.torch import softmax, log_softmax, Softmax
+    y = softmax(x, dim=-1)          # instead of torch.softmax(x, dim=-1)
+    loss = F.nll_loss(log_softmax(logits, dim=-1), target); loss.backward()
+
+Runs on CPU and CUDA tensors through MAX's `CustomOpLibrary`; dtype and
+device follow the input, like `torch.softmax`. The backward passes use our
+`softmax_backward` / `log_softmax_backward` ops. Needs the `[torch]` extra;
+`import max_softmax` works without torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from max.driver import accelerator_count
+from max.dtype import DType
+from max.experimental.torch.torch import CustomOpLibrary, MaxOp
+from max.graph import DeviceRef, TensorType
+
+from . import ops as graph_ops
+from ._paths import KERNELS
+from .validation import normalize_axis
+
+_DTYPES = {
+    torch.float32: DType.float32,
+    torch.float16: DType.float16,
+    torch.bfloat16: DType.bfloat16,
+    torch.float64: DType.float64,
+}
+_ARITY = {"softmax": 1, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 2}
+
+
+def _graph_fn(name: str):
+    # torch infers the op's schema from these signatures: no *args.
+    fn = getattr(graph_ops, name)
+    if _ARITY[name] == 1:
+
+        def forward(x):
+            return fn(x, axis=1)
+
+        return forward
+
+    def backward(a, dy):
+        return fn(a, dy, axis=1)
+
+    return backward
+
+
+def _make_torch_ops() -> dict[tuple[str, torch.dtype, str], object]:
+    """One torch custom op per (op, dtype, device kind), each taking the
+    (outer, n, inner) view with symbolic dims, so MAX compiles it once and
+    every shape reuses it (the bridge's default would compile per shape).
+
+    Made at import, not on first use: torch.compile(fullgraph=True) must not
+    trace their construction. Kernels still compile lazily, on first call.
+    """
+    library = CustomOpLibrary(KERNELS)
+    kinds = {"cpu": DeviceRef.CPU()}
+    if accelerator_count() > 0:
+        kinds["cuda"] = DeviceRef.GPU()
+    made = {}
+    for name, arity in _ARITY.items():
+        for tdtype, mdtype in _DTYPES.items():
+            for kind, ref in kinds.items():
+                view = TensorType(mdtype, ["outer", "n", "inner"], ref)
+                made[(name, tdtype, kind)] = MaxOp(
+                    _graph_fn(name),
+                    f"max_softmax_{name}_{mdtype.name}_{kind}",
+                    library,
+                    input_types=[view] * arity,
+                    output_types=[view],
+                ).custom_op_def()
+    return made
+
+
+_TORCH_OPS = _make_torch_ops()
+
+
+def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """A contiguous (outer, n, inner) view of `t` along `dim`."""
+    shape = t.shape
+    outer = 1
+    for s in shape[:dim]:
+        outer *= s
+    inner = 1
+    for s in shape[dim + 1 :]:
+        inner *= s
+    return t.contiguous().view(outer, shape[dim], inner)
+
+
+def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
+    first = tensors[0]
+    if first.dtype not in _DTYPES:
+        raise TypeError(f"max_softmax: softmax needs a floating-point tensor, got {first.dtype}")
+    dim = normalize_axis(dim, first.dim())
+    out = torch.empty_like(first, memory_format=torch.contiguous_format)
+    if first.numel() == 0:
+        return out
+    views = [_canonical(t.detach(), dim) for t in tensors]
+    op = _TORCH_OPS.get((name, first.dtype, first.device.type))
+    if op is None:
+        raise ValueError(f"max_softmax: no {name} for tensors on {first.device}")
+    op(out.view(views[0].shape), *views)
+    return out
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
+        y = _run("softmax", dim, x)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        return _run("softmax_backward", ctx.dim, y, dy), None
+
+
+class _LogSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
+        logp = _run("log_softmax", dim, x)
+        ctx.save_for_backward(logp)
+        ctx.dim = dim
+        return logp
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (logp,) = ctx.saved_tensors
+        return _run("log_softmax_backward", ctx.dim, logp, dy), None
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """`torch.softmax(x, dim)` computed by our kernels, differentiable."""
+    return _Softmax.apply(x, dim)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """`torch.log_softmax(x, dim)` computed by our kernels, differentiable."""
+    return _LogSoftmax.apply(x, dim)
+
+
+class Softmax(torch.nn.Module):
+    """Drop-in for `torch.nn.Softmax(dim)`."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Softmax of `x` along `self.dim`."""
+        return softmax(x, self.dim)

@@ -1,0 +1,59 @@
+"""The PyTorch bridge: values and gradients against torch, gradcheck,
+torch.compile. Skipped where torch is not installed."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
+mst = pytest.importorskip("max_softmax.torch")
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    ),
+]
+TOL = {torch.float32: 1e-5, torch.float64: 1e-10, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+CASES = [((128,), 0), ((7, 1000), -1), ((3, 5, 7), 1), ((2, 3, 4, 5), 0)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("shape,dim", CASES)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_values_and_gradients_match_torch(device, dtype, shape, dim, name):
+    gen = torch.Generator().manual_seed(0)
+    x64 = torch.randn(shape, generator=gen, dtype=torch.float64) * 3
+    w = torch.randn(shape, generator=gen, dtype=torch.float64).to(device, dtype)
+    ours_x = x64.to(device, dtype).requires_grad_()
+    ref_x = x64.to(device).requires_grad_()
+    ours = getattr(mst, name)(ours_x, dim=dim)
+    ref = getattr(torch, name)(ref_x, dim=dim)
+    assert ours.dtype == dtype and ours.device.type == device
+    tol = TOL[dtype]
+    torch.testing.assert_close(
+        ours.double(), ref, rtol=tol, atol=tol if name == "softmax" else 4 * tol
+    )
+    (ours * w).sum().backward()
+    (ref * w.double()).sum().backward()
+    torch.testing.assert_close(ours_x.grad.double(), ref_x.grad, rtol=4 * tol, atol=4 * tol)
+
+
+def test_gradcheck_float64():
+    for fn in (mst.softmax, mst.log_softmax):
+        x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda t, fn=fn: fn(t, dim=-1), (x,))
+        assert torch.autograd.gradcheck(lambda t, fn=fn: fn(t, dim=0), (x,))
+
+
+def test_torch_compile_fullgraph():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 5), mst.Softmax(dim=-1))
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), torch.softmax(model[0](x), dim=-1))
+
+
+def test_bad_dtype():
+    with pytest.raises(TypeError, match="floating-point"):
+        mst.softmax(torch.ones(3, dtype=torch.int64))
