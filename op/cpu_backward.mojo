@@ -46,7 +46,9 @@ def softmax_backward_cpu[
     var tasks = ceildiv(items, rows_per_task)
 
     def task(t: Int) raises {imm}:
-        for item in range(t * rows_per_task, min(items, (t + 1) * rows_per_task)):
+        for item in range(
+            t * rows_per_task, min(items, (t + 1) * rows_per_task)
+        ):
             var o = item // col_blocks
             var i0 = (item % col_blocks) * W
             var base = o * n * inner + i0

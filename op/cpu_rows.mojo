@@ -8,8 +8,7 @@ along the contiguous inner dimension and every load is still a vector load.
 
 from max.algorithm import sync_parallelize
 from std.math import ceildiv
-from std.sys import size_of
-from std.sys import simd_width_of
+from std.sys import simd_width_of, size_of
 from std.utils.numerics import inf
 
 from .row_math import accum_dtype, epilogue, exp_nan, row_scale

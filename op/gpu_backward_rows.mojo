@@ -53,7 +53,9 @@ def backward_rows_kernel[
     comptime assert acc.is_floating_point()
     comptime block = block_threads[threads]()
     var t = Int(thread_idx.x) % threads
-    var row = Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    )
     var len = Int(n)
     if row >= Int(rows):
         comptime if threads == 32:
@@ -68,8 +70,12 @@ def backward_rows_kernel[
     for e in range(first, len, step):
         if vector_flag != 0:
             s += backward_term[log_in, acc, V](
-                a.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
-                dy.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
+                a.unsafe_offset(base + e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
+                dy.unsafe_offset(base + e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
             ).reduce_add()
         else:
             s += backward_term[log_in, acc, 1](
@@ -81,11 +87,17 @@ def backward_rows_kernel[
     for e in range(first, len, step):
         if vector_flag != 0:
             var g = backward_out[log_in, acc, V](
-                a.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
-                dy.unsafe_offset(base + e).unsafe_load[width=V, alignment=16]().cast[acc](),
+                a.unsafe_offset(base + e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
+                dy.unsafe_offset(base + e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
                 total,
             )
-            dx.unsafe_offset(base + e).unsafe_store[alignment=16](g.cast[dtype]())
+            dx.unsafe_offset(base + e).unsafe_store[alignment=16](
+                g.cast[dtype]()
+            )
         else:
             dx[unsafe_offset=base + e] = backward_out[log_in, acc, 1](
                 a[unsafe_offset=base + e].cast[acc](),

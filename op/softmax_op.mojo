@@ -90,8 +90,7 @@ struct SoftmaxBackward:
 
 @extensibility.register("log_softmax_backward")
 struct LogSoftmaxBackward:
-    """Gradient of log-softmax along axis 1: dx = dy - exp(logp) * sum(dy).
-    """
+    """Gradient of log-softmax along axis 1: dx = dy - exp(logp) * sum(dy)."""
 
     @staticmethod
     def execute[
