@@ -32,14 +32,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
 from .models import device as max_device
-from .models import resolve_device
+from .models import resolve_device, session
 from .reference import compare
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves
@@ -117,13 +116,6 @@ class Provider:
 _BENCH_MODELS: dict[tuple, object] = {}
 
 
-@cache
-def _bench_session(kind: str):
-    from max.engine import InferenceSession
-
-    return InferenceSession(devices=[max_device(kind)])
-
-
 class MaxGraphProvider(Provider):
     """Our op (any variant) or MAX's built-in ops.softmax, K ops per graph."""
 
@@ -132,7 +124,7 @@ class MaxGraphProvider(Provider):
         self.name = (
             ("ours" if variant == "auto" else f"ours:{variant}") if ours else "max.ops.softmax"
         )
-        self.session = _bench_session(kind)
+        self.session = session(kind)
 
     def _model(self, k: int):
         key = (self.name, self.dtype, self.kind, k)

@@ -51,13 +51,15 @@ def resolve_device(device: str) -> str:
 
 
 @cache
-def _device(kind: str) -> driver.Device:
+def device(kind: str) -> driver.Device:
+    """The MAX device object for "cpu" or "gpu"."""
     return driver.Accelerator() if kind == "gpu" else driver.CPU()
 
 
 @cache
-def _session(kind: str) -> InferenceSession:
-    return InferenceSession(devices=[_device(kind)])
+def session(kind: str) -> InferenceSession:
+    """The one InferenceSession per device kind that loads every model."""
+    return InferenceSession(devices=[device(kind)])
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,6 @@ _locks: dict[ModelKey, threading.Lock] = {}
 _locks_guard = threading.Lock()
 compile_count: dict[ModelKey, int] = {}
 """How many times each key was compiled (tests check it stays 1)."""
-
-
-def device(kind: str) -> driver.Device:
-    """The MAX device object for "cpu" or "gpu"."""
-    return _device(kind)
 
 
 def get_model(key: ModelKey) -> Model:
@@ -116,4 +113,4 @@ def _compile(key: ModelKey) -> Model:
             graph.output(op(*inputs, axis=1))
         else:
             graph.output(op(inputs[0], axis=1, variant=key.variant))
-    return _session(key.device).load(graph)
+    return session(key.device).load(graph)

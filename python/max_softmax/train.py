@@ -21,7 +21,7 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 from . import ops as our_ops
 from ._paths import KERNELS
 from .dtypes import max_dtype, to_buffer, to_numpy
-from .models import _session, device, resolve_device
+from .models import device, resolve_device, session
 
 PARAMS = ("w1", "b1", "w2", "b2")
 
@@ -109,7 +109,7 @@ class Trainer:
     def __init__(self, problem: Problem, device_name: str = "auto"):
         self.kind = resolve_device(device_name)
         self.problem = problem
-        self.model = _session(self.kind).load(build_step_graph(problem, self.kind))
+        self.model = session(self.kind).load(build_step_graph(problem, self.kind))
         self.dev = device(self.kind)
         self.data = [to_buffer(a).to(self.dev) for a in (problem.x, problem.onehot)]
 
