@@ -105,32 +105,29 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class _Softmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        y = _run("softmax", dim, x)
-        ctx.save_for_backward(y)
-        ctx.dim = dim
-        return y
+def _differentiable(forward: str, backward: str) -> type[torch.autograd.Function]:
+    """An autograd Function running op `forward`, whose gradient is op
+    `backward` applied to the saved output and the incoming gradient."""
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        (y,) = ctx.saved_tensors
-        return _run("softmax_backward", ctx.dim, y, dy), None
+    class RowOp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
+            out = _run(forward, dim, x)
+            ctx.save_for_backward(out)
+            ctx.dim = dim
+            return out
+
+        @staticmethod
+        def backward(ctx, dy: torch.Tensor):
+            (out,) = ctx.saved_tensors
+            return _run(backward, ctx.dim, out, dy), None
+
+    RowOp.__name__ = RowOp.__qualname__ = f"MaxSoftmax_{forward}"
+    return RowOp
 
 
-class _LogSoftmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        logp = _run("log_softmax", dim, x)
-        ctx.save_for_backward(logp)
-        ctx.dim = dim
-        return logp
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        (logp,) = ctx.saved_tensors
-        return _run("log_softmax_backward", ctx.dim, logp, dy), None
+_Softmax = _differentiable("softmax", "softmax_backward")
+_LogSoftmax = _differentiable("log_softmax", "log_softmax_backward")
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
