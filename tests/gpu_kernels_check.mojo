@@ -24,8 +24,12 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
                 ctx, dst, src, 4, 1000, 1
             )
         softmax_rows["gpu", dtype, log_out, "auto"](ctx, dst, src, 4, 100, 7)
-        softmax_backward_rows["gpu", dtype, log_out](ctx, dst, src, src, 4, 1000, 1)
-        softmax_backward_rows["gpu", dtype, log_out](ctx, dst, src, src, 4, 100, 7)
+        softmax_backward_rows["gpu", dtype, log_out](
+            ctx, dst, src, src, 4, 1000, 1
+        )
+        softmax_backward_rows["gpu", dtype, log_out](
+            ctx, dst, src, src, 4, 100, 7
+        )
 
 
 def main() raises:
