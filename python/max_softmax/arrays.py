@@ -8,8 +8,7 @@ import numpy as np
 
 from .dtypes import max_dtype, to_buffer, to_numpy
 from .models import ModelKey, device, get_model, resolve_device
-from .ops import VARIANTS
-from .validation import canonical_shape, normalize_axis
+from .validation import canonical_shape, check_variant, normalize_axis
 
 
 def softmax(x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto") -> np.ndarray:
@@ -76,8 +75,7 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
             f"max_softmax: {op} needs dy of the same shape and dtype as its first "
             f"input: got {grads.dtype}{grads.shape} for {array.dtype}{array.shape}"
         )
-    if variant not in VARIANTS:
-        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
+    check_variant(variant)
     kind = resolve_device(device_name)
     if array.size == 0:
         return np.empty(array.shape, dtype=array.dtype)

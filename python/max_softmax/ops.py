@@ -20,11 +20,8 @@ from max.graph import Graph, TensorType, TensorValue, ops
 from max.graph.dim import Dim
 
 from ._paths import KERNELS
-from .validation import check_dtype, normalize_axis
-
-VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "online", "split")
-"""Kernel families `variant=` accepts; "auto" uses the dispatch table in
-op/dispatch.mojo. Others exist for benchmarks and tests."""
+from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
+from .validation import check_dtype, check_variant, normalize_axis
 
 
 def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
@@ -92,8 +89,7 @@ def _row_op(
                 f"{dy.dtype.name}{list(dy.shape)} on {dy.device} for "
                 f"{x.dtype.name}{list(x.shape)} on {x.device}"
             )
-    if variant not in VARIANTS:
-        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
+    check_variant(variant)
     shape = list(x.shape)
     axis = normalize_axis(axis, len(shape))
     _ensure_kernels_loaded()

@@ -18,6 +18,11 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (
 """Element types every op accepts (16-bit types compute in float32)."""
 
 
+VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "online", "split")
+"""Kernel families `variant=` accepts; "auto" uses the dispatch table in
+op/dispatch.mojo. Others exist for benchmarks and tests."""
+
+
 class SoftmaxInputError(ValueError):
     """Raised for input that max_softmax cannot take (dtype, rank, axis)."""
 
@@ -30,6 +35,13 @@ def check_dtype(dtype: DType) -> DType:
             f"max_softmax: softmax needs a floating-point tensor ({names}), got {dtype.name}"
         )
     return dtype
+
+
+def check_variant(variant: str) -> str:
+    """Return `variant` if it names a kernel family in `VARIANTS`, else raise."""
+    if variant not in VARIANTS:
+        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
+    return variant
 
 
 def normalize_axis(axis: int, rank: int) -> int:
