@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from . import eager
 from .dtypes import max_dtype, to_buffer, to_numpy
 from .models import ModelKey, device, get_model, resolve_device
 from .validation import canonical_shape, check_variant, normalize_axis
@@ -20,6 +21,9 @@ def softmax(x: Any, axis: int = -1, *, device: str = "auto", variant: str = "aut
         axis: Axis to normalise; negative counts from the end.
         device: "auto" (a GPU if MAX finds one, else the CPU), "cpu" or "gpu".
         variant: GPU kernel family, for benchmarks; "auto" picks by shape.
+
+    A `max.experimental.tensor.Tensor` gives a `Tensor` on its own device
+    (see `max_softmax.eager`).
 
     Returns:
         A new numpy array of the same shape and dtype. Rows holding NaN or
@@ -65,7 +69,14 @@ def as_array(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = None) -> np.ndarray:
+def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = None) -> Any:
+    if eager.is_max_tensor(x):
+        if device_name != "auto" or variant != "auto":
+            raise ValueError(
+                "max_softmax: a MAX Tensor runs on its own device with the dispatch "
+                "table; leave device and variant at 'auto' (move it with .to(device))"
+            )
+        return eager.run(op, x, axis, dy)
     array = as_array(x)
     dtype = max_dtype(array.dtype)
     axis = normalize_axis(axis, array.ndim)

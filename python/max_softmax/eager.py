@@ -1,0 +1,107 @@
+"""MAX eager: our ops on `max.experimental.tensor.Tensor`s.
+
+`max_softmax.softmax(t)` (and `log_softmax`, the backward ops) route here
+when `t` is a MAX `Tensor`; the result is a `Tensor` on the same device.
+Each op is one `max.experimental.custom.declare` declaration, usable eagerly
+and inside a `Graph` alike::
+
+    from max.experimental.tensor import Tensor
+    y = max_softmax.softmax(Tensor(np.random.randn(8, 1000).astype("float32")))
+
+    with Graph("g", input_types=[...]) as g:      # the same declaration, staged
+        g.output(max_softmax.eager.declaration("softmax")(g.inputs[0].tensor))
+
+The declaration takes the (outer, n, inner) view with symbolic dims, like
+the graph-level functions, so every shape reuses one compiled kernel. The
+reshapes and the op are staged together under `functional.lazy()`: MAX
+compiles that little chain once per shape and caches it, where running the
+three ops one by one eagerly costs seconds per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import cache
+from typing import Any
+
+from ._paths import KERNELS
+from .validation import canonical_shape, check_dtype, normalize_axis
+
+ARITY: dict[str, int] = {
+    "softmax": 1,
+    "log_softmax": 1,
+    "softmax_backward": 2,
+    "log_softmax_backward": 2,
+}
+
+
+def is_max_tensor(x: Any) -> bool:
+    """True for a `max.experimental.tensor.Tensor` (without importing MAX's
+    eager machinery for numpy callers)."""
+    return type(x).__module__.startswith("max.experimental") and type(x).__name__ == "Tensor"
+
+
+@cache
+def declaration(op: str):
+    """The `CustomOp` for `op` on an (outer, n, inner) tensor of any float
+    dtype; works on eager `Tensor`s and on graph `TensorValue`s.
+
+    Declared on first use (MAX packages the kernel library then, ~2 s).
+    """
+    from max.experimental import custom
+
+    dtype = custom.DTypeVar("T")
+    dims = custom.Symbols("outer", "n", "inner")
+    view = custom.TemplateType(dtype, dims)
+    names = ("x",) if ARITY[op] == 1 else ("a", "dy")
+    return custom.declare(
+        op,
+        inputs={name: view for name in names},
+        outputs=[view],
+        custom_extensions=[KERNELS],
+    )
+
+
+def run(op: str, x: Any, axis: int, dy: Any = None) -> Any:
+    """`op` of MAX tensor `x` (and `dy`) along `axis`, as a MAX tensor."""
+    from max.experimental import functional as F
+
+    check_dtype(x.dtype)
+    shape = [int(d) for d in x.shape]
+    axis = normalize_axis(axis, len(shape))
+    operands = [x]
+    if dy is not None:
+        if not is_max_tensor(dy):
+            raise TypeError(f"max_softmax: {op} got a MAX Tensor and dy of type {type(dy)}")
+        if dy.dtype != x.dtype or [int(d) for d in dy.shape] != shape or dy.device != x.device:
+            raise ValueError(
+                f"max_softmax: {op} needs dy like its first input: got "
+                f"{dy.dtype.name}{[int(d) for d in dy.shape]} on {dy.device} for "
+                f"{x.dtype.name}{shape} on {x.device}"
+            )
+        operands.append(dy)
+    view = list(canonical_shape(tuple(shape), axis))
+    with F.lazy():
+        out = F.reshape(declaration(op)(*[F.reshape(t, view) for t in operands]), shape)
+    return _realize(out)
+
+
+def _realize(t: Any) -> Any:
+    """Realize `t` on a private event loop and return it.
+
+    MAX realizes through `asyncio.run`, whose SIGINT bookkeeping (CPython
+    3.11/3.12, main thread) formats the repr of the finished task, i.e. of
+    the result tensor, which MAX renders element by element: seconds for a
+    few hundred elements. A private loop installs no SIGINT handler.
+    """
+    try:
+        asyncio.get_running_loop()
+        return t  # inside a running loop (Jupyter): MAX realizes on a worker thread
+    except RuntimeError:
+        pass
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(t.realize)  # a property: the coroutine
+    finally:
+        loop.close()
+    return t
