@@ -2,6 +2,7 @@
 #
 # Layout (one job per file):
 #   softmax_op.mojo         the @extensibility.register structs MAX calls
+#   inplace_ops.mojo        the same ops writing into a given buffer (torch bridge)
 #   dispatch.mojo           the one table choosing a kernel from (rows, n, dtype)
 #   row_math.mojo           numerics shared by every kernel (accumulator type,
 #                           guarded exp-differences, the softmax/log-softmax epilogue)

@@ -17,6 +17,14 @@ Method (the same for every provider, so the numbers compare):
   (first rows) before it is timed; a failing provider is reported, not
   timed.
 
+`--op` picks what is timed: `softmax` (default; our graph op and every
+peer), `softmax_backward` (reads y and dy, writes dx: 3 tensors a call; peer
+torch's softmax backward), or `torch_fwd_bwd` (a torch training step's
+softmax, forward + backward through autograd: 5 tensors a call; our op
+through the `max_softmax.torch` bridge, its overhead included, against
+`torch.softmax`). With `--bridge` the softmax sweep also times our op called
+from torch (`ours:torch`).
+
 Results go to a JSON file first; the table and the PNG plot are made from
 that data.
 """
@@ -39,7 +47,7 @@ import numpy as np
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
 from .models import device as max_device
 from .models import resolve_device, session
-from .reference import compare
+from .reference import backward_reference, compare, reference
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves
 # MAX's allocator for the large shapes measured after it.
@@ -76,6 +84,47 @@ L2_BYTES = 50 << 20
 CHECK_ROWS = 64
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What one timed call computes: its inputs and how many tensor-sized
+    transfers it must make (GB/s = transfers x tensor bytes / time)."""
+
+    op: str
+    transfers: int
+    arity: int
+
+    def make_inputs(self, rng: np.random.Generator, rows: int, n: int, dtype: str) -> tuple:
+        """Fresh random inputs of one call: (x,), (y, dy) or (x, dy)."""
+        x = (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
+        if self.op == "softmax":
+            return (x,)
+        dy = rng.standard_normal((rows, n), dtype=np.float32).astype(DTYPE_NAMES[dtype])
+        if self.op == "softmax_backward":  # y = softmax(x), in float32 to stay quick
+            e = np.exp(x.astype(np.float32) - x.max(axis=-1, keepdims=True).astype(np.float32))
+            return ((e / e.sum(axis=-1, keepdims=True)).astype(x.dtype), dy)
+        return (x, dy)
+
+    def check(self, got: np.ndarray, inputs: tuple) -> tuple[bool, str]:
+        """Whether `got` (first CHECK_ROWS rows) matches the float64 reference."""
+        first = [a[:CHECK_ROWS] for a in inputs]
+        if self.op == "softmax":
+            c = compare("softmax", got, first[0], -1)
+        else:
+            y = first[0]
+            if self.op == "torch_fwd_bwd":
+                y = reference("softmax", y, -1)
+            ref = backward_reference("softmax_backward", y, first[1], -1)
+            c = compare("softmax_backward", got, first[1], -1, ref=ref)
+        return c.ok, f"max_rel_err={c.max_rel_err:.2g}"
+
+
+WORKLOADS: dict[str, Workload] = {
+    "softmax": Workload("softmax", 2, 1),
+    "softmax_backward": Workload("softmax_backward", 3, 2),
+    "torch_fwd_bwd": Workload("torch_fwd_bwd", 5, 2),
+}
+
+
 @dataclass
 class Row:
     """One provider at one shape and dtype."""
@@ -96,15 +145,16 @@ class Row:
 
 
 class Provider:
-    """Something that computes softmax along the last axis of a batch."""
+    """Something that computes a workload along the last axis of a batch."""
 
     name = "?"
+    transfers = 2  # tensor-sized transfers a call makes (copy: always 2)
 
-    def prepare(self, xs: list[np.ndarray]) -> None:
-        """Move the K inputs to where the provider computes (untimed)."""
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Move the K input tuples to where the provider computes (untimed)."""
 
     def run(self, k: int) -> None:
-        """Compute softmax of the first k inputs and wait for the results."""
+        """Compute the workload for the first k inputs and wait for the results."""
 
     def output0(self) -> np.ndarray:
         """The result for input 0, as numpy."""
@@ -119,15 +169,16 @@ _BENCH_MODELS: dict[tuple, object] = {}
 class MaxGraphProvider(Provider):
     """Our op (any variant) or MAX's built-in ops.softmax, K ops per graph."""
 
-    def __init__(self, kind: str, dtype: str, ours: bool, variant: str = "auto"):
-        self.kind, self.dtype, self.ours, self.variant = kind, dtype, ours, variant
+    def __init__(self, kind: str, dtype: str, ours: bool, variant: str = "auto", op="softmax"):
+        self.kind, self.dtype, self.ours, self.variant, self.op = kind, dtype, ours, variant, op
         self.name = (
             ("ours" if variant == "auto" else f"ours:{variant}") if ours else "max.ops.softmax"
         )
+        self.transfers = WORKLOADS[op].transfers
         self.session = session(kind)
 
     def _model(self, k: int):
-        key = (self.name, self.dtype, self.kind, k)
+        key = (self.name, self.op, self.dtype, self.kind, k)
         if key not in _BENCH_MODELS:
             from max.graph import DeviceRef, Graph, TensorType, ops
 
@@ -136,25 +187,31 @@ class MaxGraphProvider(Provider):
 
             ref = DeviceRef.GPU() if self.kind == "gpu" else DeviceRef.CPU()
             t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], device=ref)
+            arity = WORKLOADS[self.op].arity
             with Graph(
-                f"bench_{self.name}_{k}", input_types=[t] * k, custom_extensions=[KERNELS]
+                f"bench_{self.name}_{self.op}_{k}",
+                input_types=[t] * (k * arity),
+                custom_extensions=[KERNELS],
             ) as g:
+                args = [v.tensor for v in g.inputs]
                 outs = []
-                for v in g.inputs:
-                    if self.ours:
-                        outs.append(our_ops.softmax(v.tensor, -1, variant=self.variant))
+                for i in range(k):
+                    if self.op == "softmax_backward":
+                        outs.append(our_ops.softmax_backward(args[2 * i], args[2 * i + 1], -1))
+                    elif self.ours:
+                        outs.append(our_ops.softmax(args[i], -1, variant=self.variant))
                     else:
-                        outs.append(ops.softmax(v.tensor, axis=-1))
+                        outs.append(ops.softmax(args[i], axis=-1))
                 g.output(*outs)
             _BENCH_MODELS[key] = self.session.load(g)
         return _BENCH_MODELS[key]
 
     def prepare(self, xs):
         dev = max_device(self.kind)
-        self.bufs = [to_buffer(np.ascontiguousarray(x)).to(dev) for x in xs]
+        self.bufs = [to_buffer(np.ascontiguousarray(a)).to(dev) for case in xs for a in case]
 
     def run(self, k):
-        out = self._model(k).execute(*self.bufs[:k])
+        out = self._model(k).execute(*self.bufs[: k * WORKLOADS[self.op].arity])
         self.last = out
         if self.kind == "gpu":
             max_device("gpu").synchronize()
@@ -166,32 +223,60 @@ class MaxGraphProvider(Provider):
 
 
 class TorchProvider(Provider):
-    """torch.softmax (and the device-copy roof with copy=True)."""
+    """torch: the device-copy roof (copy=True), torch.softmax, its backward,
+    or a forward + backward step through autograd."""
 
-    def __init__(self, kind: str, copy: bool = False):
+    def __init__(self, kind: str, copy: bool = False, op: str = "softmax"):
         import torch
 
-        self.torch, self.kind, self.copy = torch, kind, copy
+        self.torch, self.kind, self.copy, self.op = torch, kind, copy, op
         self.name = "copy" if copy else "torch"
+        self.transfers = 2 if copy else WORKLOADS[op].transfers
         self.dev = torch.device("cuda" if kind == "gpu" else "cpu")
+
+    def softmax(self, x):
+        """The forward this provider differentiates (torch's own here)."""
+        return self.torch.softmax(x, dim=-1)
 
     def prepare(self, xs):
         t = self.torch
-        self.xs = [_to_torch(t, x, self.dev) for x in xs]
-        self.ys = [t.empty_like(x) for x in self.xs]
+        self.xs = [tuple(_to_torch(t, a, self.dev) for a in case) for case in xs]
+        self.ys = [t.empty_like(case[0]) for case in self.xs]
 
     def run(self, k):
         t = self.torch
-        for x, y in zip(self.xs[:k], self.ys[:k]):
+        for i, case in enumerate(self.xs[:k]):
             if self.copy:
-                y.copy_(x)
-            else:
-                t.softmax(x, dim=-1, out=y)
+                self.ys[i].copy_(case[0])
+            elif self.op == "softmax":
+                self.ys[i] = self.softmax(case[0])
+            elif self.op == "softmax_backward":
+                y, dy = case
+                self.ys[i] = t._softmax_backward_data(dy, y, -1, y.dtype)
+            else:  # a training step's softmax: forward, then backward to x
+                x = case[0].detach().requires_grad_()
+                self.softmax(x).backward(case[1])
+                self.ys[i] = x.grad
         if self.kind == "gpu":
             t.cuda.synchronize()
 
     def output0(self):
         return _from_torch(self.ys[0])
+
+
+class BridgeProvider(TorchProvider):
+    """Our op called from torch through `max_softmax.torch` (bridge
+    overhead included): its forward, or forward + backward via autograd."""
+
+    def __init__(self, kind: str, op: str = "softmax"):
+        super().__init__(kind, op=op)
+        from . import torch as bridge
+
+        self.bridge = bridge
+        self.name = "ours:torch"
+
+    def softmax(self, x):
+        return self.bridge.softmax(x, dim=-1)
 
 
 class TritonProvider(TorchProvider):
@@ -205,7 +290,7 @@ class TritonProvider(TorchProvider):
         self.name = "triton"
 
     def run(self, k):
-        for x, y in zip(self.xs[:k], self.ys[:k]):
+        for (x,), y in zip(self.xs[:k], self.ys[:k]):
             self.fn(x, y)
         self.torch.cuda.synchronize()
 
@@ -222,7 +307,7 @@ class JaxProvider(Provider):
         self.fn = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
 
     def prepare(self, xs):
-        self.xs = [self.jax.device_put(x, self.dev) for x in xs]
+        self.xs = [self.jax.device_put(case[0], self.dev) for case in xs]
 
     def run(self, k):
         self.ys = [self.fn(x) for x in self.xs[:k]]
@@ -240,8 +325,8 @@ class NumpyProvider(Provider):
         self.name = which
 
     def prepare(self, xs):
-        self.xs = xs
-        self.ys = [np.empty_like(x) for x in xs]
+        self.xs = [case[0] for case in xs]
+        self.ys = [np.empty_like(x) for x in self.xs]
 
     def run(self, k):
         import scipy.special
@@ -274,17 +359,29 @@ def _from_torch(y) -> np.ndarray:
     return y.numpy()
 
 
-def make_providers(kind: str, dtype: str, variants: Sequence[str]) -> list[Callable[[], Provider]]:
-    """Factories for every provider available on this machine."""
+def make_providers(
+    kind: str, dtype: str, variants: Sequence[str], op: str = "softmax", bridge: bool = False
+) -> list[Callable[[], Provider]]:
+    """Factories for every provider of `op` available on this machine."""
     out: list[Callable[[], Provider]] = []
     have = _installed()
     if kind == "gpu" and "torch" in have:
         out.append(lambda: TorchProvider(kind, copy=True))
     if kind == "cpu":
         out.append(lambda: NumpyProvider("copy"))
-    out.append(lambda: MaxGraphProvider(kind, dtype, ours=True))
+    if op == "torch_fwd_bwd":
+        if "torch" in have:
+            out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
+        return out
+    out.append(lambda: MaxGraphProvider(kind, dtype, ours=True, op=op))
+    if op == "softmax_backward":
+        if "torch" in have:
+            out.append(lambda: TorchProvider(kind, op=op))
+        return out
     for v in variants:
         out.append(lambda v=v: MaxGraphProvider(kind, dtype, ours=True, variant=v))
+    if bridge and "torch" in have:
+        out.append(lambda: BridgeProvider(kind))
     out.append(lambda: MaxGraphProvider(kind, dtype, ours=False))
     if "torch" in have:
         out.append(lambda: TorchProvider(kind))
@@ -316,20 +413,19 @@ def _median_time(fn: Callable[[], None], reps: int) -> float:
     return statistics.median(times)
 
 
-def measure(provider: Provider, xs: list[np.ndarray], reps: int) -> tuple[float, bool, str]:
+def measure(
+    provider: Provider, xs: list[tuple[np.ndarray, ...]], reps: int, workload: Workload
+) -> tuple[float, bool, str]:
     """Marginal seconds per call, whether the output checked, and a note."""
     k = len(xs)
     provider.prepare(xs)
     provider.run(1)
     got = provider.output0()[:CHECK_ROWS]
     if provider.name == "copy":
-        ok = np.array_equal(got, xs[0][:CHECK_ROWS])
-        c = None
+        ok, why = np.array_equal(got, xs[0][0][:CHECK_ROWS]), "copy differs"
     else:
-        c = compare("softmax", got, xs[0][:CHECK_ROWS], -1)
-        ok = c.ok
+        ok, why = workload.check(got, xs[0])
     if not ok:
-        why = f"max_rel_err={c.max_rel_err:.2g}" if c else "copy differs"
         return float("nan"), False, f"wrong: {why}"
     provider.run(k)  # warm-up (and compile) the K-call path
     t1 = _median_time(lambda: provider.run(1), reps)
@@ -347,6 +443,7 @@ def run_sweep(
     `save` is called with the rows so far after each shape, so a sweep cut
     short by a time limit still leaves its data."""
     kind = resolve_device(args.device)
+    workload = WORKLOADS[args.op]
     shapes = args.shapes or (ISSUE_SHAPES_GPU + SWEEP_GPU if kind == "gpu" else SHAPES_CPU)
     rng = np.random.default_rng(args.seed)
     results: list[Row] = []
@@ -354,47 +451,23 @@ def run_sweep(
     bar = _progress(len(jobs))
     for dtype, (rows, n) in jobs:
         nbytes = rows * n * DTYPE_NAMES[dtype].itemsize
-        # Two K values only (each K is a graph to compile): 16 small tensors
+        # Two K values only (each K is a graph to compile): 16 small cases
         # or 3 large ones, always well over 4x the L2 in total.
-        k = args.max_k if 3 * nbytes < 4 * L2_BYTES else 3
-        xs = [
-            (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
-            for _ in range(k)
-        ]
-        for factory in make_providers(kind, dtype, args.variants):
+        per_case = workload.arity * nbytes
+        k = args.max_k if 3 * per_case < 4 * L2_BYTES else 3
+        xs = [workload.make_inputs(rng, rows, n, dtype) for _ in range(k)]
+        for factory in make_providers(kind, dtype, args.variants, args.op, args.bridge):
+            p = None
             try:
                 p = factory()
-                secs, ok, note = measure(p, xs, args.reps)
-                gbps = 2 * nbytes / secs / 1e9 if ok else None
-                results.append(
-                    Row(
-                        p.name,
-                        rows,
-                        n,
-                        dtype,
-                        kind,
-                        secs * 1e6 if ok else None,
-                        gbps,
-                        ok,
-                        note,
-                        {"k": k},
-                    )
-                )
+                secs, ok, note = measure(p, xs, args.reps, workload)
+                gbps = p.transfers * nbytes / secs / 1e9 if ok else None
+                us = secs * 1e6 if ok else None
+                results.append(Row(p.name, rows, n, dtype, kind, us, gbps, ok, note, {"k": k}))
             except Exception as err:  # a peer that cannot run this case
-                name = getattr(factory, "__name__", "?")
-                results.append(
-                    Row(
-                        getattr(locals().get("p"), "name", name),
-                        rows,
-                        n,
-                        dtype,
-                        kind,
-                        None,
-                        None,
-                        None,
-                        f"error: {str(err)[:120]}",
-                    )
-                )
+                name = getattr(p, "name", "?")
+                note = f"error: {str(err)[:120]}"
+                results.append(Row(name, rows, n, dtype, kind, None, None, None, note))
             finally:
                 p = None
                 _release_torch_cache()
@@ -463,7 +536,9 @@ def table(results: list[Row]) -> str:
                 return f"{r.gbps:.0f}"
             return "?" if r.note.startswith("unreliable") else ("✗" if r.ok is False else "err")
 
-        ours = by.get("ours")
+        ours = by.get("ours") or next(
+            (by[p] for p in providers if p.startswith("ours") and p in by), None
+        )
         roof = by.get("copy")
         best_peer = max((by[p].gbps for p in peers if p in by and by[p].gbps), default=None)
         pct = (
@@ -505,7 +580,7 @@ def plot(results: list[Row], path: Path) -> bool:
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels([f"{rows}x{n}" for n, rows in shapes], rotation=45, ha="right")
         ax.set_xlabel("rows x N (sorted by row length N)")
-        ax.set_ylabel("GB/s (2 x tensor bytes / time)")
+        ax.set_ylabel("GB/s (bytes that must move / time)")
         ax.set_title(f"softmax {dtype}, {results[0].device}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -532,6 +607,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="also time these forced kernel families, e.g. tree online split",
     )
+    p.add_argument(
+        "--op",
+        choices=list(WORKLOADS),
+        default="softmax",
+        help="what a call computes (softmax_backward: 3 tensors; torch_fwd_bwd: 5)",
+    )
+    p.add_argument(
+        "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"
+    )
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--max-k", type=int, default=16, help="most rotating inputs per shape")
     p.add_argument("--seed", type=int, default=0)
@@ -555,13 +639,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     kind = resolve_device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_{kind}{'_' + args.tag if args.tag else ''}"
+    op = "" if args.op == "softmax" else f"_{args.op}"
+    stem = f"bench_{kind}{op}{'_' + args.tag if args.tag else ''}"
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "device": _device_name(kind),
         "host": platform.node(),
         "command": "softmax bench " + " ".join(sys.argv[2:] if argv is None else argv),
-        "method": "marginal time per call over K rotating inputs, medians; GB/s = 2 x bytes / time",
+        "op": args.op,
+        "method": (
+            "marginal time per call over K rotating inputs, medians; GB/s = "
+            f"{WORKLOADS[args.op].transfers} x tensor bytes / time (copy: 2 x)"
+        ),
     }
 
     def save(rows: list[Row]) -> None:

@@ -16,9 +16,8 @@ import torch
 from max.driver import accelerator_count
 from max.dtype import DType
 from max.experimental.torch.torch import CustomOpLibrary, MaxOp
-from max.graph import DeviceRef, TensorType
+from max.graph import DeviceRef, Graph, TensorType, ops
 
-from . import ops as graph_ops
 from ._paths import KERNELS
 from .validation import normalize_axis
 
@@ -32,17 +31,27 @@ _ARITY = {"softmax": 1, "log_softmax": 1, "softmax_backward": 2, "log_softmax_ba
 
 
 def _graph_fn(name: str):
+    """The body of the bridge's graph for op `name`: the `*_into` twin of
+    the op (op/inplace_ops.mojo) writes straight into the torch output, which
+    MAX passes as the graph's first input, a buffer. Returning a value
+    instead would make MAX copy it into that buffer: twice the traffic."""
+
+    def into(*values):
+        out = Graph.current.inputs[0].buffer
+        ops.inplace_custom(
+            name=f"{name}_into", device=out.device, values=[out, *values], out_types=[]
+        )
+
     # torch infers the op's schema from these signatures: no *args.
-    fn = getattr(graph_ops, name)
     if _ARITY[name] == 1:
 
         def forward(x):
-            return fn(x, axis=1)
+            into(x)
 
         return forward
 
     def backward(a, dy):
-        return fn(a, dy, axis=1)
+        into(a, dy)
 
     return backward
 
