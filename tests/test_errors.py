@@ -56,3 +56,28 @@ def test_variant_too_short_for_row_on_gpu():
     # The model stays usable after the error.
     y = max_softmax.softmax(x, device="gpu")
     np.testing.assert_allclose(y, 1 / 5000, rtol=1e-6)
+
+
+@pytest.mark.skipif(max_softmax.gpu_available(), reason="a GPU is present")
+def test_graph_on_missing_gpu():
+    """A graph placing our op on a GPU the machine lacks fails at build time,
+    naming the problem (MAX alone fails later: "Failed to compile the model")."""
+    from max.dtype import DType
+    from max.graph import DeviceRef, Graph, TensorType
+
+    t = TensorType(DType.float32, [4, 8], DeviceRef.GPU())
+    with Graph("softmax_on_missing_gpu", input_types=[t]) as g:
+        with pytest.raises(max_softmax.NoGPUError, match="finds no accelerator"):
+            max_softmax.ops.softmax(g.inputs[0].tensor)
+
+
+def test_graph_backward_mismatched_devices():
+    from max.dtype import DType
+    from max.graph import DeviceRef, Graph, TensorType
+
+    on_cpu = TensorType(DType.float32, [4, 8], DeviceRef.CPU())
+    on_gpu = TensorType(DType.float32, [4, 8], DeviceRef.GPU())
+    with Graph("backward_mixed_devices", input_types=[on_cpu, on_gpu]) as g:
+        y, dy = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match="needs dy like its first input"):
+            max_softmax.ops.softmax_backward(y, dy)

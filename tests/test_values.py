@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from conftest import DEVICES, DTYPES, GPU_SKIP, assert_matches_scipy, random_logits
@@ -117,3 +119,33 @@ def test_gpu_dispatch_boundaries(rng, n, dtype):
     x = random_logits(rng, (5, n), dtype)
     gpu = max_softmax.softmax(x, device="gpu")
     assert_matches_scipy("softmax", gpu, x, -1)
+
+
+BIG = os.environ.get("MAX_SOFTMAX_BIG_TESTS") == "1"
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.skipif(
+                not BIG, reason="needs ~20 GB of RAM: set MAX_SOFTMAX_BIG_TESTS=1"
+            ),
+        ),
+        pytest.param("gpu", marks=GPU_SKIP),
+    ],
+)
+@pytest.mark.parametrize("shape,axis", [((65537, 32768), -1), ((32768, 65537), 0)])
+def test_more_than_2_31_elements(rng, device, shape, axis):
+    """2^31 + 2^15 float16 elements (4.3 GB): offsets past 2^31 must not wrap
+    (the kernels index with 64-bit Int). Rows at both ends are checked."""
+    # Random bits below 0x4C00 are float16 values in [0, 16): no NaN or inf,
+    # made at memory speed (float64 normals would need 17 GB).
+    bits = rng.integers(0, 0x4C00, size=shape, dtype=np.uint16)
+    x = bits.view(np.float16)
+    y = max_softmax.softmax(x, axis=axis, device=device)
+    count = shape[0] if axis == -1 else shape[1]
+    rows = [0, 1, count // 2, count - 2, count - 1]
+    take = (lambda a: a[rows]) if axis == -1 else (lambda a: a[:, rows])
+    assert_matches_scipy("softmax", take(y), take(x), axis)

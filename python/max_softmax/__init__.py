@@ -8,7 +8,7 @@
 from . import ops
 from ._paths import KERNELS
 from .arrays import log_softmax, log_softmax_backward, softmax, softmax_backward
-from .models import NoGPUError, gpu_available
+from .devices import NoGPUError, gpu_available
 from .validation import SUPPORTED_DTYPES, SoftmaxInputError
 
 __all__ = [

@@ -8,7 +8,8 @@ import numpy as np
 
 from . import eager
 from .dtypes import max_dtype, to_buffer, to_numpy
-from .models import ModelKey, device, get_model, resolve_device
+from .devices import device, resolve_device
+from .models import ModelKey, get_model
 from .validation import canonical_shape, check_variant, normalize_axis
 
 

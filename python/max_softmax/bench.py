@@ -45,8 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
-from .models import device as max_device
-from .models import resolve_device, session
+from .devices import device as max_device
+from .devices import resolve_device
+from .models import session
 from .reference import backward_reference, compare, reference
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import arrays
 from .dtypes import DTYPE_NAMES
-from .models import DEVICE_CHOICES, resolve_device
+from .devices import DEVICE_CHOICES, resolve_device
 from .reference import backward_reference, compare
 
 DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 50257), (128,))

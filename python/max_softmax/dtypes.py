@@ -7,7 +7,7 @@ import numpy as np
 from max.driver import Buffer
 from max.dtype import DType
 
-from .models import device
+from .devices import device
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 

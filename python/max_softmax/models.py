@@ -12,49 +12,13 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 
-from max import driver
 from max.dtype import DType
 from max.engine import InferenceSession, Model
 from max.graph import DeviceRef, Graph, TensorType
 
 from . import ops
 from ._paths import KERNELS
-
-DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "gpu")
-
-
-class NoGPUError(RuntimeError):
-    """Raised when device="gpu" is requested on a machine without one."""
-
-
-@cache
-def gpu_available() -> bool:
-    """True when MAX sees at least one accelerator."""
-    try:
-        return driver.accelerator_count() > 0
-    except Exception:
-        return False
-
-
-def resolve_device(device: str) -> str:
-    """Map "auto" / "cpu" / "gpu" to the device kind that will run: "cpu" or "gpu"."""
-    if device not in DEVICE_CHOICES:
-        raise ValueError(f"max_softmax: device must be one of {DEVICE_CHOICES}, got {device!r}")
-    if device == "auto":
-        return "gpu" if gpu_available() else "cpu"
-    if device == "gpu" and not gpu_available():
-        raise NoGPUError(
-            "max_softmax: device='gpu' was requested but MAX finds no "
-            "accelerator on this machine; use device='cpu' or 'auto'"
-        )
-    return device
-
-
-@cache
-def device(kind: str) -> driver.Device:
-    """The MAX device object for "cpu" or "gpu"."""
-    return driver.Accelerator() if kind == "gpu" else driver.CPU()
-
+from .devices import device
 
 @cache
 def session(kind: str) -> InferenceSession:

@@ -20,6 +20,7 @@ from max.graph import Graph, TensorType, TensorValue, ops
 from max.graph.dim import Dim
 
 from ._paths import KERNELS
+from .devices import check_graph_device
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
 from .validation import check_dtype, check_variant, normalize_axis
 
@@ -90,6 +91,7 @@ def _row_op(
                 f"{x.dtype.name}{list(x.shape)} on {x.device}"
             )
     check_variant(variant)
+    check_graph_device(x.device, f"the input of {name}")
     shape = list(x.shape)
     axis = normalize_axis(axis, len(shape))
     _ensure_kernels_loaded()

@@ -103,6 +103,13 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     if first.dtype not in _DTYPES:
         raise TypeError(f"max_softmax: softmax needs a floating-point tensor, got {first.dtype}")
     dim = normalize_axis(dim, first.dim())
+    for t in tensors[1:]:
+        if (t.shape, t.dtype, t.device) != (first.shape, first.dtype, first.device):
+            raise ValueError(
+                f"max_softmax: {name} needs tensors of one shape, dtype and device: got "
+                f"{t.dtype}{list(t.shape)} on {t.device} for {first.dtype}{list(first.shape)} "
+                f"on {first.device}"
+            )
     out = torch.empty_like(first, memory_format=torch.contiguous_format)
     if first.numel() == 0:
         return out
