@@ -138,6 +138,6 @@ def backward_out[
     """The gradient from a, dy and the row sum of `backward_term`."""
     comptime assert acc.is_floating_point()
     comptime if log_in:
-        return g - exp(a) * s
+        return g - exp_nan(a) * s
     else:
         return a * (g - s)

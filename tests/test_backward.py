@@ -8,6 +8,7 @@ import pytest
 from conftest import DEVICES, DTYPES, random_logits
 
 import max_softmax
+import max_softmax.reference
 from max_softmax.reference import backward_reference, compare
 
 BACKWARD = {"softmax_backward": "softmax", "log_softmax_backward": "log_softmax"}
@@ -73,3 +74,22 @@ def test_dy_mismatch_is_a_clear_error():
         max_softmax.softmax_backward(y, np.ones((3, 2), np.float32), device="cpu")
     with pytest.raises(ValueError, match="same shape and dtype"):
         max_softmax.softmax_backward(y, np.ones((2, 3), np.float64), device="cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(BACKWARD))
+@pytest.mark.parametrize("n", [4, 3000, 200000])
+def test_special_rows(device, op, n):
+    """Rows of the forward's special outputs (NaN rows, -inf log-probs, 0
+    probabilities) give the formula's result: NaN stays NaN (Mojo's CPU exp
+    would turn it into inf), -inf log-probs contribute dy."""
+    forward = BACKWARD[op]
+    x = np.resize(np.array([1.0, np.nan, 2.0, 3.0]), (1, n))
+    x = np.concatenate([x, np.resize(np.array([-np.inf, 0.5, 1.0, -np.inf]), (1, n))])
+    with np.errstate(invalid="ignore"):
+        a = max_softmax.reference.reference(forward, x, -1).astype(np.float32)
+    dy = np.resize(np.array([0.5, -1.0, 2.0], dtype=np.float32), a.shape)
+    dx = getattr(max_softmax, op)(a, dy, axis=-1, device=device)
+    c = compare(op, dx, a, -1, ref=backward_reference(op, a, dy, -1))
+    assert c.ok, f"{op} n={n}: {c}"
+    assert np.all(np.isnan(dx[0])) and np.all(np.isfinite(dx[1]))

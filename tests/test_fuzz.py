@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import max_softmax
 from max_softmax.dtypes import DTYPE_NAMES
+from max_softmax.reference import backward_reference, compare, reference
 
 EXAMPLES = int(os.environ.get("MAX_SOFTMAX_FUZZ_EXAMPLES", "15"))
 SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 32, 33, 64, 127, 128, 129, 255, 257, 1000, 1023, 1025]
@@ -86,5 +87,31 @@ def test_fuzz_against_scipy(device, op):
             assert np.all((p[~np.isnan(p)] >= 0) & (p[~np.isnan(p)] <= 1))
             sums = p.sum(axis=axis)[finite_rows]
             assert np.allclose(sums, 1.0, rtol=0, atol=2e-2 if x.itemsize == 2 else 1e-4)
+
+    check()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+def test_fuzz_backward_against_formula(device, op):
+    """The backward ops on the forward's float64 output (rounded to the
+    dtype, specials and all) and random dy, against the float64 formula."""
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    @given(cases(), st.integers(0, 2**32 - 1))
+    def check(case, seed):
+        x, axis = case
+        forward = "softmax" if op == "softmax_backward" else "log_softmax"
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = reference(forward, x, axis).astype(x.dtype)
+        dy = np.random.default_rng(seed).standard_normal(x.shape).astype(x.dtype)
+        dx = getattr(max_softmax, op)(a, dy, axis=axis, device=device)
+        c = compare(op, dx, a, axis, ref=backward_reference(op, a, dy, axis))
+        assert c.ok, f"{op} {x.dtype} {x.shape} axis={axis}: {c}"
 
     check()
