@@ -6,23 +6,26 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 
 | rows of length n          | kernel (file)                            |
 |---------------------------|------------------------------------------|
-| n <= 32*V*4               | warp rows, in registers (gpu_register_rows) |
+| n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | longer, rows < 264        | split rows across blocks (gpu_split_rows) |
+| n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
 | longer, more rows         | online block per row (gpu_online_rows)   |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
-`variant` forces one family ("tree", "warp", "block", "online", "split")
+`variant` forces one family ("tree", "warp", "block", "smem", "online", "split")
 so benchmarks and tests can run each; "auto" follows the table.
 """
 
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, FuncAttribute
 from std.math import ceildiv
 
 from .cpu_backward import softmax_backward_cpu
 from .cpu_rows import softmax_cpu
 from .gpu_backward_rows import (
     BACKWARD_STRIDED_THREADS,
+    BACKWARD_VALUES_PER_THREAD,
+    backward_register_kernel,
     backward_rows_kernel,
     backward_strided_kernel,
 )
@@ -34,6 +37,12 @@ from .gpu_register_rows import (
     plan_chunks,
     plan_threads,
     register_rows_kernel,
+)
+from .gpu_smem_rows import (
+    SMEM_THREADS,
+    smem_bytes_for,
+    smem_capacity,
+    smem_rows_kernel,
 )
 from .gpu_split_rows import (
     SPLIT_THREADS,
@@ -55,19 +64,24 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     """The kernel family "auto" picks for `rows` contiguous rows of `n`."""
     var plan = register_plan(n, V, 0)
     if plan >= 0:
-        return "warp" if plan_threads(plan) == WARP_THREADS else "block"
+        return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
     if rows < SPLIT_BELOW_ROWS:
         return "split"
+    if n <= smem_capacity(V):
+        return "smem"
     return "online"
 
 
-def register_plan(n: Int, V: Int, min_threads: Int) -> Int:
+def register_plan(
+    n: Int, V: Int, min_threads: Int, max_values: Int = MAX_VALUES_PER_THREAD
+) -> Int:
     """First register plan (see gpu_register_rows) with at least
-    `min_threads` threads per row that holds a row of `n`, else -1."""
+    `min_threads` threads per row and at most `max_values` values a thread
+    that holds a row of `n`, else -1."""
     for i in range(NUM_PLANS):
         var threads = plan_threads(i)
         var k = plan_chunks(i)
-        if threads < min_threads or V * k > MAX_VALUES_PER_THREAD:
+        if threads < min_threads or V * k > max_values:
             continue
         if n <= threads * V * k:
             return i
@@ -138,8 +152,10 @@ def _launch_gpu[
         return
 
     var rows = outer
-    # Bool is not DevicePassable: the flag travels as an Int32.
-    var vector_flag = Int32(1) if n % V == 0 else Int32(0)
+    # Bool is not DevicePassable: the flags travel as Int32. Vector loads
+    # need 16-byte aligned buffers (a torch view may start anywhere).
+    var aligned = Int(src) % 16 == 0 and Int(dst) % 16 == 0
+    var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
     var family = String(variant)
     if family == "auto":
         family = gpu_kernel_for(rows, n, V)
@@ -150,8 +166,8 @@ def _launch_gpu[
             dst, src, Int64(n), grid_dim=rows, block_dim=TREE_THREADS
         )
     elif family == "warp" or family == "block":
-        # "warp": 32 threads per row; "block": 64 to 512.
-        var min_threads = WARP_THREADS if family == "warp" else 2 * WARP_THREADS
+        # "warp": 8 to 32 threads per row; "block": 64 to 512.
+        var min_threads = 1 if family == "warp" else 2 * WARP_THREADS
         var max_threads = WARP_THREADS if family == "warp" else 512
         var plan = register_plan(n, V, min_threads)
         if plan < 0 or plan_threads(plan) > max_threads:
@@ -181,6 +197,28 @@ def _launch_gpu[
                         grid_dim=ceildiv(rows, block // T),
                         block_dim=block,
                     )
+    elif family == "smem":
+        if n > smem_capacity(V):
+            raise Error(
+                "max_softmax: variant 'smem' handles rows up to "
+                + String(smem_capacity(V))
+                + " elements, got "
+                + String(n)
+            )
+        comptime kernel = smem_rows_kernel[dtype, log_out, V]
+        var smem_bytes = smem_bytes_for(n, V)
+        ctx.enqueue_function[kernel](
+            dst,
+            src,
+            Int64(n),
+            Int32(1) if aligned else Int32(0),
+            grid_dim=rows,
+            block_dim=SMEM_THREADS,
+            shared_mem_bytes=smem_bytes,
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                UInt32(smem_bytes)
+            ),
+        )
     elif family == "online":
         comptime kernel = online_rows_kernel[dtype, log_out, V]
         ctx.enqueue_function[kernel](
@@ -223,8 +261,7 @@ def _launch_gpu[
         raise Error("max_softmax: unknown variant '" + family + "'")
 
 
-# Backward ops: a warp per row up to this length, a block per row beyond.
-comptime BACKWARD_WARP_MAX_N = 1024
+# Backward rows too long for the register plans: a block per row.
 comptime BACKWARD_BLOCK_THREADS = 512
 
 
@@ -260,22 +297,31 @@ def softmax_backward_rows[
                 block_dim=BACKWARD_STRIDED_THREADS,
             )
             return
-        var vector_flag = Int32(1) if n % V == 0 else Int32(0)
-        if n <= BACKWARD_WARP_MAX_N:
-            comptime kernel = backward_rows_kernel[
-                dtype, log_in, WARP_THREADS, V
-            ]
-            comptime block = block_threads[WARP_THREADS]()
-            ctx.enqueue_function[kernel](
-                dx,
-                a,
-                dy,
-                Int64(outer),
-                Int64(n),
-                vector_flag,
-                grid_dim=ceildiv(outer, block // WARP_THREADS),
-                block_dim=block,
-            )
+        var aligned = (
+            Int(dx) % 16 == 0 and Int(a) % 16 == 0 and Int(dy) % 16 == 0
+        )
+        var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
+        var plan = register_plan(n, V, 0, BACKWARD_VALUES_PER_THREAD)
+        if plan >= 0:
+            comptime for i in range(NUM_PLANS):
+                comptime T = plan_threads(i)
+                comptime K = plan_chunks(i)
+                comptime if V * K <= BACKWARD_VALUES_PER_THREAD:
+                    if plan == i:
+                        comptime kernel = backward_register_kernel[
+                            dtype, log_in, T, V, K
+                        ]
+                        comptime block = block_threads[T]()
+                        ctx.enqueue_function[kernel](
+                            dx,
+                            a,
+                            dy,
+                            Int64(outer),
+                            Int64(n),
+                            vector_flag,
+                            grid_dim=ceildiv(outer, block // T),
+                            block_dim=block,
+                        )
         else:
             comptime kernel = backward_rows_kernel[
                 dtype, log_in, BACKWARD_BLOCK_THREADS, V

@@ -1,21 +1,79 @@
 """GPU kernels of the backward ops (softmax_backward, log_softmax_backward).
 
-They read two tensors and write one, with one row reduction in between:
-`threads` threads per contiguous row (a warp, four rows to a block, for
-short rows; a whole block for longer ones) sum dy * y (or dy) with the
-shared group reductions, then write the gradient, 16-byte vectors when the
-row is aligned. The second sweep re-reads the row, mostly from L2. Rows
-along another axis use a thread per column, as gpu_strided_rows does.
+They read two tensors and write one, with one row reduction in between.
+Rows up to 512 threads x 32 values are held in registers, both tensors, with
+the forward's register plans and chunk loaders (gpu_register_rows), so each
+is read once. Longer rows: a block per row sums dy * y (or dy), then re-reads
+the row (mostly from L2) to write the gradient. Rows along another axis use
+a thread per column, as gpu_strided_rows does.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from std.utils import StaticTuple
 
 from .gpu_reductions import block_sum
-from .gpu_register_rows import block_threads
+from .gpu_register_rows import block_threads, load_row_chunks, store_row_chunks
 from .row_math import accum_dtype, backward_out, backward_term
 
 comptime BACKWARD_STRIDED_THREADS = 256
+# Values of each tensor a thread holds: two tensors share the forward's
+# 64-value budget.
+comptime BACKWARD_VALUES_PER_THREAD = 32
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(block_threads[threads]())
+    )
+)
+def backward_register_kernel[
+    dtype: DType, log_in: Bool, threads: Int, V: Int, K: Int
+](
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    vector_flag: Int32,
+):
+    """Rows of `n <= threads * V * K`, both inputs held in registers.
+
+    Parameters and arguments as for `backward_rows_kernel`, plus K, the
+    16-byte chunks of each tensor per thread.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert V * K <= BACKWARD_VALUES_PER_THREAD
+    comptime block = block_threads[threads]()
+    var vector_loads = vector_flag != 0
+    var t = Int(thread_idx.x) % threads
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    )
+    var len = Int(n)
+    if row >= Int(rows):
+        comptime if threads == 32:
+            return
+        len = 0  # stay for the block's barriers; touch nothing
+        row = 0
+    var base = row * Int(n)
+    # Padding 0 adds 0 to either row sum (dy * y, or dy).
+    var av = load_row_chunks[dtype, threads, V, K](
+        a.unsafe_offset(base), len, t, vector_loads, 0
+    )
+    var gv = load_row_chunks[dtype, threads, V, K](
+        dy.unsafe_offset(base), len, t, vector_loads, 0
+    )
+    var total = block_sum[acc, threads, block](
+        backward_term[log_in, acc, V * K](av, gv).reduce_add()
+    )
+    store_row_chunks[dtype, threads, V, K](
+        dx.unsafe_offset(base),
+        backward_out[log_in, acc, V * K](av, gv, total),
+        len,
+        t,
+        vector_loads,
+    )
 
 
 @__llvm_metadata(

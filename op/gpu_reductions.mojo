@@ -20,13 +20,19 @@ def _group_reduce[
     acc: DType, group: Int, block: Int, is_max: Bool
 ](v: Scalar[acc]) -> Scalar[acc]:
     """Reduce over each aligned group of `group` threads in a `block`-thread
-    block (group == block: the whole block; group <= 32: one warp)."""
+    block (group == block: the whole block; group <= 32: lanes of a warp,
+    every lane of which must take part)."""
+    comptime if group < WARP_SIZE:  # lanes of one warp: shuffles only
+        comptime if is_max:
+            return warp.lane_group_max[group](v)
+        else:
+            return warp.lane_group_sum[group](v)
     var w: Scalar[acc]
     comptime if is_max:
         w = warp.max(v)
     else:
         w = warp.sum(v)
-    comptime if group <= WARP_SIZE:
+    comptime if group == WARP_SIZE:
         return w
     else:
         comptime warps = group // WARP_SIZE

@@ -4,8 +4,9 @@
 registers, so a row of up to `threads * V * K` elements is loaded once,
 reduced (max, then sum of exp) with warp shuffles, and written once.
 
-- warp rows (`threads == 32`): four rows per block, one per warp, no
-  shared memory and no barriers;
+- warp rows (`threads` = 8, 16 or 32): 16, 8 or 4 rows per block, a
+  group of lanes per row reducing with shuffles, no shared memory and no
+  barriers;
 - block rows (`threads` = 64..512): warp shuffles, then a shared-memory
   combine across the row's warps; blocks of 128 threads hold several rows.
 
@@ -34,17 +35,19 @@ comptime MIN_BLOCK_THREADS = 128
 # block has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100.)
 comptime MAX_VALUES_PER_THREAD = 64
 # (threads per row, chunks per thread) in the order dispatch tries them:
-# warps first, then more threads with 4 chunks (16 fp32 values) each, so
-# short rows keep many rows in flight and long rows reach 512 x 64 values.
-comptime NUM_PLANS = 9
+# short rows get 8 or 16 threads (several rows a warp, shuffles within each
+# group) holding up to 4 chunks each, then a warp, then more threads with 4
+# chunks (16 fp32 values) each, so short rows keep many rows and bytes in
+# flight and long rows reach 512 x 64 values.
+comptime NUM_PLANS = 11
 
 
 def plan_threads(i: Int) -> Int:
     """Threads per row of register plan i."""
     if i < 3:
-        return 32
-    if i < 7:
-        return 64 << (i - 3)
+        return 8
+    if i < 8:
+        return 16 << (i - 3)
     return 512
 
 
@@ -52,9 +55,9 @@ def plan_chunks(i: Int) -> Int:
     """Chunks (16-byte vectors) per thread of register plan i."""
     if i < 3:
         return 1 << i
-    if i < 7:
+    if i < 8:
         return 4
-    return 4 << (i - 6)
+    return 4 << (i - 7)
 
 
 def block_threads[threads: Int]() -> Int:
@@ -85,7 +88,7 @@ def register_rows_kernel[
     Parameters:
         dtype: Element type.
         log_out: Write log-softmax instead of softmax.
-        threads: Threads per row, a multiple of 32; a block holds
+        threads: Threads per row, 8, 16 or a multiple of 32; a block holds
             `block_threads[threads]() / threads` rows.
         V: Elements per chunk (a 16-byte vector of `dtype`).
         K: Chunks per thread.
@@ -100,7 +103,7 @@ def register_rows_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime assert V * K <= MAX_VALUES_PER_THREAD
-    comptime assert threads % WARP_SIZE == 0
+    comptime assert threads % WARP_SIZE == 0 or WARP_SIZE % threads == 0
     comptime block = block_threads[threads]()
     var vector_loads = vector_flag != 0
     var t = Int(thread_idx.x) % threads
@@ -108,7 +111,8 @@ def register_rows_kernel[
         Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
     )
     # Past the last row: a warp-sized group can leave; a larger group stays
-    # for the block's barriers with len = 0, so it loads and stores nothing.
+    # for the block's barriers, a smaller one for its warp's shuffles, with
+    # len = 0, so it loads and stores nothing.
     var len = Int(n)
     if row >= Int(rows):
         comptime if threads == WARP_SIZE:
@@ -117,9 +121,38 @@ def register_rows_kernel[
         row = 0
     var x = src.unsafe_offset(row * Int(n))
     var y = dst.unsafe_offset(row * Int(n))
-    var vals = SIMD[acc, V * K](-inf[acc]())
+    var vals = load_row_chunks[dtype, threads, V, K](
+        x, len, t, vector_loads, -inf[acc]()
+    )
+
+    var row_max = block_max[acc, threads, block](vals.reduce_max())
+    # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
+    # (row_max == -inf), and that row is NaN anyway.
+    var sum = block_sum[acc, threads, block](
+        exp_nan[acc, V * K](vals - row_max).reduce_add()
+    )
+    var scale = row_scale[log_out, acc](sum)
+    var out = epilogue[log_out, acc, V * K](vals, row_max, scale)
+
+    store_row_chunks[dtype, threads, V, K](y, out, len, t, vector_loads)
+
+
+@always_inline
+def load_row_chunks[
+    dtype: DType, threads: Int, V: Int, K: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    len: Int,
+    t: Int,
+    vector_loads: Bool,
+    pad: Scalar[accum_dtype[dtype]()],
+) -> SIMD[accum_dtype[dtype](), V * K]:
+    """Thread t's K chunks of a row of `len` (see the module docstring for
+    which elements), in the accumulator type; `pad` past the row's end."""
+    comptime acc = accum_dtype[dtype]()
+    var vals = SIMD[acc, V * K](pad)
     comptime for k in range(K):
-        var chunk = SIMD[acc, V](-inf[acc]())
+        var chunk = SIMD[acc, V](pad)
         if vector_loads:
             var e0 = (k * threads + t) * V
             if e0 < len:
@@ -134,18 +167,22 @@ def register_rows_kernel[
                 if e < len:
                     chunk[v] = x[unsafe_offset=e].cast[acc]()
         vals = vals.insert[offset=k * V](chunk)
+    return vals
 
-    var row_max = block_max[acc, threads, block](vals.reduce_max())
-    # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
-    # (row_max == -inf), and that row is NaN anyway.
-    var sum = block_sum[acc, threads, block](
-        exp_nan[acc, V * K](vals - row_max).reduce_add()
-    )
-    var scale = row_scale[log_out, acc](sum)
-    var out = epilogue[log_out, acc, V * K](vals, row_max, scale)
 
+@always_inline
+def store_row_chunks[
+    dtype: DType, threads: Int, V: Int, K: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    vals: SIMD[accum_dtype[dtype](), V * K],
+    len: Int,
+    t: Int,
+    vector_loads: Bool,
+):
+    """Write thread t's K chunks back where `load_row_chunks` got them."""
     comptime for k in range(K):
-        var chunk = out.slice[V, offset=k * V]().cast[dtype]()
+        var chunk = vals.slice[V, offset=k * V]().cast[dtype]()
         if vector_loads:
             var e0 = (k * threads + t) * V
             if e0 < len:

@@ -17,6 +17,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             "tree",
             "warp",
             "block",
+            "smem",
             "online",
             "split",
         ]:

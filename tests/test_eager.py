@@ -9,8 +9,8 @@ from conftest import DEVICES, assert_matches_scipy, random_logits
 
 import max_softmax
 from max_softmax import eager
-from max_softmax.dtypes import to_buffer, to_numpy
 from max_softmax.devices import device as max_device
+from max_softmax.dtypes import to_buffer, to_numpy
 from max_softmax.reference import backward_reference, compare
 
 Tensor = pytest.importorskip("max.experimental.tensor").Tensor

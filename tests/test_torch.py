@@ -57,3 +57,13 @@ def test_torch_compile_fullgraph():
 def test_bad_dtype():
     with pytest.raises(TypeError, match="floating-point"):
         mst.softmax(torch.ones(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [1000, 50257])
+def test_unaligned_storage(device, n):
+    """A contiguous view starting 4 bytes into its storage: the kernels must
+    not issue 16-byte vector loads there."""
+    flat = torch.randn(4 * n + 1, device=device)
+    x = flat[1:].view(4, n)
+    torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))

@@ -91,6 +91,11 @@ VARIANT_CASES = [
     ("block", (3, 1025)),
     ("block", (2, 32768)),
     ("block", (2, 32767)),
+    ("smem", (3, 1000)),
+    ("smem", (3, 40001)),
+    ("smem", (4, 50257)),
+    ("smem", (2, 65536)),
+    ("smem", (2, 74496)),  # float32 capacity: 4 x (4 x 1024 + 227 KB / 16 B)
     ("online", (5, 1000)),
     ("online", (3, 100003)),
     ("split", (3, 1000)),
@@ -99,12 +104,23 @@ VARIANT_CASES = [
 
 
 @GPU_SKIP
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("variant,shape", VARIANT_CASES)
-def test_gpu_variants(rng, variant, shape, dtype):
+def test_gpu_variants(rng, variant, shape, dtype, op):
     x = random_logits(rng, shape, dtype)
-    y = max_softmax.softmax(x, device="gpu", variant=variant)
-    assert_matches_scipy("softmax", y, x, -1)
+    y = getattr(max_softmax, op)(x, device="gpu", variant=variant)
+    assert_matches_scipy(op, y, x, -1)
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [32769, 50257, 74496, 74497, 148992, 148993])
+def test_gpu_many_long_rows(rng, n, dtype):
+    """Enough rows (>= 264) that "auto" picks the on-chip kernel up to its
+    capacity and the online kernel past it."""
+    x = random_logits(rng, (264, n), dtype)
+    assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
 
 
 # Row lengths around every boundary of the GPU dispatch table (fp32 V=4

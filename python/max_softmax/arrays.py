@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from . import eager
-from .dtypes import max_dtype, to_buffer, to_numpy
 from .devices import device, resolve_device
+from .dtypes import max_dtype, to_buffer, to_numpy
 from .models import ModelKey, get_model
 from .validation import canonical_shape, check_variant, normalize_axis
 

@@ -44,9 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
 from .devices import device as max_device
 from .devices import resolve_device
+from .dtypes import DTYPE_NAMES, max_dtype, to_buffer
 from .models import session
 from .reference import backward_reference, compare, reference
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import arrays
-from .dtypes import DTYPE_NAMES
 from .devices import DEVICE_CHOICES, resolve_device
+from .dtypes import DTYPE_NAMES
 from .reference import backward_reference, compare
 
 DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 50257), (128,))

@@ -20,6 +20,7 @@ from . import ops
 from ._paths import KERNELS
 from .devices import device
 
+
 @cache
 def session(kind: str) -> InferenceSession:
     """The one InferenceSession per device kind that loads every model."""

@@ -20,8 +20,8 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 
 from . import ops as our_ops
 from ._paths import KERNELS
-from .dtypes import max_dtype, to_buffer, to_numpy
 from .devices import device, resolve_device
+from .dtypes import max_dtype, to_buffer, to_numpy
 from .models import session
 
 PARAMS = ("w1", "b1", "w2", "b2")

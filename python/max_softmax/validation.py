@@ -18,7 +18,7 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (
 """Element types every op accepts (16-bit types compute in float32)."""
 
 
-VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "online", "split")
+VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "smem", "online", "split")
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
 

@@ -1,0 +1,175 @@
+"""Long rows kept on chip, in registers and shared memory: read once.
+
+Rows too long for the register kernels (over 32K values) but short enough
+for one SM (up to ~74K float32 or ~149K 16-bit values) get a block of
+`SMEM_THREADS` threads each. The first sweep streams the row from global
+memory once, in 16-byte vectors: each thread keeps its first `REG_CHUNKS`
+vectors in registers, the rest of the row goes to dynamic shared memory
+(up to 227 KB). Then max and sum are reduced over the on-chip copy and the
+result written, so the row crosses HBM once each way, as in the register
+kernels, instead of twice on the way in as in the online kernel.
+
+Rows need not start 16-byte aligned (GPT-2's 50257-long rows mostly do
+not): each row is a scalar head up to its first aligned element, an aligned
+vector body, and a scalar tail; head and tail (under V elements each) stay
+in the registers of the threads that load them.
+"""
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    block_idx,
+    thread_idx,
+)
+from max.gpu.memory import AddressSpace, external_memory
+from std.utils import StaticTuple
+from std.utils.numerics import inf
+
+from .gpu_reductions import block_max, block_sum
+from .row_math import accum_dtype, epilogue, exp_nan, row_scale
+
+comptime SMEM_THREADS = 1024
+# 16-byte vectors per thread held in registers (raw dtype: 16 registers).
+comptime REG_CHUNKS = 4
+# Vectors each thread loads at once while filling shared memory.
+comptime UNROLL = 4
+# Dynamic shared memory one block may use on an H100 (227 KB).
+comptime SMEM_MAX_BYTES = 232448
+
+
+def smem_bytes_for(n: Int, V: Int) -> Int:
+    """Dynamic shared memory a row of `n` needs beyond the registers."""
+    return max(0, n // V - REG_CHUNKS * SMEM_THREADS) * 16
+
+
+def smem_capacity(V: Int) -> Int:
+    """Longest row (elements) the kernel holds on chip."""
+    return V * (REG_CHUNKS * SMEM_THREADS + SMEM_MAX_BYTES // 16)
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SMEM_THREADS))
+)
+def smem_rows_kernel[
+    dtype: DType, log_out: Bool, V: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Softmax of one row of `n <= smem_capacity(V)` per block.
+
+    Parameters:
+        dtype: Element type.
+        log_out: Write log-softmax instead of softmax.
+        V: Elements per 16-byte vector of `dtype`.
+
+    Args:
+        dst: Output rows.
+        src: Input rows, `grid_dim.x` rows of `n` elements.
+        n: Row length.
+        aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned,
+            so element offsets alone decide which loads are aligned.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime T = SMEM_THREADS
+    var t = Int(thread_idx.x)
+    var len = Int(n)
+    var start = Int(block_idx.x) * len
+    var x = src.unsafe_offset(start)
+    var y = dst.unsafe_offset(start)
+    # head: elements before the row's first 16-byte boundary (all of them
+    # when the buffers themselves are unaligned: scalar throughout).
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var tail_begin = head + nvec * V
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+
+    # Sweep 1: global -> registers / shared memory, and the row max.
+    var m = -inf[acc]()
+    var regs = SIMD[dtype, V * REG_CHUNKS](0)
+    comptime for k in range(REG_CHUNKS):
+        var i = k * T + t
+        if i < nvec:
+            var v = x.unsafe_offset(head + i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            regs = regs.insert[offset=k * V](v)
+            m = max(m, v.cast[acc]().reduce_max())
+    # UNROLL loads in flight per thread before their stores: with one
+    # block per SM, that is what keeps enough bytes in flight to HBM.
+    for i0 in range(REG_CHUNKS * T + t, nvec, UNROLL * T):
+        var batch = SIMD[dtype, V * UNROLL](0)
+        comptime for u in range(UNROLL):
+            if i0 + u * T < nvec:
+                batch = batch.insert[offset=u * V](
+                    x.unsafe_offset(head + (i0 + u * T) * V).unsafe_load[
+                        width=V, alignment=16
+                    ]()
+                )
+        comptime for u in range(UNROLL):
+            var i = i0 + u * T
+            if i < nvec:
+                var v = batch.slice[V, offset=u * V]()
+                smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_store[
+                    alignment=16
+                ](v)
+                m = max(m, v.cast[acc]().reduce_max())
+    # Head and tail: fewer than V elements each, unless the row is scalar.
+    var edge = SIMD[acc, 2](-inf[acc]())
+    if t < head and head < V:
+        edge[0] = x[unsafe_offset=t].cast[acc]()
+    if tail_begin + t < len:
+        edge[1] = x[unsafe_offset=tail_begin + t].cast[acc]()
+    m = max(m, edge.reduce_max())
+    for e in range(t + (T if head < V else 0), head, T):
+        m = max(m, x[unsafe_offset=e].cast[acc]())
+    var row_max = block_max[acc, T](m)
+
+    # Sweep 2: the sum of exp over the on-chip copy.
+    var s = Scalar[acc](0)
+    comptime for k in range(REG_CHUNKS):
+        if k * T + t < nvec:
+            s += exp_nan[acc, V](
+                regs.slice[V, offset=k * V]().cast[acc]() - row_max
+            ).reduce_add()
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        s += exp_nan[acc, V](v.cast[acc]() - row_max).reduce_add()
+    s += exp_nan[acc, 2](edge - row_max).reduce_add()
+    for e in range(t + (T if head < V else 0), head, T):
+        s += exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - row_max)
+    var scale = row_scale[log_out, acc](block_sum[acc, T](s))
+
+    # Sweep 3: write the result.
+    comptime for k in range(REG_CHUNKS):
+        var i = k * T + t
+        if i < nvec:
+            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+                epilogue[log_out, acc, V](
+                    regs.slice[V, offset=k * V]().cast[acc](), row_max, scale
+                ).cast[dtype]()
+            )
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+            epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
+                dtype
+            ]()
+        )
+    var out = epilogue[log_out, acc, 2](edge, row_max, scale).cast[dtype]()
+    if t < head and head < V:
+        y[unsafe_offset=t] = out[0]
+    if tail_begin + t < len:
+        y[unsafe_offset=tail_begin + t] = out[1]
+    for e in range(t + (T if head < V else 0), head, T):
+        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
+            x[unsafe_offset=e].cast[acc](), row_max, scale
+        ).cast[dtype]()
