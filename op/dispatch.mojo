@@ -24,16 +24,17 @@ from .cpu_backward import softmax_backward_cpu
 from .cpu_rows import softmax_cpu
 from .gpu_backward_rows import (
     BACKWARD_STRIDED_THREADS,
-    BACKWARD_VALUES_PER_THREAD,
+    BACKWARD_ROW_REGISTERS,
     backward_register_kernel,
     backward_rows_kernel,
     backward_strided_kernel,
 )
 from .gpu_online_rows import ONLINE_THREADS, online_rows_kernel
 from .gpu_register_rows import (
-    MAX_VALUES_PER_THREAD,
+    MAX_ROW_REGISTERS,
     NUM_PLANS,
     block_threads,
+    chunk_registers,
     plan_chunks,
     plan_threads,
     register_rows_kernel,
@@ -73,15 +74,16 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
 
 
 def register_plan(
-    n: Int, V: Int, min_threads: Int, max_values: Int = MAX_VALUES_PER_THREAD
+    n: Int, V: Int, min_threads: Int, max_registers: Int = MAX_ROW_REGISTERS
 ) -> Int:
     """First register plan (see gpu_register_rows) with at least
-    `min_threads` threads per row and at most `max_values` values a thread
+    `min_threads` threads per row and at most `max_registers` 32-bit
+    registers of row values a thread
     that holds a row of `n`, else -1."""
     for i in range(NUM_PLANS):
         var threads = plan_threads(i)
         var k = plan_chunks(i)
-        if threads < min_threads or V * k > max_values:
+        if threads < min_threads or chunk_registers(V) * k > max_registers:
             continue
         if n <= threads * V * k:
             return i
@@ -96,7 +98,7 @@ def register_capacity(V: Int, min_threads: Int, max_threads: Int) -> Int:
         var k = plan_chunks(i)
         if (
             min_threads <= threads <= max_threads
-            and V * k <= MAX_VALUES_PER_THREAD
+            and chunk_registers(V) * k <= MAX_ROW_REGISTERS
         ):
             best = max(best, threads * V * k)
     return best
@@ -182,7 +184,7 @@ def _launch_gpu[
         comptime for i in range(NUM_PLANS):
             comptime T = plan_threads(i)
             comptime K = plan_chunks(i)
-            comptime if V * K <= MAX_VALUES_PER_THREAD:
+            comptime if chunk_registers(V) * K <= MAX_ROW_REGISTERS:
                 if plan == i:
                     comptime kernel = register_rows_kernel[
                         dtype, log_out, T, V, K
@@ -301,12 +303,12 @@ def softmax_backward_rows[
             Int(dx) % 16 == 0 and Int(a) % 16 == 0 and Int(dy) % 16 == 0
         )
         var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
-        var plan = register_plan(n, V, 0, BACKWARD_VALUES_PER_THREAD)
+        var plan = register_plan(n, V, 0, BACKWARD_ROW_REGISTERS)
         if plan >= 0:
             comptime for i in range(NUM_PLANS):
                 comptime T = plan_threads(i)
                 comptime K = plan_chunks(i)
-                comptime if V * K <= BACKWARD_VALUES_PER_THREAD:
+                comptime if chunk_registers(V) * K <= BACKWARD_ROW_REGISTERS:
                     if plan == i:
                         comptime kernel = backward_register_kernel[
                             dtype, log_in, T, V, K

@@ -1,7 +1,7 @@
 """GPU kernels of the backward ops (softmax_backward, log_softmax_backward).
 
 They read two tensors and write one, with one row reduction in between.
-Rows up to 512 threads x 32 values are held in registers, both tensors, with
+Rows up to 512 threads x 32 registers of values are held in registers, both tensors, with
 the forward's register plans and chunk loaders (gpu_register_rows), so each
 is read once. Longer rows: a block per row sums dy * y (or dy), then re-reads
 the row (mostly from L2) to write the gradient. Rows along another axis use
@@ -12,13 +12,18 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from std.utils import StaticTuple
 
 from .gpu_reductions import block_sum
-from .gpu_register_rows import block_threads, load_row_chunks, store_row_chunks
+from .gpu_register_rows import (
+    block_threads,
+    chunk_registers,
+    load_row_chunks,
+    store_row_chunks,
+)
 from .row_math import accum_dtype, backward_out, backward_term
 
 comptime BACKWARD_STRIDED_THREADS = 256
-# Values of each tensor a thread holds: two tensors share the forward's
-# 64-value budget.
-comptime BACKWARD_VALUES_PER_THREAD = 32
+# 32-bit registers of each tensor's row values a thread holds: the two
+# tensors share the forward's budget (MAX_ROW_REGISTERS).
+comptime BACKWARD_ROW_REGISTERS = 32
 
 
 @__llvm_metadata(
@@ -43,7 +48,7 @@ def backward_register_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime assert V * K <= BACKWARD_VALUES_PER_THREAD
+    comptime assert chunk_registers(V) * K <= BACKWARD_ROW_REGISTERS
     comptime block = block_threads[threads]()
     var vector_loads = vector_flag != 0
     var t = Int(thread_idx.x) % threads

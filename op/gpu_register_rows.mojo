@@ -29,11 +29,21 @@ from .gpu_reductions import block_max, block_sum
 from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
 comptime MIN_BLOCK_THREADS = 128
-# Row values one thread keeps in registers. With launch bounds of 512
-# threads the compiler may use 128 registers a thread; 64 values fit with
-# room for addressing. (Without bounds, 64 values asked for more than a
-# block has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100.)
-comptime MAX_VALUES_PER_THREAD = 64
+# 32-bit registers of row values one thread may hold. With launch bounds of
+# 512 threads the compiler may use 128 registers a thread; 64 for the row
+# leaves room for addressing. (Without bounds, 64 values asked for more than
+# a block has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100; counting
+# float64 values as one register each spilled 8 KB a thread.)
+comptime MAX_ROW_REGISTERS = 64
+
+
+def chunk_registers(V: Int) -> Int:
+    """32-bit registers one 16-byte chunk takes in the accumulator type: 4
+    for float32 and for float64 (2 doubles), 8 for 16-bit types widened to
+    float32."""
+    return max(V, 4)
+
+
 # (threads per row, chunks per thread) in the order dispatch tries them:
 # short rows get 8 or 16 threads (several rows a warp, shuffles within each
 # group) holding up to 4 chunks each, then a warp, then more threads with 4
@@ -43,21 +53,23 @@ comptime NUM_PLANS = 11
 
 
 def plan_threads(i: Int) -> Int:
-    """Threads per row of register plan i."""
+    """Threads per row of register plan i: 8, 8, 8, 16, 32, ..., 512, 512, 512.
+    """
     if i < 3:
         return 8
-    if i < 8:
+    if i < 9:
         return 16 << (i - 3)
     return 512
 
 
 def plan_chunks(i: Int) -> Int:
-    """Chunks (16-byte vectors) per thread of register plan i."""
+    """Chunks (16-byte vectors) per thread of register plan i: 1, 2, 4, 4,
+    ..., 4, 8, 16."""
     if i < 3:
         return 1 << i
-    if i < 8:
+    if i < 9:
         return 4
-    return 4 << (i - 7)
+    return 4 << (i - 8)
 
 
 def block_threads[threads: Int]() -> Int:
@@ -102,7 +114,7 @@ def register_rows_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime assert V * K <= MAX_VALUES_PER_THREAD
+    comptime assert chunk_registers(V) * K <= MAX_ROW_REGISTERS
     comptime assert threads % WARP_SIZE == 0 or WARP_SIZE % threads == 0
     comptime block = block_threads[threads]()
     var vector_loads = vector_flag != 0

@@ -32,8 +32,9 @@ comptime SMEM_THREADS = 1024
 comptime REG_CHUNKS = 4
 # Vectors each thread loads at once while filling shared memory.
 comptime UNROLL = 4
-# Dynamic shared memory one block may use on an H100 (227 KB).
-comptime SMEM_MAX_BYTES = 232448
+# Dynamic shared memory for the row: an H100 block may have 227 KB (232448
+# bytes) in all, and the block reductions' static slots need some of it.
+comptime SMEM_MAX_BYTES = 232448 - 1024
 
 
 def smem_bytes_for(n: Int, V: Int) -> Int:
