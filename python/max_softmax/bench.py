@@ -617,6 +617,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"
     )
+    p.add_argument(
+        "--latency",
+        action="store_true",
+        help="time one call on a tiny input instead (see latency.py)",
+    )
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--max-k", type=int, default=16, help="most rotating inputs per shape")
     p.add_argument("--seed", type=int, default=0)
@@ -640,6 +645,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     kind = resolve_device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.latency:
+        from .latency import latency_table, measure_latency
+
+        rows = measure_latency(kind)
+        (args.out / f"latency_{kind}.json").write_text(
+            json.dumps({"device": _device_name(kind), "rows": rows}, indent=1)
+        )
+        print(_device_name(kind))
+        print(latency_table(rows))
+        return 0
     op = "" if args.op == "softmax" else f"_{args.op}"
     stem = f"bench_{kind}{op}{'_' + args.tag if args.tag else ''}"
     meta = {
