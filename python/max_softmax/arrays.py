@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,8 +12,13 @@ from .dtypes import max_dtype, to_buffer, to_numpy
 from .models import ModelKey, get_model
 from .validation import canonical_shape, check_variant, normalize_axis
 
+if TYPE_CHECKING:
+    from max.experimental.tensor import Tensor
 
-def softmax(x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto") -> np.ndarray:
+
+def softmax(
+    x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto"
+) -> np.ndarray | Tensor:
     """Softmax of array `x` along `axis`, computed by our Mojo kernels.
 
     Args:
@@ -36,12 +41,14 @@ def softmax(x: Any, axis: int = -1, *, device: str = "auto", variant: str = "aut
 
 def log_softmax(
     x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto"
-) -> np.ndarray:
+) -> np.ndarray | Tensor:
     """Log-softmax of array `x` along `axis`; arguments as for `softmax`."""
     return _run("log_softmax", x, axis, device, variant)
 
 
-def softmax_backward(y: Any, dy: Any, axis: int = -1, *, device: str = "auto") -> np.ndarray:
+def softmax_backward(
+    y: Any, dy: Any, axis: int = -1, *, device: str = "auto"
+) -> np.ndarray | Tensor:
     """Gradient of softmax, dx = y * (dy - sum(dy * y, axis)), as numpy.
 
     Args:
@@ -53,7 +60,9 @@ def softmax_backward(y: Any, dy: Any, axis: int = -1, *, device: str = "auto") -
     return _run("softmax_backward", y, axis, device, "auto", dy)
 
 
-def log_softmax_backward(logp: Any, dy: Any, axis: int = -1, *, device: str = "auto") -> np.ndarray:
+def log_softmax_backward(
+    logp: Any, dy: Any, axis: int = -1, *, device: str = "auto"
+) -> np.ndarray | Tensor:
     """Gradient of log-softmax, dx = dy - exp(logp) * sum(dy, axis), as numpy.
 
     Arguments as for `softmax_backward`, with `logp = log_softmax(x, axis)`.
