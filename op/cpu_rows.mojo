@@ -8,6 +8,7 @@ along the contiguous inner dimension and every load is still a vector load.
 
 from max.algorithm import sync_parallelize
 from std.math import ceildiv
+from std.memory import stack_allocation
 from std.sys import simd_width_of, size_of
 from std.utils.numerics import inf
 
@@ -18,6 +19,9 @@ from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 comptime TASK_ELEMENTS = 1 << 15
 # Terms summed in one accumulator before it is folded into the total.
 comptime SUM_BLOCK = 1024
+# float32 exps of a 16-bit row parked on the task's stack (32 KB): rows up
+# to this length compute exp once instead of twice.
+comptime SCRATCH_ELEMENTS = 8192
 
 
 def softmax_cpu[
@@ -64,6 +68,7 @@ def _contiguous_rows[
     var n_vec = n - n % W
 
     def task(t: Int) raises {imm}:
+        var scratch = stack_allocation[SCRATCH_ELEMENTS, Scalar[acc]]()
         for r in range(t * rows_per_task, min(rows, (t + 1) * rows_per_task)):
             var x = src.unsafe_offset(r * n)
             var y = dst.unsafe_offset(r * n)
@@ -77,10 +82,13 @@ def _contiguous_rows[
             for j in range(n_vec, n):
                 m = max(m, x[unsafe_offset=j].cast[acc]())
 
-            # Sum of exp(x - m). Softmax of 32/64-bit types parks the exps in
-            # dst and rescales them in place; 16-bit types would round them
-            # twice, so they recompute exp in the last sweep instead.
-            comptime park = not log_out and size_of[dtype]() >= 4
+            # Sum of exp(x - m). Softmax parks the exps and rescales them in
+            # the last sweep instead of computing exp twice: 32/64-bit types
+            # in dst; 16-bit types in a float32 scratch row on the stack
+            # (parking them in dst would round twice), where the row fits.
+            comptime park_in_dst = not log_out and size_of[dtype]() >= 4
+            comptime park_in_scratch = not log_out and size_of[dtype]() < 4
+            var use_scratch = park_in_scratch and n <= SCRATCH_ELEMENTS
             # Blocked summation: float32 lanes each add at most SUM_BLOCK / W
             # terms before folding into the row total, so a 1M-long row keeps
             # ~1e-6 relative error instead of ~1e-4.
@@ -92,40 +100,59 @@ def _contiguous_rows[
                         x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
                         - m
                     )
-                    comptime if park:
+                    comptime if park_in_dst:
                         y.unsafe_offset(j).unsafe_store(e.cast[dtype]())
+                    elif park_in_scratch:
+                        if use_scratch:
+                            scratch.unsafe_offset(j).unsafe_store(e)
                     sv += e
                 s += sv.reduce_add()
             for j in range(n_vec, n):
                 var e = exp_nan[acc, 1](x[unsafe_offset=j].cast[acc]() - m)
-                comptime if park:
+                comptime if park_in_dst:
                     y[unsafe_offset=j] = e.cast[dtype]()
+                elif park_in_scratch:
+                    if use_scratch:
+                        scratch[unsafe_offset=j] = e
                 s += e
 
             var scale = row_scale[log_out, acc](s)
             for j in range(0, n_vec, W):
-                comptime if park:
+                comptime if park_in_dst:
                     var e = (
                         y.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
                     )
                     y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
                 else:
-                    var v = (
-                        x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-                    )
-                    y.unsafe_offset(j).unsafe_store(
-                        epilogue[log_out, acc, W](v, m, scale).cast[dtype]()
-                    )
+                    if use_scratch:
+                        var e = scratch.unsafe_offset(j).unsafe_load[width=W]()
+                        y.unsafe_offset(j).unsafe_store(
+                            (e * scale).cast[dtype]()
+                        )
+                    else:
+                        var v = (
+                            x.unsafe_offset(j)
+                            .unsafe_load[width=W]()
+                            .cast[acc]()
+                        )
+                        y.unsafe_offset(j).unsafe_store(
+                            epilogue[log_out, acc, W](v, m, scale).cast[dtype]()
+                        )
             for j in range(n_vec, n):
-                comptime if park:
+                comptime if park_in_dst:
                     y[unsafe_offset=j] = (
                         y[unsafe_offset=j].cast[acc]() * scale
                     ).cast[dtype]()
                 else:
-                    var v = x[unsafe_offset=j].cast[acc]()
-                    y[unsafe_offset=j] = epilogue[log_out, acc, 1](
-                        v, m, scale
-                    ).cast[dtype]()
+                    if use_scratch:
+                        y[unsafe_offset=j] = (
+                            scratch[unsafe_offset=j] * scale
+                        ).cast[dtype]()
+                    else:
+                        var v = x[unsafe_offset=j].cast[acc]()
+                        y[unsafe_offset=j] = epilogue[log_out, acc, 1](
+                            v, m, scale
+                        ).cast[dtype]()
 
     sync_parallelize(task, tasks)
 
