@@ -472,10 +472,27 @@ def run_sweep(
             finally:
                 p = None
                 _release_torch_cache()
+        _flag_impossible([r for r in results if (r.dtype, r.rows, r.n) == (dtype, rows, n)])
         bar(f"{dtype} {rows}x{n}")
         if save:
             save(results)
     return results
+
+
+IMPOSSIBLE_VS_COPY = 3.0
+
+
+def _flag_impossible(rows: list[Row]) -> None:
+    """Un-time results over 3x the copy roof of their shape: no provider
+    moves its bytes that much faster than a copy (a backward, reading more
+    than it writes, reaches ~1.1x), so such a number is a timing artefact
+    (e.g. T(1) inflated by allocation), not a speed."""
+    roof = next((r.gbps for r in rows if r.provider == "copy" and r.gbps), None)
+    for r in rows:
+        if roof and r.gbps and r.gbps > IMPOSSIBLE_VS_COPY * roof:
+            r.note = f"unreliable: {r.gbps:.0f} GB/s is over 3x the copy roof"
+            r.gbps = r.us = None
+            r.ok = None
 
 
 def _release_torch_cache() -> None:

@@ -1,0 +1,41 @@
+"""The benchmark's own logic (no timing): its correctness gate, the table and
+the guard against impossible numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from max_softmax.bench import WORKLOADS, Row, _flag_impossible, table
+from max_softmax.reference import backward_reference, reference
+
+
+@pytest.mark.parametrize("op", list(WORKLOADS))
+def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
+    w = WORKLOADS[op]
+    inputs = w.make_inputs(np.random.default_rng(0), 8, 300, "float32")
+    assert len(inputs) == w.arity
+    if op == "softmax":
+        right = reference("softmax", inputs[0], -1)
+    else:
+        y = inputs[0] if op == "softmax_backward" else reference("softmax", inputs[0], -1)
+        right = backward_reference("softmax_backward", y, inputs[1], -1)
+    right = right.astype(np.float32)
+    assert w.check(right, inputs)[0]
+    wrong = right.copy()
+    wrong[3, 7] += 0.01
+    ok, why = w.check(wrong, inputs)
+    assert not ok and "max_rel_err" in why
+
+
+def test_impossible_speeds_are_not_reported():
+    rows = [
+        Row("copy", 4096, 1024, "float32", "cpu", 880.0, 38.0, True),
+        Row("ours", 4096, 1024, "float32", "cpu", 2000.0, 16.0, True),
+        Row("torch", 4096, 1024, "float32", "cpu", 6.0, 5283.0, True),
+    ]
+    _flag_impossible(rows)
+    assert rows[1].gbps == 16.0 and rows[2].gbps is None
+    assert rows[2].note.startswith("unreliable")
+    text = table(rows)
+    assert "| float32 | 4096 x 1024 | 38 | 16 | ? | 42% | — |" in text
