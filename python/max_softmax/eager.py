@@ -25,14 +25,7 @@ from functools import cache
 from typing import Any
 
 from ._paths import KERNELS
-from .validation import canonical_shape, check_dtype, normalize_axis
-
-ARITY: dict[str, int] = {
-    "softmax": 1,
-    "log_softmax": 1,
-    "softmax_backward": 2,
-    "log_softmax_backward": 2,
-}
+from .validation import OP_ARITY, canonical_shape, check_dtype, normalize_axis
 
 
 def is_max_tensor(x: Any) -> bool:
@@ -53,7 +46,7 @@ def declaration(op: str):
     dtype = custom.DTypeVar("T")
     dims = custom.Symbols("outer", "n", "inner")
     view = custom.TemplateType(dtype, dims)
-    names = ("x",) if ARITY[op] == 1 else ("a", "dy")
+    names = ("x",) if OP_ARITY[op] == 1 else ("a", "dy")
     return custom.declare(
         op,
         inputs={name: view for name in names},

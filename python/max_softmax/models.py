@@ -19,6 +19,7 @@ from max.graph import DeviceRef, Graph, TensorType
 from . import ops
 from ._paths import KERNELS
 from .devices import device
+from .validation import OP_ARITY
 
 
 @cache
@@ -60,14 +61,11 @@ def get_model(key: ModelKey) -> Model:
     return model
 
 
-BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
-
-
 def _compile(key: ModelKey) -> Model:
     dev = DeviceRef.GPU() if key.device == "gpu" else DeviceRef.CPU()
     input_type = TensorType(key.dtype, ["outer", "n", "inner"], device=dev)
     op = getattr(ops, key.op)
-    arity = 2 if key.op in BACKWARD_OPS else 1
+    arity = OP_ARITY[key.op]
     with Graph(
         f"max_softmax_{key.op}_{key.dtype.name}_{key.device}_{key.variant}",
         input_types=[input_type] * arity,

@@ -19,7 +19,7 @@ from max.experimental.torch.torch import CustomOpLibrary, MaxOp
 from max.graph import DeviceRef, Graph, TensorType, ops
 
 from ._paths import KERNELS
-from .validation import normalize_axis
+from .validation import OP_ARITY, normalize_axis
 
 _DTYPES = {
     torch.float32: DType.float32,
@@ -27,7 +27,6 @@ _DTYPES = {
     torch.bfloat16: DType.bfloat16,
     torch.float64: DType.float64,
 }
-_ARITY = {"softmax": 1, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 2}
 
 
 def _graph_fn(name: str):
@@ -43,7 +42,7 @@ def _graph_fn(name: str):
         )
 
     # torch infers the op's schema from these signatures: no *args.
-    if _ARITY[name] == 1:
+    if OP_ARITY[name] == 1:
 
         def forward(x):
             into(x)
@@ -69,7 +68,7 @@ def _make_torch_ops() -> dict[tuple[str, torch.dtype, str], object]:
     if accelerator_count() > 0:
         kinds["cuda"] = DeviceRef.GPU()
     made = {}
-    for name, arity in _ARITY.items():
+    for name, arity in OP_ARITY.items():
         for tdtype, mdtype in _DTYPES.items():
             for kind, ref in kinds.items():
                 view = TensorType(mdtype, ["outer", "n", "inner"], ref)

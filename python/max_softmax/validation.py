@@ -18,6 +18,16 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (
 """Element types every op accepts (16-bit types compute in float32)."""
 
 
+OP_ARITY: dict[str, int] = {
+    "softmax": 1,
+    "log_softmax": 1,
+    "softmax_backward": 2,
+    "log_softmax_backward": 2,
+}
+"""Every op registered in op/ (softmax_op.mojo), with its number of tensor
+inputs: the backward ops take the forward output and dy."""
+
+
 VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "smem", "online", "split")
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
