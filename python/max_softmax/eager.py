@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 from ._paths import KERNELS
-from .validation import OP_ARITY, canonical_shape, check_dtype, normalize_axis
+from .validation import OP_ARITY, canonical_shape, check_dtype, check_dy_like, normalize_axis
 
 
 def is_max_tensor(x: Any) -> bool:
@@ -60,23 +60,23 @@ def run(op: str, x: Any, axis: int, dy: Any = None) -> Any:
     from max.experimental import functional as F
 
     check_dtype(x.dtype)
-    shape = [int(d) for d in x.shape]
+    shape = _dims(x)
     axis = normalize_axis(axis, len(shape))
     operands = [x]
     if dy is not None:
         if not is_max_tensor(dy):
             raise TypeError(f"max_softmax: {op} got a MAX Tensor and dy of type {type(dy)}")
-        if dy.dtype != x.dtype or [int(d) for d in dy.shape] != shape or dy.device != x.device:
-            raise ValueError(
-                f"max_softmax: {op} needs dy like its first input: got "
-                f"{dy.dtype.name}{[int(d) for d in dy.shape]} on {dy.device} for "
-                f"{x.dtype.name}{shape} on {x.device}"
-            )
+        check_dy_like(op, x, dy, _dims)
         operands.append(dy)
     view = list(canonical_shape(tuple(shape), axis))
     with F.lazy():
         out = F.reshape(declaration(op)(*[F.reshape(t, view) for t in operands]), shape)
     return _realize(out)
+
+
+def _dims(t: Any) -> list[int]:
+    """An eager tensor's shape as ints."""
+    return [int(d) for d in t.shape]
 
 
 def _realize(t: Any) -> Any:

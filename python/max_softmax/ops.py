@@ -22,7 +22,7 @@ from max.graph.dim import Dim
 from ._paths import KERNELS
 from .devices import check_graph_device
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
-from .validation import check_dtype, check_variant, normalize_axis
+from .validation import check_dtype, check_dy_like, check_variant, normalize_axis
 
 
 def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
@@ -84,12 +84,7 @@ def _row_op(
     check_dtype(x.dtype)
     if dy is not None:
         dy = TensorValue(dy)
-        if dy.dtype != x.dtype or list(dy.shape) != list(x.shape) or dy.device != x.device:
-            raise ValueError(
-                f"max_softmax: {name} needs dy like its first input: got "
-                f"{dy.dtype.name}{list(dy.shape)} on {dy.device} for "
-                f"{x.dtype.name}{list(x.shape)} on {x.device}"
-            )
+        check_dy_like(name, x, dy)
     check_variant(variant)
     check_graph_device(x.device, f"the input of {name}")
     shape = list(x.shape)

@@ -6,6 +6,9 @@ before anything reaches MAX or Mojo.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from max.dtype import DType
 
@@ -52,6 +55,19 @@ def check_variant(variant: str) -> str:
     if variant not in VARIANTS:
         raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
     return variant
+
+
+def check_dy_like(
+    op: str, x: Any, dy: Any, dims: Callable[[Any], list] = lambda t: list(t.shape)
+) -> None:
+    """Raise ValueError unless `dy` has the dtype, dims and device of `x`:
+    graph `TensorValue`s and eager `Tensor`s alike (`dims` lists a shape)."""
+    if dy.dtype != x.dtype or dims(dy) != dims(x) or dy.device != x.device:
+        raise ValueError(
+            f"max_softmax: {op} needs dy like its first input: got "
+            f"{dy.dtype.name}{dims(dy)} on {dy.device} for "
+            f"{x.dtype.name}{dims(x)} on {x.device}"
+        )
 
 
 def normalize_axis(axis: int, rank: int) -> int:
