@@ -76,10 +76,9 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
 def register_plan(
     n: Int, V: Int, min_threads: Int, max_registers: Int = MAX_ROW_REGISTERS
 ) -> Int:
-    """First register plan (see gpu_register_rows) with at least
-    `min_threads` threads per row and at most `max_registers` 32-bit
-    registers of row values a thread
-    that holds a row of `n`, else -1."""
+    """First register plan (see gpu_register_rows) that holds a row of `n`
+    with at least `min_threads` threads per row and at most `max_registers`
+    32-bit registers of row values a thread, else -1."""
     for i in range(NUM_PLANS):
         var threads = plan_threads(i)
         var k = plan_chunks(i)

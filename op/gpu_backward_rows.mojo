@@ -1,9 +1,9 @@
 """GPU kernels of the backward ops (softmax_backward, log_softmax_backward).
 
 They read two tensors and write one, with one row reduction in between.
-Rows up to 512 threads x 32 registers of values are held in registers, both tensors, with
-the forward's register plans and chunk loaders (gpu_register_rows), so each
-is read once. Longer rows: a block per row sums dy * y (or dy), then re-reads
+Rows that fit the forward's register plans at 32 registers of values a
+tensor are held in registers, both tensors, with the forward's chunk
+loaders (gpu_register_rows), so each is read once. Longer rows: a block per row sums dy * y (or dy), then re-reads
 the row (mostly from L2) to write the gradient. Rows along another axis use
 a thread per column, as gpu_strided_rows does.
 """
@@ -101,7 +101,8 @@ def backward_rows_kernel[
     Parameters:
         dtype: Element type.
         log_in: `a` holds log-softmax output (log_softmax_backward).
-        threads: Threads per row (32 or a whole block).
+        threads: Threads per row: dispatch launches a whole block per row
+            (rows short enough for a warp go to backward_register_kernel).
         V: Elements per 16-byte vector of `dtype`.
 
     Args:
