@@ -8,16 +8,18 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 |---------------------------|------------------------------------------|
 | n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
-| longer, rows < 264        | split rows across blocks (gpu_split_rows) |
+| rows < 264 or n > smem's, n <= SMs * 16K | row chunks on chip across blocks, read once (gpu_split_onchip_rows) |
+| longer, rows < 264        | split rows across blocks, read twice (gpu_split_rows) |
 | n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
 | longer, more rows         | online block per row (gpu_online_rows)   |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
-`variant` forces one family ("tree", "warp", "block", "smem", "online", "split")
-so benchmarks and tests can run each; "auto" follows the table.
+`variant` forces one family ("tree", "warp", "block", "smem", "online",
+"split", "split_onchip") so benchmarks and tests can run each; "auto"
+follows the table.
 """
 
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceAttribute, DeviceContext, FuncAttribute
 from std.math import ceildiv
 
 from .cpu_backward import softmax_backward_cpu
@@ -40,10 +42,17 @@ from .gpu_register_rows import (
     register_rows_kernel,
 )
 from .gpu_smem_rows import (
+    SMEM_HALF_THREADS,
     SMEM_THREADS,
     smem_bytes_for,
     smem_capacity,
     smem_rows_kernel,
+    smem_threads_for,
+)
+from .gpu_split_onchip_rows import (
+    ONCHIP_CHUNK_THREADS,
+    onchip_chunk,
+    split_onchip_kernel,
 )
 from .gpu_split_rows import (
     SPLIT_THREADS,
@@ -61,14 +70,19 @@ comptime WARP_THREADS = 32
 comptime SPLIT_BELOW_ROWS = 264
 
 
-def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
-    """The kernel family "auto" picks for `rows` contiguous rows of `n`."""
+def gpu_kernel_for(rows: Int, n: Int, V: Int, sms: Int) -> String:
+    """The kernel family "auto" picks for `rows` contiguous rows of `n` on a
+    GPU of `sms` multiprocessors."""
     var plan = register_plan(n, V, 0)
     if plan >= 0:
         return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
+    var fits_smem = n <= smem_capacity(V)
+    if rows < SPLIT_BELOW_ROWS or not fits_smem:
+        if ceildiv(n, onchip_chunk(V)) <= sms:
+            return "split_onchip"
     if rows < SPLIT_BELOW_ROWS:
         return "split"
-    if n <= smem_capacity(V):
+    if fits_smem:
         return "smem"
     return "online"
 
@@ -158,8 +172,9 @@ def _launch_gpu[
     var aligned = Int(src) % 16 == 0 and Int(dst) % 16 == 0
     var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
     var family = String(variant)
+    var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
     if family == "auto":
-        family = gpu_kernel_for(rows, n, V)
+        family = gpu_kernel_for(rows, n, V, sms)
 
     if family == "tree":
         comptime kernel = tree_rows_kernel[dtype, log_out]
@@ -206,20 +221,23 @@ def _launch_gpu[
                 + " elements, got "
                 + String(n)
             )
-        comptime kernel = smem_rows_kernel[dtype, log_out, V]
-        var smem_bytes = smem_bytes_for(n, V)
-        ctx.enqueue_function[kernel](
-            dst,
-            src,
-            Int64(n),
-            Int32(1) if aligned else Int32(0),
-            grid_dim=rows,
-            block_dim=SMEM_THREADS,
-            shared_mem_bytes=smem_bytes,
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                UInt32(smem_bytes)
-            ),
-        )
+        var threads = smem_threads_for(n, V)
+        var smem_bytes = smem_bytes_for(n, V, threads)
+        comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+            if threads == T:
+                comptime kernel = smem_rows_kernel[dtype, log_out, V, T]
+                ctx.enqueue_function[kernel](
+                    dst,
+                    src,
+                    Int64(n),
+                    Int32(1) if aligned else Int32(0),
+                    grid_dim=rows,
+                    block_dim=T,
+                    shared_mem_bytes=smem_bytes,
+                    func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                        UInt32(smem_bytes)
+                    ),
+                )
     elif family == "online":
         comptime kernel = online_rows_kernel[dtype, log_out, V]
         ctx.enqueue_function[kernel](
@@ -230,6 +248,34 @@ def _launch_gpu[
             grid_dim=rows,
             block_dim=ONLINE_THREADS,
         )
+    elif family == "split_onchip":
+        var chunks = ceildiv(n, onchip_chunk(V))
+        if chunks > sms:
+            raise Error(
+                "max_softmax: variant 'split_onchip' handles rows up to "
+                + String(sms * onchip_chunk(V))
+                + " elements on this GPU, got "
+                + String(n)
+            )
+        comptime acc = accum_dtype[dtype]()
+        comptime assert acc.is_floating_point()
+        var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
+        ctx.enqueue_memset(counters, 0)
+        var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
+        comptime kernel = split_onchip_kernel[dtype, log_out, V]
+        ctx.enqueue_function[kernel](
+            dst,
+            src,
+            rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+            rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+            Int64(n),
+            Int64(chunks),
+            vector_flag,
+            grid_dim=rows * chunks,
+            block_dim=ONCHIP_CHUNK_THREADS,
+        )
+        _ = counters^
+        _ = partials^
     elif family == "split":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()

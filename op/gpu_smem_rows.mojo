@@ -2,7 +2,7 @@
 
 Rows too long for the register kernels (over 32K values) but short enough
 for one SM (up to ~74K float32 or ~149K 16-bit values) get a block of
-`SMEM_THREADS` threads each. The first sweep streams the row from global
+512 or 1024 threads each (`smem_threads_for`). The first sweep streams the row from global
 memory once, in 16-byte vectors: each thread keeps its first `REG_CHUNKS`
 vectors in registers, the rest of the row goes to dynamic shared memory
 (up to 227 KB). Then max and sum are reduced over the on-chip copy and the
@@ -27,7 +27,13 @@ from std.utils.numerics import inf
 from .gpu_reductions import block_max, block_sum
 from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
+# Threads per row: 1024 for rows that need most of an SM's shared memory;
+# rows that leave room for two blocks an SM get 512, so one block's exp and
+# reduction sweeps overlap the other's loads (with one block an SM, HBM
+# idles while the block computes, and 16-bit rows have twice the compute
+# per byte).
 comptime SMEM_THREADS = 1024
+comptime SMEM_HALF_THREADS = 512
 # 16-byte vectors per thread held in registers (raw dtype: 16 registers).
 comptime REG_CHUNKS = 4
 # Vectors each thread loads at once while filling shared memory.
@@ -35,11 +41,21 @@ comptime UNROLL = 4
 # Dynamic shared memory for the row: an H100 block may have 227 KB (232448
 # bytes) in all, and the block reductions' static slots need some of it.
 comptime SMEM_MAX_BYTES = 232448 - 1024
+# What each of two blocks an SM may take.
+comptime SMEM_HALF_BYTES = 232448 // 2 - 1024
 
 
-def smem_bytes_for(n: Int, V: Int) -> Int:
-    """Dynamic shared memory a row of `n` needs beyond the registers."""
-    return max(0, n // V - REG_CHUNKS * SMEM_THREADS) * 16
+def smem_bytes_for(n: Int, V: Int, threads: Int) -> Int:
+    """Dynamic shared memory a row of `n` needs beyond the registers of
+    `threads` threads."""
+    return max(0, n // V - REG_CHUNKS * threads) * 16
+
+
+def smem_threads_for(n: Int, V: Int) -> Int:
+    """Threads per row: 512 where two blocks fit an SM, else 1024."""
+    if smem_bytes_for(n, V, SMEM_HALF_THREADS) <= SMEM_HALF_BYTES:
+        return SMEM_HALF_THREADS
+    return SMEM_THREADS
 
 
 def smem_capacity(V: Int) -> Int:
@@ -48,10 +64,11 @@ def smem_capacity(V: Int) -> Int:
 
 
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SMEM_THREADS))
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
 )
 def smem_rows_kernel[
-    dtype: DType, log_out: Bool, V: Int
+    dtype: DType, log_out: Bool, V: Int, T: Int
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -64,6 +81,7 @@ def smem_rows_kernel[
         dtype: Element type.
         log_out: Write log-softmax instead of softmax.
         V: Elements per 16-byte vector of `dtype`.
+        T: Threads per block (`smem_threads_for`).
 
     Args:
         dst: Output rows.
@@ -74,7 +92,6 @@ def smem_rows_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime T = SMEM_THREADS
     var t = Int(thread_idx.x)
     var len = Int(n)
     var start = Int(block_idx.x) * len

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from max_softmax.bench import WORKLOADS, Row, _flag_impossible, table
+from max_softmax.bench import WORKLOADS, Row, _flag_impossible, resolve_timer, table
+from max_softmax.device_timer import busy_seconds, gpu_spans
 from max_softmax.reference import backward_reference, reference
 
 
@@ -39,3 +40,25 @@ def test_impossible_speeds_are_not_reported():
     assert rows[2].note.startswith("unreliable")
     text = table(rows)
     assert "| float32 | 4096 x 1024 | 38 | 16 | ? | 42% | — |" in text
+
+
+def test_device_timer_counts_overlapping_gpu_work_once():
+    trace = {
+        "traceEvents": [
+            {"cat": "kernel", "ts": 0.0, "dur": 10.0},
+            {"cat": "kernel", "ts": 5.0, "dur": 10.0},  # overlaps the first
+            {"cat": "gpu_memset", "ts": 20.0, "dur": 1.0},
+            {"cat": "gpu_memcpy", "ts": 30.0, "dur": 4.0},
+            {"cat": "cpu_op", "ts": 0.0, "dur": 100.0},  # host work: not counted
+            {"cat": "kernel", "ts": 40.0},  # no duration: not counted
+        ]
+    }
+    spans = gpu_spans(trace)
+    assert len(spans) == 4
+    assert busy_seconds(spans) == 15.0 + 1.0 + 4.0
+
+
+def test_timer_auto_is_wall_clock_without_a_gpu():
+    assert resolve_timer("auto", "cpu") == "wall"
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        resolve_timer("device", "cpu")

@@ -96,11 +96,46 @@ VARIANT_CASES = [
     ("smem", (4, 50257)),
     ("smem", (2, 65536)),
     ("smem", (2, 74240)),  # float32 capacity: 4 x (4 x 1024 + (227 KB - 1 KB) / 16 B)
+    ("smem", (2, 36992)),  # float32: last row with 512 threads, two blocks an SM
+    ("smem", (2, 36993)),
+    ("smem", (2, 73984)),  # the same boundary for 16-bit types
+    ("smem", (2, 73985)),
     ("online", (5, 1000)),
     ("online", (3, 100003)),
     ("split", (3, 1000)),
     ("split", (2, (1 << 20) + 3)),
+    ("split_onchip", (3, 1000)),
+    ("split_onchip", (2, 16384)),  # one chunk exactly
+    ("split_onchip", (2, 16385)),
+    ("split_onchip", (5, 50257)),  # unaligned rows: scalar loads
+    ("split_onchip", (2, (1 << 20) + 3)),
+    ("split_onchip", (300, 40000)),  # more chunks than fit the GPU at once
 ]
+
+# Rows whose chunks (16384 elements for float32 and bfloat16) differ: one
+# chunk all -inf or all NaN, the others finite, so the split kernels' pairs
+# must fold correctly across chunks.
+CHUNK = 16384
+CHUNK_PATTERNS = {
+    "minus_inf_chunk": (-np.inf, 1.0),
+    "nan_chunk": (np.nan, 1.0),
+    "plus_inf_chunk": (np.inf, 1.0),
+    "huge_chunk": (1e30, -1e30),
+}
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("variant", ["split", "split_onchip", "auto"])
+@pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
+def test_gpu_split_chunk_patterns(rng, variant, pattern):
+    first, rest = CHUNK_PATTERNS[pattern]
+    x = random_logits(rng, (2, 3 * CHUNK + 5), "float32")
+    x[0, CHUNK : 2 * CHUNK] = first  # a middle chunk of row 0
+    x[1, :CHUNK] = first  # the first chunk of row 1
+    x[1, -3:] = rest
+    for op in OPS:
+        y = getattr(max_softmax, op)(x, device="gpu", variant=variant)
+        assert_matches_scipy(op, y, x, -1)
 
 
 @GPU_SKIP
@@ -117,8 +152,8 @@ def test_gpu_variants(rng, variant, shape, dtype, op):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", [32769, 50257, 74240, 74241, 148480, 148481])
 def test_gpu_many_long_rows(rng, n, dtype):
-    """Enough rows (>= 264) that "auto" picks the on-chip kernel up to its
-    capacity and the online kernel past it."""
+    """Enough rows (>= 264) that "auto" picks the one-block-a-row on-chip
+    kernel up to its capacity and the split on-chip kernel past it."""
     x = random_logits(rng, (264, n), dtype)
     assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
 

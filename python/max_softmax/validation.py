@@ -31,7 +31,16 @@ OP_ARITY: dict[str, int] = {
 inputs: the backward ops take the forward output and dy."""
 
 
-VARIANTS: tuple[str, ...] = ("auto", "tree", "warp", "block", "smem", "online", "split")
+VARIANTS: tuple[str, ...] = (
+    "auto",
+    "tree",
+    "warp",
+    "block",
+    "smem",
+    "online",
+    "split",
+    "split_onchip",
+)
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
 
