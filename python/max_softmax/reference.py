@@ -23,8 +23,9 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("log_softmax", "float32"): (1e-5, 2e-5),
     ("log_softmax", "float16"): (2e-3, 4e-3),
     ("log_softmax", "bfloat16"): (1.6e-2, 3e-2),
-    # Backward ops: relative to the row's own scale (see compare); dx can
-    # cancel to ~0, so the absolute term carries the low-precision types.
+    # Backward ops: relative to the size of the terms each dx subtracts
+    # (backward_error_scale); dx can cancel to ~0, so the absolute term
+    # carries the low-precision types.
     ("softmax_backward", "float64"): (1e-10, 1e-12),
     ("softmax_backward", "float32"): (1e-4, 1e-6),
     ("softmax_backward", "float16"): (1e-2, 1e-3),
@@ -44,6 +45,36 @@ def backward_reference(op: str, a: np.ndarray, dy: np.ndarray, axis: int) -> np.
     if op == "softmax_backward":
         return a64 * (g64 - np.sum(g64 * a64, axis=axis, keepdims=True))
     return g64 - np.exp(a64) * np.sum(g64, axis=axis, keepdims=True)
+
+
+def backward_error_scale(op: str, a: np.ndarray, dy: np.ndarray, axis: int) -> np.ndarray:
+    """What a backward result's error is relative to: the terms it subtracts.
+
+    dx = dy - p * sum(dy) (log-softmax) or y * (dy - sum(dy * y)) cancels
+    where p * sum(dy) is close to dy; the row sum of a million dy is ~1e3
+    and any float32 implementation gets it to ~1e-7 of sum(|dy|), so the
+    error is bounded by eps * (|dy| + p * sum(|dy|)), not by eps * |dx|.
+    """
+    a64 = np.asarray(a).astype(np.float64)
+    g64 = np.abs(np.asarray(dy).astype(np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        if op == "softmax_backward":
+            return np.abs(a64) * (g64 + np.sum(g64 * np.abs(a64), axis=axis, keepdims=True))
+        return g64 + np.exp(a64) * np.sum(g64, axis=axis, keepdims=True)
+
+
+def compare_backward(
+    op: str, got: np.ndarray, a: np.ndarray, dy: np.ndarray, axis: int
+) -> Comparison:
+    """Compare a backward op's `got` with the float64 gradient of (a, dy)."""
+    return compare(
+        op,
+        got,
+        a,
+        axis,
+        ref=backward_reference(op, a, dy, axis),
+        scale=backward_error_scale(op, a, dy, axis),
+    )
 
 
 def reference(op: str, x: np.ndarray, axis: int) -> np.ndarray:
@@ -77,10 +108,16 @@ class Comparison:
 
 
 def compare(
-    op: str, got: np.ndarray, x: np.ndarray, axis: int, ref: np.ndarray | None = None
+    op: str,
+    got: np.ndarray,
+    x: np.ndarray,
+    axis: int,
+    ref: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
 ) -> Comparison:
     """Compare `got` with the float64 reference of `x` under our tolerances
-    (or with `ref`, for the backward ops, whose reference needs dy too)."""
+    (or with `ref`, for the backward ops, whose reference needs dy too);
+    `rtol` applies to `scale` (default: |reference|) element by element."""
     if ref is None:
         ref = reference(op, x, axis)
     rtol, atol = TOLERANCES[(op, np.dtype(x.dtype).name)]
@@ -96,7 +133,8 @@ def compare(
     with np.errstate(invalid="ignore", divide="ignore"):
         diff = np.where(same_inf, 0.0, np.abs(g - ref))
         diff = np.where(both, diff, 0.0)
-        scale = np.where(both & ~same_inf, np.abs(ref), 1.0)
+        size = np.abs(ref) if scale is None else np.maximum(np.abs(ref), scale)
+        scale = np.where(both & ~same_inf, size, 1.0)
         rel = np.where(scale > 0, diff / scale, diff)
     ok = nan_mismatch == 0 and bool(np.all(diff <= atol + rtol * scale))
     return Comparison(
