@@ -8,19 +8,18 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 |---------------------------|------------------------------------------|
 | n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
-| rows < 264 or n > smem's, n <= SMs * 16K | row chunks on chip across blocks, read once (gpu_split_onchip_rows) |
-| longer, rows < 264        | split rows across blocks, read twice (gpu_split_rows) |
-| n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
-| longer, more rows         | online block per row (gpu_online_rows)   |
+| rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
+| fewer rows, or longer     | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
 `variant` forces one family ("tree", "warp", "block", "smem", "online",
-"split", "split_onchip") so benchmarks and tests can run each; "auto"
-follows the table.
+"split") so benchmarks and tests can run each; "auto" follows the table.
+The online kernel (a block per row, reading it twice) is a baseline now.
 """
 
-from max.gpu.host import DeviceAttribute, DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, FuncAttribute
 from std.math import ceildiv
+from std.sys import size_of
 
 from .cpu_backward import softmax_backward_cpu
 from .cpu_rows import softmax_cpu
@@ -49,16 +48,11 @@ from .gpu_smem_rows import (
     smem_rows_kernel,
     smem_threads_for,
 )
-from .gpu_split_onchip_rows import (
-    ONCHIP_CHUNK_THREADS,
-    onchip_chunk,
-    split_onchip_kernel,
-)
 from .gpu_split_rows import (
     SPLIT_THREADS,
-    grid_chunks,
-    split_normalize_kernel,
-    split_partials_kernel,
+    split_chunks,
+    split_lag,
+    split_rows_kernel,
 )
 from .gpu_strided_rows import STRIDED_THREADS, strided_rows_kernel
 from .gpu_tree_rows import TREE_THREADS, tree_rows_kernel
@@ -70,21 +64,14 @@ comptime WARP_THREADS = 32
 comptime SPLIT_BELOW_ROWS = 264
 
 
-def gpu_kernel_for(rows: Int, n: Int, V: Int, sms: Int) -> String:
-    """The kernel family "auto" picks for `rows` contiguous rows of `n` on a
-    GPU of `sms` multiprocessors."""
+def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
+    """The kernel family "auto" picks for `rows` contiguous rows of `n`."""
     var plan = register_plan(n, V, 0)
     if plan >= 0:
         return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
-    var fits_smem = n <= smem_capacity(V)
-    if rows < SPLIT_BELOW_ROWS or not fits_smem:
-        if ceildiv(n, onchip_chunk(V)) <= sms:
-            return "split_onchip"
-    if rows < SPLIT_BELOW_ROWS:
-        return "split"
-    if fits_smem:
+    if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
         return "smem"
-    return "online"
+    return "split"
 
 
 def register_plan(
@@ -172,9 +159,8 @@ def _launch_gpu[
     var aligned = Int(src) % 16 == 0 and Int(dst) % 16 == 0
     var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
     var family = String(variant)
-    var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
     if family == "auto":
-        family = gpu_kernel_for(rows, n, V, sms)
+        family = gpu_kernel_for(rows, n, V)
 
     if family == "tree":
         comptime kernel = tree_rows_kernel[dtype, log_out]
@@ -248,61 +234,28 @@ def _launch_gpu[
             grid_dim=rows,
             block_dim=ONLINE_THREADS,
         )
-    elif family == "split_onchip":
-        var chunks = ceildiv(n, onchip_chunk(V))
-        if chunks > sms:
-            raise Error(
-                "max_softmax: variant 'split_onchip' handles rows up to "
-                + String(sms * onchip_chunk(V))
-                + " elements on this GPU, got "
-                + String(n)
-            )
+    elif family == "split":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()
+        var chunks = split_chunks(n)
         var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
         ctx.enqueue_memset(counters, 0)
         var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
-        comptime kernel = split_onchip_kernel[dtype, log_out, V]
+        comptime kernel = split_rows_kernel[dtype, log_out, V]
         ctx.enqueue_function[kernel](
             dst,
             src,
             rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
             rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+            Int64(rows),
             Int64(n),
-            Int64(chunks),
+            Int64(split_lag(rows, n * size_of[dtype]())),
             vector_flag,
-            grid_dim=rows * chunks,
-            block_dim=ONCHIP_CHUNK_THREADS,
+            grid_dim=2 * rows * chunks,
+            block_dim=SPLIT_THREADS,
         )
+        # The buffers are freed in stream order, after the kernel.
         _ = counters^
-        _ = partials^
-    elif family == "split":
-        comptime acc = accum_dtype[dtype]()
-        comptime assert acc.is_floating_point()
-        var chunks = Int(grid_chunks(Int64(n)))
-        var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
-        var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-            partials.unsafe_ptr()
-        )
-        comptime first = split_partials_kernel[dtype, V]
-        ctx.enqueue_function[first](
-            partials_ptr,
-            src,
-            Int64(n),
-            vector_flag,
-            grid_dim=(chunks, rows),
-            block_dim=SPLIT_THREADS,
-        )
-        comptime second = split_normalize_kernel[dtype, log_out, V]
-        ctx.enqueue_function[second](
-            dst,
-            src,
-            partials_ptr,
-            Int64(n),
-            vector_flag,
-            grid_dim=(chunks, rows),
-            block_dim=SPLIT_THREADS,
-        )
         _ = partials^
     else:
         raise Error("max_softmax: unknown variant '" + family + "'")

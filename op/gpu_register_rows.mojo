@@ -26,7 +26,7 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, epilogue, exp_nan, row_scale
+from .row_math import accum_dtype, exp_nan, row_scale
 
 comptime MIN_BLOCK_THREADS = 128
 # 32-bit registers of row values one thread may hold. With launch bounds of
@@ -139,12 +139,19 @@ def register_rows_kernel[
 
     var row_max = block_max[acc, threads, block](vals.reduce_max())
     # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
-    # (row_max == -inf), and that row is NaN anyway.
-    var sum = block_sum[acc, threads, block](
-        exp_nan[acc, V * K](vals - row_max).reduce_add()
+    # (row_max == -inf), and that row is NaN anyway. The exps stay in
+    # registers for the output: one exp an element, not two (what
+    # `epilogue` computes, without recomputing it).
+    var shifted = vals - row_max
+    var exps = exp_nan[acc, V * K](shifted)
+    var scale = row_scale[log_out, acc](
+        block_sum[acc, threads, block](exps.reduce_add())
     )
-    var scale = row_scale[log_out, acc](sum)
-    var out = epilogue[log_out, acc, V * K](vals, row_max, scale)
+    var out: SIMD[acc, V * K]
+    comptime if log_out:
+        out = shifted - scale
+    else:
+        out = exps * scale
 
     store_row_chunks[dtype, threads, V, K](y, out, len, t, vector_loads)
 

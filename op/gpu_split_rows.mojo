@@ -1,16 +1,34 @@
-"""Few very long rows: each row split across many blocks.
+"""Long rows split across blocks, in one launch that reads HBM about once.
 
 With 1-64 rows of a million elements, a block per row leaves most of the
-GPU idle. Here row r is cut into chunks of `SPLIT_CHUNK` elements, one block
-each (grid = chunks x rows):
+GPU idle, and rows past the on-chip kernel's capacity cannot be held by one
+block. Here row r is cut into chunks of `SPLIT_CHUNK` elements and the
+launch runs two kinds of work item, a block each:
 
-1. `split_partials_kernel`: each block writes its chunk's online pair
-   (max, sum of exp(x - max)) to a small scratch buffer;
-2. `split_normalize_kernel`: each block combines its row's pairs (a few
-   hundred floats, from L2) and normalises its own chunk.
+- partial (r, c): the online pair (max, sum of exp(x - max)) of chunk c of
+  row r goes to a scratch buffer, then the block counts itself in row r's
+  arrival counter (release);
+- normalize (r, c): wait until row r's counter reaches `chunks` (acquire),
+  fold the row's pairs (a few hundred floats) and write chunk c.
+
+A block takes its item by ticket (one atomic add), so items start in
+ticket order. The order interleaves the two kinds so that row r's
+normalize items come `lag` rows after its partial items, `lag` rows being
+about `L2_WINDOW_BYTES`: long enough that row r's partials have finished,
+short enough that its chunks are still in the 50 MB L2 when they are read
+again. HBM then sees one read and one write, as in the on-chip kernels.
+
+A normalize item waits only for partial items, which hold lower tickets
+(so they are already running) and never wait themselves: any grid size and
+any share of the GPU is safe, no co-residency is needed.
 """
 
-from max.gpu import block_idx, thread_idx
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
+from max.gpu.memory import AddressSpace
+from max.gpu.sync import barrier
+from std.atomic import Atomic, Ordering
+from std.memory import stack_allocation
+from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_online_rows import normalize_range, online_pair
@@ -19,93 +37,143 @@ from .row_math import accum_dtype, fold_pair, online_sum_guard, row_scale
 
 comptime SPLIT_THREADS = 512
 comptime SPLIT_CHUNK = 16384
+# Bytes of rows between a row's partial items and its normalize items:
+# about as much as the blocks resident on an H100 hold in flight (4 x 132
+# blocks x 64 KB = 33 MB, half of it written output), and with the output
+# written meanwhile still well inside the 50 MB L2.
+comptime L2_WINDOW_BYTES = 16 << 20
 
 
-def split_partials_kernel[
-    dtype: DType, V: Int
-](
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    n: Int64,
-    vector_flag: Int32,
-):
-    """Block (c, r) stores the online pair of chunk c of row r.
+@always_inline
+def split_chunks(n: Int) -> Int:
+    """Chunks (items of each kind) per row of length `n`."""
+    return (n + SPLIT_CHUNK - 1) // SPLIT_CHUNK
 
-    Args:
-        partials: `rows * chunks * 2` accumulators: (max, sum) per chunk.
-        src: Input rows of `n` elements.
-        n: Row length.
-        vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
+
+def split_lag(rows: Int, row_bytes: Int) -> Int:
+    """Rows between a row's partial and normalize items (1 to rows)."""
+    return max(1, min(rows, L2_WINDOW_BYTES // max(row_bytes, 1)))
+
+
+@always_inline
+def split_item(
+    ticket: Int, rows: Int, chunks: Int, lag: Int
+) -> Tuple[Bool, Int, Int]:
+    """(normalize?, row, chunk) of the item with this ticket.
+
+    Tickets go in units of `chunks` items: partial units of rows 0..lag-1,
+    then normalize(0), partial(lag), normalize(1), partial(lag + 1), ...,
+    and the last `lag` normalize units.
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var vector_loads = vector_flag != 0
-    var t = Int(thread_idx.x)
-    var c = Int(block_idx.x)
-    var r = Int(block_idx.y)
-    var len = Int(n)
-    var x = src.unsafe_offset(r * len)
-    var begin = c * SPLIT_CHUNK
-    var pair = online_pair[dtype, V, SPLIT_THREADS](
-        x, begin, min(len, begin + SPLIT_CHUNK), t, vector_loads
-    )
-    var total = block_max_sum[acc, SPLIT_THREADS](pair[0], pair[1])
-    if t == 0:
-        var at = (r * Int(grid_chunks(n)) + c) * 2
-        partials[unsafe_offset=at] = total[0]
-        partials[unsafe_offset=at + 1] = total[1]
+    var unit = ticket // chunks
+    var c = ticket % chunks
+    if unit < lag:
+        return (False, unit, c)
+    var v = unit - lag
+    var paired = rows - lag
+    if v < 2 * paired:
+        if v % 2 == 0:
+            return (True, v // 2, c)
+        return (False, lag + v // 2, c)
+    return (True, paired + v - 2 * paired, c)
 
 
-def split_normalize_kernel[
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SPLIT_THREADS))
+)
+def split_rows_kernel[
     dtype: DType, log_out: Bool, V: Int
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
+    counters: Pointer[Int32, MutAnyOrigin],
     partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    rows: Int64,
     n: Int64,
+    lag: Int64,
     vector_flag: Int32,
 ):
-    """Block (c, r) combines row r's pairs and writes chunk c of row r."""
+    """One work item per block; `2 * rows * split_chunks(n)` blocks.
+
+    Parameters:
+        dtype: Element type.
+        log_out: Write log-softmax instead of softmax.
+        V: Elements per 16-byte vector of `dtype`.
+
+    Args:
+        dst: Output rows.
+        src: Input rows of `n` elements.
+        counters: `1 + rows` zeroed counters: the ticket counter, then one
+            arrival counter per row.
+        partials: `rows * chunks * 2` accumulators, a (max, sum) per chunk.
+        rows: Number of rows.
+        n: Row length.
+        lag: `split_lag(rows, row bytes)`.
+        vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
+    """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var vector_loads = vector_flag != 0
+    comptime T = SPLIT_THREADS
+    comptime device = Atomic[Int32, scope="device"]
     var t = Int(thread_idx.x)
-    var c = Int(block_idx.x)
-    var r = Int(block_idx.y)
     var len = Int(n)
-    var chunks = Int(grid_chunks(n))
+    var chunks = split_chunks(len)
+    var vector_loads = vector_flag != 0
 
+    var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
+    if t == 0:
+        slot[] = device.fetch_add[ordering=Ordering.RELAXED](counters, 1)
+    barrier()
+    var item = split_item(Int(slot[]), Int(rows), chunks, Int(lag))
+    var r = item[1]
+    var c = item[2]
+    var x = src.unsafe_offset(r * len)
+    var begin = c * SPLIT_CHUNK
+    var end = min(len, begin + SPLIT_CHUNK)
+    var arrivals = counters.unsafe_offset(1 + r)
+
+    if not item[0]:  # partial
+        var pair = online_pair[dtype, V, T](x, begin, end, t, vector_loads)
+        var total = block_max_sum[acc, T](pair[0], pair[1])
+        if t == 0:
+            partials[unsafe_offset=(r * chunks + c) * 2] = total[0]
+            partials[unsafe_offset=(r * chunks + c) * 2 + 1] = total[1]
+            # Release: the pair is visible before the count announcing it.
+            _ = device.fetch_add[ordering=Ordering.RELEASE](arrivals, 1)
+        return
+
+    # normalize
+    if t == 0:
+        while Int(device.load[ordering=Ordering.ACQUIRE](arrivals)) < chunks:
+            continue
+    barrier()
+    # Pairs are read at device scope, past L1: this SM's L1 may hold a
+    # stale line of them from an earlier item of a neighbouring row.
+    comptime shared = Atomic[Scalar[acc], scope="device"]
     var m = -inf[acc]()
     var s = Scalar[acc](0)
-    for i in range(t, chunks, SPLIT_THREADS):
+    for i in range(t, chunks, T):
+        var at = partials.unsafe_offset((r * chunks + i) * 2)
         var folded = fold_pair[acc](
             m,
             s,
-            partials[unsafe_offset=(r * chunks + i) * 2],
-            partials[unsafe_offset=(r * chunks + i) * 2 + 1],
+            shared.load[ordering=Ordering.RELAXED](at),
+            shared.load[ordering=Ordering.RELAXED](at.unsafe_offset(1)),
         )
         m = folded[0]
         s = folded[1]
-    var total = block_max_sum[acc, SPLIT_THREADS](m, s)
+    var total = block_max_sum[acc, T](m, s)
     var row_max = total[0]
     var scale = row_scale[log_out, acc](
         online_sum_guard[acc](row_max, total[1])
     )
-
-    var begin = c * SPLIT_CHUNK
-    normalize_range[dtype, log_out, V, SPLIT_THREADS](
+    normalize_range[dtype, log_out, V, T](
         dst.unsafe_offset(r * len),
-        src.unsafe_offset(r * len),
+        x,
         begin,
-        min(len, begin + SPLIT_CHUNK),
+        end,
         t,
         vector_loads,
         row_max,
         scale,
     )
-
-
-@always_inline
-def grid_chunks(n: Int64) -> Int64:
-    """Chunks (blocks) per row of length `n`."""
-    return (n + SPLIT_CHUNK - 1) // SPLIT_CHUNK

@@ -20,7 +20,6 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             "smem",
             "online",
             "split",
-            "split_onchip",
         ]:
             softmax_rows["gpu", dtype, log_out, variant](
                 ctx, dst, src, 4, 1000, 1

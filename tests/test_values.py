@@ -104,12 +104,11 @@ VARIANT_CASES = [
     ("online", (3, 100003)),
     ("split", (3, 1000)),
     ("split", (2, (1 << 20) + 3)),
-    ("split_onchip", (3, 1000)),
-    ("split_onchip", (2, 16384)),  # one chunk exactly
-    ("split_onchip", (2, 16385)),
-    ("split_onchip", (5, 50257)),  # unaligned rows: scalar loads
-    ("split_onchip", (2, (1 << 20) + 3)),
-    ("split_onchip", (300, 40000)),  # more chunks than fit the GPU at once
+    ("split", (2, 16384)),  # one chunk exactly
+    ("split", (2, 16385)),
+    ("split", (5, 50257)),  # unaligned rows: scalar loads
+    ("split", (300, 40000)),  # more rows than the L2 window: lag < rows
+    ("split", (40, 1 << 20)),  # lag 4 rows (float32) of 40
 ]
 
 # Rows whose chunks (16384 elements for float32 and bfloat16) differ: one
@@ -125,7 +124,7 @@ CHUNK_PATTERNS = {
 
 
 @GPU_SKIP
-@pytest.mark.parametrize("variant", ["split", "split_onchip", "auto"])
+@pytest.mark.parametrize("variant", ["split", "auto"])
 @pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
 def test_gpu_split_chunk_patterns(rng, variant, pattern):
     first, rest = CHUNK_PATTERNS[pattern]
@@ -153,7 +152,7 @@ def test_gpu_variants(rng, variant, shape, dtype, op):
 @pytest.mark.parametrize("n", [32769, 50257, 74240, 74241, 148480, 148481])
 def test_gpu_many_long_rows(rng, n, dtype):
     """Enough rows (>= 264) that "auto" picks the one-block-a-row on-chip
-    kernel up to its capacity and the split on-chip kernel past it."""
+    kernel up to its capacity and the split kernel past it."""
     x = random_logits(rng, (264, n), dtype)
     assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
 

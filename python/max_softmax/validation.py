@@ -39,7 +39,6 @@ VARIANTS: tuple[str, ...] = (
     "smem",
     "online",
     "split",
-    "split_onchip",
 )
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
