@@ -10,7 +10,13 @@
 #   gpu_tree_rows.mojo      baseline: block per row, shared-memory tree reduction
 #   gpu_register_rows.mojo  short and medium rows held in registers
 #                           (a warp per row, or a block per row)
-#   gpu_online_rows.mojo    long rows: online max/sum pass, then a normalising pass
-#   gpu_split_rows.mojo     few very long rows: each row split across many blocks
+#   gpu_smem_rows.mojo      long rows (to ~74K fp32): a block per row, on chip in
+#                           registers + shared memory, read once
+#   gpu_split_rows.mojo     few or very long rows: each row split across many
+#                           blocks in one launch, re-read from L2
+#   gpu_online_rows.mojo    baseline for long rows: online max/sum pass, then a
+#                           normalising pass, a block per row
+#   gpu_backward_rows.mojo  softmax/log-softmax backward kernels
 #   gpu_strided_rows.mojo   softmax over an axis that is not the last one
 #   cpu_rows.mojo           vectorized, multithreaded CPU kernels
+#   cpu_backward.mojo       the backward ops on the CPU
