@@ -63,16 +63,16 @@ def backward_register_kernel[
         row = 0
     var base = row * Int(n)
     # Padding 0 adds 0 to either row sum (dy * y, or dy).
-    var av = load_row_chunks[dtype, threads, V, K](
+    var av = load_row_chunks[dtype, threads, V, K, acc](
         a.unsafe_offset(base), len, t, vector_loads, 0
     )
-    var gv = load_row_chunks[dtype, threads, V, K](
+    var gv = load_row_chunks[dtype, threads, V, K, acc](
         dy.unsafe_offset(base), len, t, vector_loads, 0
     )
     var total = block_sum[acc, threads, block](
         backward_term[log_in, acc, V * K](av, gv).reduce_add()
     )
-    store_row_chunks[dtype, threads, V, K](
+    store_row_chunks[dtype, threads, V, K, acc](
         dx.unsafe_offset(base),
         backward_out[log_in, acc, V * K](av, gv, total),
         len,

@@ -22,11 +22,12 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, exp_nan, row_scale
+from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 
 comptime MIN_BLOCK_THREADS = 128
 # 32-bit registers of row values one thread may hold. With launch bounds of
@@ -77,10 +78,25 @@ def block_threads[threads: Int]() -> Int:
     return max(threads, MIN_BLOCK_THREADS)
 
 
+def min_blocks_per_sm[dtype: DType, threads: Int, K: Int]() -> Int:
+    """Blocks of the register kernel an SM must be able to hold.
+
+    16-bit rows move half the bytes per element, so an SM needs twice the
+    elements in flight to keep HBM busy: with at most 32 registers of row
+    values a thread (K <= 4; with 8, 64 registers spill), ask for 1024
+    resident threads (64 registers each).
+    Otherwise (1) the compiler chooses, and it took 80-128 registers.
+    """
+    if size_of[dtype]() == 2 and 4 * K <= 16:
+        return max(1, 1024 // block_threads[threads]())
+    return 1
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
         Int32(block_threads[threads]())
-    )
+    ),
+    `nvvm.minctasm`=SIMDLength(min_blocks_per_sm[dtype, threads, K]()),
 )
 def register_rows_kernel[
     dtype: DType,
@@ -133,68 +149,73 @@ def register_rows_kernel[
         row = 0
     var x = src.unsafe_offset(row * Int(n))
     var y = dst.unsafe_offset(row * Int(n))
-    var vals = load_row_chunks[dtype, threads, V, K](
-        x, len, t, vector_loads, -inf[acc]()
+    # The row stays in registers in its own dtype: a 16-bit row takes half
+    # the registers it would widened, so twice the rows (and bytes in
+    # flight) fit an SM. Each phase widens one chunk at a time.
+    var raw = load_row_chunks[dtype, threads, V, K, dtype](
+        x, len, t, vector_loads, -inf[dtype]()
     )
-
-    var row_max = block_max[acc, threads, block](vals.reduce_max())
+    var m = -inf[acc]()
+    comptime for k in range(K):
+        m = max(m, raw.slice[V, offset=k * V]().cast[acc]().reduce_max())
+    var row_max = block_max[acc, threads, block](m)
     # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
-    # (row_max == -inf), and that row is NaN anyway. The exps stay in
-    # registers for the output: one exp an element, not two (what
-    # `epilogue` computes, without recomputing it).
-    var shifted = vals - row_max
-    var exps = exp_nan[acc, V * K](shifted)
-    var scale = row_scale[log_out, acc](
-        block_sum[acc, threads, block](exps.reduce_add())
-    )
-    var out: SIMD[acc, V * K]
-    comptime if log_out:
-        out = shifted - scale
-    else:
-        out = exps * scale
-
-    store_row_chunks[dtype, threads, V, K](y, out, len, t, vector_loads)
+    # (row_max == -inf), and that row is NaN anyway.
+    var s = Scalar[acc](0)
+    comptime for k in range(K):
+        s += exp_nan[acc, V](
+            raw.slice[V, offset=k * V]().cast[acc]() - row_max
+        ).reduce_add()
+    var scale = row_scale[log_out, acc](block_sum[acc, threads, block](s))
+    var out = SIMD[dtype, V * K](0)
+    comptime for k in range(K):
+        out = out.insert[offset=k * V](
+            epilogue[log_out, acc, V](
+                raw.slice[V, offset=k * V]().cast[acc](), row_max, scale
+            ).cast[dtype]()
+        )
+    store_row_chunks[dtype, threads, V, K, dtype](y, out, len, t, vector_loads)
 
 
 @always_inline
 def load_row_chunks[
-    dtype: DType, threads: Int, V: Int, K: Int
+    dtype: DType, threads: Int, V: Int, K: Int, reg: DType
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     len: Int,
     t: Int,
     vector_loads: Bool,
-    pad: Scalar[accum_dtype[dtype]()],
-) -> SIMD[accum_dtype[dtype](), V * K]:
+    pad: Scalar[reg],
+) -> SIMD[reg, V * K]:
     """Thread t's K chunks of a row of `len` (see the module docstring for
-    which elements), in the accumulator type; `pad` past the row's end."""
-    comptime acc = accum_dtype[dtype]()
-    var vals = SIMD[acc, V * K](pad)
+    which elements), as `reg` (the row's dtype or the accumulator type);
+    `pad` past the row's end."""
+    var vals = SIMD[reg, V * K](pad)
     comptime for k in range(K):
-        var chunk = SIMD[acc, V](pad)
+        var chunk = SIMD[reg, V](pad)
         if vector_loads:
             var e0 = (k * threads + t) * V
             if e0 < len:
                 chunk = (
                     x.unsafe_offset(e0)
                     .unsafe_load[width=V, alignment=16]()
-                    .cast[acc]()
+                    .cast[reg]()
                 )
         else:
             comptime for v in range(V):
                 var e = (k * V + v) * threads + t
                 if e < len:
-                    chunk[v] = x[unsafe_offset=e].cast[acc]()
+                    chunk[v] = x[unsafe_offset=e].cast[reg]()
         vals = vals.insert[offset=k * V](chunk)
     return vals
 
 
 @always_inline
 def store_row_chunks[
-    dtype: DType, threads: Int, V: Int, K: Int
+    dtype: DType, threads: Int, V: Int, K: Int, reg: DType
 ](
     y: Pointer[Scalar[dtype], MutAnyOrigin],
-    vals: SIMD[accum_dtype[dtype](), V * K],
+    vals: SIMD[reg, V * K],
     len: Int,
     t: Int,
     vector_loads: Bool,
