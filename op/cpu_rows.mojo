@@ -8,7 +8,6 @@ along the contiguous inner dimension and every load is still a vector load.
 
 from max.algorithm import sync_parallelize
 from std.math import ceildiv
-from std.memory import stack_allocation
 from std.sys import simd_width_of, size_of
 from std.utils.numerics import inf
 
@@ -19,9 +18,6 @@ from .row_math import accum_dtype, epilogue, exp_nan, row_scale
 comptime TASK_ELEMENTS = 1 << 15
 # Terms summed in one accumulator before it is folded into the total.
 comptime SUM_BLOCK = 1024
-# float32 exps of a 16-bit row parked on the task's stack (32 KB): rows up
-# to this length compute exp once instead of twice.
-comptime SCRATCH_ELEMENTS = 8192
 
 
 def softmax_cpu[
@@ -67,8 +63,17 @@ def _contiguous_rows[
     var tasks = ceildiv(rows, rows_per_task)
     var n_vec = n - n % W
 
+    # Softmax parks the exps and rescales them in the last sweep instead of
+    # computing exp twice: 32/64-bit types in dst; 16-bit types in a float32
+    # scratch row per task (parking them in dst would round twice).
+    comptime park_in_dst = not log_out and size_of[dtype]() >= 4
+    comptime park_in_scratch = not log_out and size_of[dtype]() < 4
+
     def task(t: Int) raises {imm}:
-        var scratch = stack_allocation[SCRATCH_ELEMENTS, Scalar[acc]]()
+        var scratch_row = List[Scalar[acc]](
+            capacity=n if park_in_scratch else 0
+        )
+        var scratch = scratch_row.unsafe_ptr()
         for r in range(t * rows_per_task, min(rows, (t + 1) * rows_per_task)):
             var x = src.unsafe_offset(r * n)
             var y = dst.unsafe_offset(r * n)
@@ -82,13 +87,6 @@ def _contiguous_rows[
             for j in range(n_vec, n):
                 m = max(m, x[unsafe_offset=j].cast[acc]())
 
-            # Sum of exp(x - m). Softmax parks the exps and rescales them in
-            # the last sweep instead of computing exp twice: 32/64-bit types
-            # in dst; 16-bit types in a float32 scratch row on the stack
-            # (parking them in dst would round twice), where the row fits.
-            comptime park_in_dst = not log_out and size_of[dtype]() >= 4
-            comptime park_in_scratch = not log_out and size_of[dtype]() < 4
-            var use_scratch = park_in_scratch and n <= SCRATCH_ELEMENTS
             # Blocked summation: float32 lanes each add at most SUM_BLOCK / W
             # terms before folding into the row total, so a 1M-long row keeps
             # ~1e-6 relative error instead of ~1e-4.
@@ -103,8 +101,7 @@ def _contiguous_rows[
                     comptime if park_in_dst:
                         y.unsafe_offset(j).unsafe_store(e.cast[dtype]())
                     elif park_in_scratch:
-                        if use_scratch:
-                            scratch.unsafe_offset(j).unsafe_store(e)
+                        scratch.unsafe_offset(j).unsafe_store(e)
                     sv += e
                 s += sv.reduce_add()
             for j in range(n_vec, n):
@@ -112,8 +109,7 @@ def _contiguous_rows[
                 comptime if park_in_dst:
                     y[unsafe_offset=j] = e.cast[dtype]()
                 elif park_in_scratch:
-                    if use_scratch:
-                        scratch[unsafe_offset=j] = e
+                    scratch[unsafe_offset=j] = e
                 s += e
 
             var scale = row_scale[log_out, acc](s)
@@ -123,36 +119,32 @@ def _contiguous_rows[
                         y.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
                     )
                     y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
+                elif park_in_scratch:
+                    var e = scratch.unsafe_offset(j).unsafe_load[width=W]()
+                    y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
                 else:
-                    if use_scratch:
-                        var e = scratch.unsafe_offset(j).unsafe_load[width=W]()
-                        y.unsafe_offset(j).unsafe_store(
-                            (e * scale).cast[dtype]()
-                        )
-                    else:
-                        var v = (
-                            x.unsafe_offset(j)
-                            .unsafe_load[width=W]()
-                            .cast[acc]()
-                        )
-                        y.unsafe_offset(j).unsafe_store(
-                            epilogue[log_out, acc, W](v, m, scale).cast[dtype]()
-                        )
+                    var v = (
+                        x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+                    )
+                    y.unsafe_offset(j).unsafe_store(
+                        epilogue[log_out, acc, W](v, m, scale).cast[dtype]()
+                    )
             for j in range(n_vec, n):
                 comptime if park_in_dst:
                     y[unsafe_offset=j] = (
                         y[unsafe_offset=j].cast[acc]() * scale
                     ).cast[dtype]()
+                elif park_in_scratch:
+                    y[unsafe_offset=j] = (
+                        scratch[unsafe_offset=j] * scale
+                    ).cast[dtype]()
                 else:
-                    if use_scratch:
-                        y[unsafe_offset=j] = (
-                            scratch[unsafe_offset=j] * scale
-                        ).cast[dtype]()
-                    else:
-                        var v = x[unsafe_offset=j].cast[acc]()
-                        y[unsafe_offset=j] = epilogue[log_out, acc, 1](
-                            v, m, scale
-                        ).cast[dtype]()
+                    var v = x[unsafe_offset=j].cast[acc]()
+                    y[unsafe_offset=j] = epilogue[log_out, acc, 1](
+                        v, m, scale
+                    ).cast[dtype]()
+
+        _ = scratch_row^
 
     sync_parallelize(task, tasks)
 
