@@ -41,7 +41,12 @@ comptime MAX_ROW_REGISTERS = 64
 def chunk_registers(V: Int) -> Int:
     """32-bit registers one 16-byte chunk takes in the accumulator type: 4
     for float32 and for float64 (2 doubles), 8 for 16-bit types widened to
-    float32."""
+    float32.
+
+    The backward kernel holds its rows widened. The forward kernel holds
+    them raw (4 registers a chunk) but its plans are still chosen by this
+    widened count, so each row length keeps the plan that was measured.
+    """
     return max(V, 4)
 
 
@@ -82,10 +87,10 @@ def min_blocks_per_sm[dtype: DType, threads: Int, K: Int]() -> Int:
     """Blocks of the register kernel an SM must be able to hold.
 
     16-bit rows move half the bytes per element, so an SM needs twice the
-    elements in flight to keep HBM busy: with at most 32 registers of row
-    values a thread (K <= 4; with 8, 64 registers spill), ask for 1024
-    resident threads (64 registers each).
-    Otherwise (1) the compiler chooses, and it took 80-128 registers.
+    elements in flight to keep HBM busy. Plans of at most 4 chunks a thread
+    (16 registers of raw row values) ask for 1024 resident threads, which
+    caps them at 64 registers; at 8 chunks that cap spills. Otherwise (1)
+    the compiler chooses, and it took 80-128 registers.
     """
     if size_of[dtype]() == 2 and 4 * K <= 16:
         return max(1, 1024 // block_threads[threads]())
