@@ -13,7 +13,7 @@ Method (the same for every provider, so the numbers compare):
 - On the GPU with torch installed (`--timer device`, the default there) the
   time reported is instead the GPU's own: the union of every kernel, memcpy
   and memset span CUPTI records during the K calls, divided by K (see
-  device_timer.py). MAX adds ~14 µs of host work per graph op, which the
+  device_timer.py). MAX adds 7-16 µs of host work per graph op (H100), which the
   wall-clock marginal time counts and CUDA-event-timed peers do not; the
   wall-clock figure stays in the JSON (`extra.wall_us`, `extra.wall_gbps`).
 - GB/s = bytes that must move (read input + write output = 2 x tensor

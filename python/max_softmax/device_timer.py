@@ -1,7 +1,7 @@
 """GPU busy time of a call, from CUPTI's device timestamps (torch.profiler).
 
 Wall-clock time around K ops of a MAX graph includes MAX's per-op host
-work: on the H100 about 14 µs an op, which is most of the time of a 16 MB
+work: on the H100 7-16 µs an op, as much as the kernel of a 16 MB
 softmax. CUPTI records every kernel, memcpy and memset the process runs on
 the GPU, whichever library launched it (MAX, torch, Triton, JAX), with the
 GPU's own start and end times. The union of those spans is the time the GPU
