@@ -2,10 +2,10 @@
 
 Rows too long for the register kernels (over 32K values) but short enough
 for one SM (up to ~74K float32 or ~149K 16-bit values) get a block of
-512 or 1024 threads each (`smem_threads_for`). The first sweep streams the row from global
-memory once, in 16-byte vectors: each thread keeps its first `REG_CHUNKS`
-vectors in registers, the rest of the row goes to dynamic shared memory
-(up to 227 KB). Then max and sum are reduced over the on-chip copy and the
+512 or 1024 threads each (`smem_threads_for`). The first sweep streams the
+row from global memory once, in 16-byte vectors: each thread keeps its
+first `REG_CHUNKS` vectors in registers, the rest of the row goes to
+dynamic shared memory (up to 227 KB). Then max and sum are reduced over the on-chip copy and the
 result written, so the row crosses HBM once each way, as in the register
 kernels, instead of twice on the way in as in the online kernel.
 
@@ -40,9 +40,11 @@ comptime REG_CHUNKS = 4
 comptime UNROLL = 4
 # Dynamic shared memory for the row: an H100 block may have 227 KB (232448
 # bytes) in all, and the block reductions' static slots need some of it.
-comptime SMEM_MAX_BYTES = 232448 - 1024
+comptime BLOCK_SMEM_BYTES = 232448
+comptime STATIC_SMEM_BYTES = 1024
+comptime SMEM_MAX_BYTES = BLOCK_SMEM_BYTES - STATIC_SMEM_BYTES
 # What each of two blocks an SM may take.
-comptime SMEM_HALF_BYTES = 232448 // 2 - 1024
+comptime SMEM_HALF_BYTES = BLOCK_SMEM_BYTES // 2 - STATIC_SMEM_BYTES
 
 
 def smem_bytes_for(n: Int, V: Int, threads: Int) -> Int:
