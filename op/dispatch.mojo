@@ -48,6 +48,14 @@ from .gpu_smem_rows import (
     smem_rows_kernel,
     smem_threads_for,
 )
+from .gpu_split_smem_rows import (
+    SPLIT_SMEM_MAX_CHUNKS,
+    SPLIT_SMEM_SHARED_BYTES,
+    SPLIT_SMEM_THREADS,
+    split_smem_chunk,
+    split_smem_chunks,
+    split_smem_rows_kernel,
+)
 from .gpu_split_rows import (
     SPLIT_THREADS,
     split_chunks,
@@ -71,6 +79,8 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
         return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
         return "smem"
+    if split_smem_chunks(n, 16 // V) <= SPLIT_SMEM_MAX_CHUNKS:
+        return "split_smem"
     return "split"
 
 
@@ -234,6 +244,39 @@ def _launch_gpu[
             grid_dim=rows,
             block_dim=ONLINE_THREADS,
         )
+    elif family == "split_smem":
+        comptime acc = accum_dtype[dtype]()
+        comptime assert acc.is_floating_point()
+        var chunks = split_smem_chunks(n, size_of[dtype]())
+        if chunks > SPLIT_SMEM_MAX_CHUNKS:
+            raise Error(
+                "max_softmax: variant 'split_smem' handles rows up to "
+                + String(
+                    SPLIT_SMEM_MAX_CHUNKS * split_smem_chunk(size_of[dtype]())
+                )
+                + " elements, got "
+                + String(n)
+            )
+        var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
+        ctx.enqueue_memset(counters, 0)
+        var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
+        comptime kernel = split_smem_rows_kernel[dtype, log_out, V]
+        ctx.enqueue_function[kernel](
+            dst,
+            src,
+            rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+            rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+            Int64(n),
+            Int32(1) if aligned else Int32(0),
+            grid_dim=rows * chunks,
+            block_dim=SPLIT_SMEM_THREADS,
+            shared_mem_bytes=SPLIT_SMEM_SHARED_BYTES,
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                UInt32(SPLIT_SMEM_SHARED_BYTES)
+            ),
+        )
+        _ = counters^
+        _ = partials^
     elif family == "split":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()

@@ -20,7 +20,13 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.memory import AddressSpace, external_memory
+from max.gpu.memory import (
+    AddressSpace,
+    async_copy,
+    async_copy_commit_group,
+    async_copy_wait_all,
+    external_memory,
+)
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
@@ -36,8 +42,6 @@ comptime SMEM_THREADS = 1024
 comptime SMEM_HALF_THREADS = 512
 # 16-byte vectors per thread held in registers (raw dtype: 16 registers).
 comptime REG_CHUNKS = 4
-# Vectors each thread loads at once while filling shared memory.
-comptime UNROLL = 4
 # Dynamic shared memory for the row: an H100 block may have 227 KB (232448
 # bytes) in all, and the block reductions' static slots need some of it.
 comptime BLOCK_SMEM_BYTES = 232448
@@ -108,7 +112,20 @@ def smem_rows_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
 
-    # Sweep 1: global -> registers / shared memory, and the row max.
+    # Sweep 1: global -> registers / shared memory, and the row max. The
+    # shared-memory part goes first, by cp.async: all of it in flight at
+    # once without holding registers, while the register part loads. Each
+    # thread reads back only the vectors it copied, so waiting for its own
+    # copies is enough (no barrier).
+    var gx = x.unsafe_offset(head).unsafe_address_space_cast[
+        AddressSpace.GLOBAL
+    ]()
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        async_copy[16](
+            gx.unsafe_offset(i * V),
+            smem.unsafe_offset((i - REG_CHUNKS * T) * V),
+        )
+    async_copy_commit_group()
     var m = -inf[acc]()
     var regs = SIMD[dtype, V * REG_CHUNKS](0)
     comptime for k in range(REG_CHUNKS):
@@ -119,25 +136,12 @@ def smem_rows_kernel[
             ]()
             regs = regs.insert[offset=k * V](v)
             m = max(m, v.cast[acc]().reduce_max())
-    # UNROLL loads in flight per thread before their stores: with one
-    # block per SM, that is what keeps enough bytes in flight to HBM.
-    for i0 in range(REG_CHUNKS * T + t, nvec, UNROLL * T):
-        var batch = SIMD[dtype, V * UNROLL](0)
-        comptime for u in range(UNROLL):
-            if i0 + u * T < nvec:
-                batch = batch.insert[offset=u * V](
-                    x.unsafe_offset(head + (i0 + u * T) * V).unsafe_load[
-                        width=V, alignment=16
-                    ]()
-                )
-        comptime for u in range(UNROLL):
-            var i = i0 + u * T
-            if i < nvec:
-                var v = batch.slice[V, offset=u * V]()
-                smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_store[
-                    alignment=16
-                ](v)
-                m = max(m, v.cast[acc]().reduce_max())
+    async_copy_wait_all()
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        m = max(m, v.cast[acc]().reduce_max())
     # Head and tail: fewer than V elements each, unless the row is scalar.
     var edge = SIMD[acc, 2](-inf[acc]())
     if t < head and head < V:

@@ -46,6 +46,85 @@ comptime SPLIT_CHUNK = 16384
 comptime L2_WINDOW_BYTES = 16 << 20
 
 
+# The pieces both split kernels share: tickets, per-chunk pairs, arrivals.
+# counters[0] is the ticket counter, counters[1 + r] row r's arrivals;
+# partials holds a (max, sum) per chunk, row-major.
+comptime DeviceCounter = Atomic[Int32, scope="device"]
+
+
+@always_inline
+def take_ticket(counters: Pointer[Int32, MutAnyOrigin]) -> Int:
+    """The block's ticket: blocks start work in ticket order, which block
+    indices do not promise."""
+    var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
+    if thread_idx.x == 0:
+        slot[] = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](counters, 1)
+    barrier()
+    return Int(slot[])
+
+
+@always_inline
+def publish_pair[
+    acc: DType
+](
+    counters: Pointer[Int32, MutAnyOrigin],
+    partials: Pointer[Scalar[acc], MutAnyOrigin],
+    r: Int,
+    chunks: Int,
+    c: Int,
+    chunk_max: Scalar[acc],
+    chunk_sum: Scalar[acc],
+):
+    """Store chunk c's pair, then count it in row r's arrivals."""
+    if thread_idx.x == 0:
+        partials[unsafe_offset=(r * chunks + c) * 2] = chunk_max
+        partials[unsafe_offset=(r * chunks + c) * 2 + 1] = chunk_sum
+        # Release: the pair is visible before the count announcing it.
+        _ = DeviceCounter.fetch_add[ordering=Ordering.RELEASE](
+            counters.unsafe_offset(1 + r), 1
+        )
+
+
+@always_inline
+def wait_for_row(counters: Pointer[Int32, MutAnyOrigin], r: Int, chunks: Int):
+    """Block until all `chunks` pairs of row r are published."""
+    if thread_idx.x == 0:
+        var arrivals = counters.unsafe_offset(1 + r)
+        while (
+            Int(DeviceCounter.load[ordering=Ordering.ACQUIRE](arrivals))
+            < chunks
+        ):
+            continue
+    barrier()
+
+
+@always_inline
+def row_pair[
+    acc: DType, T: Int
+](partials: Pointer[Scalar[acc], MutAnyOrigin], r: Int, chunks: Int) -> Tuple[
+    Scalar[acc], Scalar[acc]
+]:
+    """Row r's (max, sum of exp(x - max)), folded from its chunks' pairs by
+    a block of T threads (after `wait_for_row`)."""
+    # Pairs are read at device scope, past L1: this SM's L1 may hold a
+    # stale line of them from an earlier block of a neighbouring row.
+    comptime shared = Atomic[Scalar[acc], scope="device"]
+    var t = Int(thread_idx.x)
+    var m = -inf[acc]()
+    var s = Scalar[acc](0)
+    for i in range(t, chunks, T):
+        var at = partials.unsafe_offset((r * chunks + i) * 2)
+        var folded = fold_pair[acc](
+            m,
+            s,
+            shared.load[ordering=Ordering.RELAXED](at),
+            shared.load[ordering=Ordering.RELAXED](at.unsafe_offset(1)),
+        )
+        m = folded[0]
+        s = folded[1]
+    return block_max_sum[acc, T](m, s)
+
+
 @always_inline
 def split_chunks(n: Int) -> Int:
     """Chunks (items of each kind) per row of length `n`."""
@@ -116,55 +195,26 @@ def split_rows_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime T = SPLIT_THREADS
-    comptime device = Atomic[Int32, scope="device"]
     var t = Int(thread_idx.x)
     var len = Int(n)
     var chunks = split_chunks(len)
     var vector_loads = vector_flag != 0
 
-    var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
-    if t == 0:
-        slot[] = device.fetch_add[ordering=Ordering.RELAXED](counters, 1)
-    barrier()
-    var item = split_item(Int(slot[]), Int(rows), chunks, Int(lag))
+    var item = split_item(take_ticket(counters), Int(rows), chunks, Int(lag))
     var r = item[1]
     var c = item[2]
     var x = src.unsafe_offset(r * len)
     var begin = c * SPLIT_CHUNK
     var end = min(len, begin + SPLIT_CHUNK)
-    var arrivals = counters.unsafe_offset(1 + r)
 
     if not item[0]:  # partial
         var pair = online_pair[dtype, V, T](x, begin, end, t, vector_loads)
         var total = block_max_sum[acc, T](pair[0], pair[1])
-        if t == 0:
-            partials[unsafe_offset=(r * chunks + c) * 2] = total[0]
-            partials[unsafe_offset=(r * chunks + c) * 2 + 1] = total[1]
-            # Release: the pair is visible before the count announcing it.
-            _ = device.fetch_add[ordering=Ordering.RELEASE](arrivals, 1)
+        publish_pair(counters, partials, r, chunks, c, total[0], total[1])
         return
 
-    # normalize
-    if t == 0:
-        while Int(device.load[ordering=Ordering.ACQUIRE](arrivals)) < chunks:
-            continue
-    barrier()
-    # Pairs are read at device scope, past L1: this SM's L1 may hold a
-    # stale line of them from an earlier item of a neighbouring row.
-    comptime shared = Atomic[Scalar[acc], scope="device"]
-    var m = -inf[acc]()
-    var s = Scalar[acc](0)
-    for i in range(t, chunks, T):
-        var at = partials.unsafe_offset((r * chunks + i) * 2)
-        var folded = fold_pair[acc](
-            m,
-            s,
-            shared.load[ordering=Ordering.RELAXED](at),
-            shared.load[ordering=Ordering.RELAXED](at.unsafe_offset(1)),
-        )
-        m = folded[0]
-        s = folded[1]
-    var total = block_max_sum[acc, T](m, s)
+    wait_for_row(counters, r, chunks)
+    var total = row_pair[acc, T](partials, r, chunks)
     var row_max = total[0]
     var scale = row_scale[log_out, acc](
         online_sum_guard[acc](row_max, total[1])

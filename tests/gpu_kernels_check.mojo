@@ -20,6 +20,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             "smem",
             "online",
             "split",
+            "split_smem",
         ]:
             softmax_rows["gpu", dtype, log_out, variant](
                 ctx, dst, src, 4, 1000, 1

@@ -47,15 +47,20 @@ def test_gpu_requested_without_gpu():
 
 
 @pytest.mark.skipif(not max_softmax.gpu_available(), reason="no GPU: MAX finds no accelerator")
-def test_variant_too_short_for_row_on_gpu():
-    x = np.ones((2, 5000), dtype=np.float32)
+@pytest.mark.parametrize(
+    "variant,capacity",
+    [("warp", 512), ("split_smem", 128 * 16384)],  # 128 chunks of 64 KB
+)
+def test_variant_too_short_for_row_on_gpu(variant, capacity):
+    n = capacity + 1
+    x = np.ones((2, n), dtype=np.float32)
     with pytest.raises(
-        ValueError, match="variant 'warp' handles rows up to 512 elements, got 5000"
+        ValueError, match=f"variant '{variant}' handles rows up to {capacity} elements, got {n}"
     ):
-        max_softmax.softmax(x, device="gpu", variant="warp")
+        max_softmax.softmax(x, device="gpu", variant=variant)
     # The model stays usable after the error.
     y = max_softmax.softmax(x, device="gpu")
-    np.testing.assert_allclose(y, 1 / 5000, rtol=1e-6)
+    np.testing.assert_allclose(y, 1 / n, rtol=1e-6)
 
 
 @pytest.mark.skipif(max_softmax.gpu_available(), reason="a GPU is present")

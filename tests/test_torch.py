@@ -60,7 +60,7 @@ def test_bad_dtype():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n", [1000, 50257])
+@pytest.mark.parametrize("n", [1000, 50257, 131073])
 def test_unaligned_storage(device, n):
     """A contiguous view starting 4 bytes into its storage: the kernels must
     not issue 16-byte vector loads there."""

@@ -109,6 +109,15 @@ VARIANT_CASES = [
     ("split", (5, 50257)),  # unaligned rows: scalar loads
     ("split", (300, 40000)),  # more rows than the L2 window: lag < rows
     ("split", (40, 1 << 20)),  # lag 4 rows (float32) of 40
+    # Chunks of 64 KB: 16384 float32 or 32768 16-bit values.
+    ("split_smem", (3, 1000)),
+    ("split_smem", (2, 32768)),  # two float32 chunks, one 16-bit chunk exactly
+    ("split_smem", (2, 32769)),
+    ("split_smem", (5, 50257)),  # unaligned rows: scalar head and tail
+    ("split_smem", (3, (1 << 20) + 3)),
+    ("split_smem", (40, 1 << 20)),  # more rows than fit on chip at once
+    ("split_smem", (1, 128 * 16384)),  # float32 capacity: 128 chunks
+    ("split_smem", (300, 40000)),
 ]
 
 # Rows whose chunks (16384 elements for float32 and bfloat16) differ: one
@@ -124,7 +133,7 @@ CHUNK_PATTERNS = {
 
 
 @GPU_SKIP
-@pytest.mark.parametrize("variant", ["split", "auto"])
+@pytest.mark.parametrize("variant", ["split", "split_smem", "auto"])
 @pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
 def test_gpu_split_chunk_patterns(rng, variant, pattern):
     first, rest = CHUNK_PATTERNS[pattern]
@@ -154,6 +163,16 @@ def test_gpu_many_long_rows(rng, n, dtype):
     """Enough rows (>= 264) that "auto" picks the one-block-a-row on-chip
     kernel up to its capacity and the split kernel past it."""
     x = random_logits(rng, (264, n), dtype)
+    assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype,chunk", [("float32", 16384), ("bfloat16", 32768)])
+@pytest.mark.parametrize("extra", [0, 5])
+def test_gpu_rows_past_split_smem(rng, dtype, chunk, extra):
+    """ "auto" holds rows of up to 128 chunks on chip (split_smem) and
+    re-reads longer ones from L2 (split)."""
+    x = random_logits(rng, (2, 128 * chunk + extra), dtype)
     assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
 
 

@@ -39,6 +39,7 @@ VARIANTS: tuple[str, ...] = (
     "smem",
     "online",
     "split",
+    "split_smem",
 )
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
