@@ -49,12 +49,11 @@ from .gpu_smem_rows import (
     smem_threads_for,
 )
 from .gpu_split_smem_rows import (
-    SPLIT_SMEM_MAX_CHUNKS,
-    SPLIT_SMEM_SHARED_BYTES,
     SPLIT_SMEM_THREADS,
-    split_smem_chunk,
-    split_smem_chunks,
+    split_smem_capacity,
+    split_smem_chunk_bytes,
     split_smem_rows_kernel,
+    split_smem_shared_bytes,
 )
 from .gpu_split_rows import (
     SPLIT_THREADS,
@@ -79,7 +78,7 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
         return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
         return "smem"
-    if split_smem_chunks(n, 16 // V) <= SPLIT_SMEM_MAX_CHUNKS:
+    if n <= split_smem_capacity(16 // V):
         return "split_smem"
     return "split"
 
@@ -244,37 +243,45 @@ def _launch_gpu[
             grid_dim=rows,
             block_dim=ONLINE_THREADS,
         )
-    elif family == "split_smem":
+    elif family == "split_smem" or family == "split_smem512":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()
-        var chunks = split_smem_chunks(n, size_of[dtype]())
-        if chunks > SPLIT_SMEM_MAX_CHUNKS:
+        if n > split_smem_capacity(size_of[dtype]()):
             raise Error(
-                "max_softmax: variant 'split_smem' handles rows up to "
-                + String(
-                    SPLIT_SMEM_MAX_CHUNKS * split_smem_chunk(size_of[dtype]())
-                )
+                "max_softmax: variant '"
+                + family
+                + "' handles rows up to "
+                + String(split_smem_capacity(size_of[dtype]()))
                 + " elements, got "
                 + String(n)
             )
+        var threads = SPLIT_SMEM_THREADS if family == "split_smem" else 512
+        var chunks = ceildiv(
+            n * size_of[dtype](), split_smem_chunk_bytes(threads)
+        )
         var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
         ctx.enqueue_memset(counters, 0)
         var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
-        comptime kernel = split_smem_rows_kernel[dtype, log_out, V]
-        ctx.enqueue_function[kernel](
-            dst,
-            src,
-            rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
-            rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
-            Int64(n),
-            Int32(1) if aligned else Int32(0),
-            grid_dim=rows * chunks,
-            block_dim=SPLIT_SMEM_THREADS,
-            shared_mem_bytes=SPLIT_SMEM_SHARED_BYTES,
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                UInt32(SPLIT_SMEM_SHARED_BYTES)
-            ),
-        )
+        comptime for T in [SPLIT_SMEM_THREADS, 512]:
+            if threads == T:
+                comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
+                var smem_bytes = split_smem_shared_bytes(T)
+                ctx.enqueue_function[kernel](
+                    dst,
+                    src,
+                    rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+                    rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+                        partials.unsafe_ptr()
+                    ),
+                    Int64(n),
+                    Int32(1) if aligned else Int32(0),
+                    grid_dim=rows * chunks,
+                    block_dim=T,
+                    shared_mem_bytes=smem_bytes,
+                    func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                        UInt32(smem_bytes)
+                    ),
+                )
         _ = counters^
         _ = partials^
     elif family == "split":

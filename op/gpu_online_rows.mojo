@@ -14,7 +14,7 @@ from .gpu_reductions import block_max_sum
 from .row_math import (
     accum_dtype,
     epilogue,
-    exp_diff,
+    online_add,
     online_sum_guard,
     row_scale,
 )
@@ -44,18 +44,15 @@ def online_pair[
                 .unsafe_load[width=V, alignment=16]()
                 .cast[acc]()
             )
-            var new_m = max(m, v.reduce_max())
-            s = (
-                s * exp_diff[acc, 1](m, new_m)
-                + exp_diff[acc, V](v, SIMD[acc, V](new_m)).reduce_add()
-            )
-            m = new_m
+            var pair = online_add[acc, V](m, s, v)
+            m = pair[0]
+            s = pair[1]
     else:
         for e in range(begin + t, end, threads):
             var v = x[unsafe_offset=e].cast[acc]()
-            var new_m = max(m, v)
-            s = s * exp_diff[acc, 1](m, new_m) + exp_diff[acc, 1](v, new_m)
-            m = new_m
+            var pair = online_add[acc, 1](m, s, v)
+            m = pair[0]
+            s = pair[1]
     return (m, s)
 
 

@@ -2,8 +2,8 @@
 
 32 rows of a million float32 values (128 MB) fit neither one block per row
 nor the 50 MB L2, so the re-reading split (gpu_split_rows) moves three
-tensors through HBM. Here row r is cut into chunks of `SPLIT_SMEM_BYTES`
-and each chunk is a block that
+tensors through HBM. Here row r is cut into chunks of 32 KB and each chunk
+is a block that
 
 1. loads its chunk into shared memory (the row's only read) and reduces
    the chunk's pair (max, sum of exp(x - max)) from there;
@@ -13,14 +13,15 @@ and each chunk is a block that
    row's max and sum;
 4. writes its chunk from shared memory.
 
-Three blocks fit an SM (3 x 64 KB), so about 25 MB of rows are on chip at
-once: enough to keep HBM busy while some blocks wait for their row.
+Six blocks of 256 threads fit an SM (6 x 32 KB), so about 25 MB of rows
+are on chip at once: enough to keep HBM busy while some blocks wait for
+their row.
 
 Blocks take chunks by ticket, in row order, and publish before they wait,
 so the only row that can hold blocks waiting is the one holding the lowest
 ticket not yet taken. Progress then needs room for one row's chunks on the
-GPU at once: `SPLIT_SMEM_MAX_CHUNKS` (128 blocks, 43 SMs' worth) bounds
-that; longer rows go to the re-reading split, which needs no room at all.
+GPU at once: `SPLIT_SMEM_MAX_ROW_BYTES` (8 MB, 43 SMs' worth) bounds that;
+longer rows go to the re-reading split, which needs no room at all.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
@@ -35,47 +36,51 @@ from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
-from .gpu_reductions import block_max, block_sum
+from .gpu_reductions import block_max_sum
 from .gpu_split_rows import publish_pair, row_pair, take_ticket, wait_for_row
 from .row_math import (
     accum_dtype,
     epilogue,
-    exp_nan,
-    row_scale,
+    online_add,
     online_sum_guard,
+    row_scale,
 )
 
-comptime SPLIT_SMEM_THREADS = 512
-# Bytes of row a block holds; three blocks (and their 1536 threads) an SM.
-comptime SPLIT_SMEM_BYTES = 65536
-comptime SPLIT_SMEM_BLOCKS_PER_SM = 3
-# Dynamic shared memory per block: a chunk plus one vector of padding that
-# lines the chunk's 16-byte vectors up with its global ones.
-comptime SPLIT_SMEM_SHARED_BYTES = SPLIT_SMEM_BYTES + 16
-# Chunks a row may have: all of a row's blocks must be able to be resident
-# at once (see the module docstring).
-comptime SPLIT_SMEM_MAX_CHUNKS = 128
+# Threads of the blocks resident on an SM: their registers (40 each) and,
+# with 8 vectors of 16 bytes a thread, their chunks (192 KB) fill it.
+comptime SPLIT_SMEM_SM_THREADS = 1536
+comptime SPLIT_SMEM_VECTORS = 8
+# Threads a block: 256 (6 blocks an SM, 32 KB chunks). Smaller blocks end
+# sooner, so the last wave leaves HBM idle for less time (RESULTS).
+comptime SPLIT_SMEM_THREADS = 256
+# Longest row, in bytes: its chunks must all be able to be resident at once
+# (see the module docstring); 8 MB is a third of what the GPU holds.
+comptime SPLIT_SMEM_MAX_ROW_BYTES = 8 << 20
 
 
-def split_smem_chunk(size: Int) -> Int:
-    """Elements per chunk for elements of `size` bytes."""
-    return SPLIT_SMEM_BYTES // size
+def split_smem_chunk_bytes(threads: Int) -> Int:
+    """Bytes of row a block of `threads` threads holds."""
+    return threads * SPLIT_SMEM_VECTORS * 16
 
 
-def split_smem_chunks(n: Int, size: Int) -> Int:
-    """Chunks per row of `n` elements of `size` bytes."""
-    var c = split_smem_chunk(size)
-    return (n + c - 1) // c
+def split_smem_shared_bytes(threads: Int) -> Int:
+    """Dynamic shared memory a block needs: its chunk plus one vector of
+    padding that lines the chunk's 16-byte vectors up with its global ones.
+    """
+    return split_smem_chunk_bytes(threads) + 16
+
+
+def split_smem_capacity(size: Int) -> Int:
+    """Longest row (elements of `size` bytes) the kernel takes."""
+    return SPLIT_SMEM_MAX_ROW_BYTES // size
 
 
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(SPLIT_SMEM_THREADS)
-    ),
-    `nvvm.minctasm`=SIMDLength(SPLIT_SMEM_BLOCKS_PER_SM),
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(SPLIT_SMEM_SM_THREADS // T),
 )
 def split_smem_rows_kernel[
-    dtype: DType, log_out: Bool, V: Int
+    dtype: DType, log_out: Bool, V: Int, T: Int
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -84,12 +89,14 @@ def split_smem_rows_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """One chunk per block; `rows * split_smem_chunks(n)` blocks.
+    """One chunk of `split_smem_chunk_bytes(T)` per block; `rows * chunks`
+    blocks.
 
     Parameters:
         dtype: Element type.
         log_out: Write log-softmax instead of softmax.
         V: Elements per 16-byte vector of `dtype`.
+        T: Threads per block.
 
     Args:
         dst: Output rows.
@@ -103,8 +110,7 @@ def split_smem_rows_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime T = SPLIT_SMEM_THREADS
-    comptime C = SPLIT_SMEM_BYTES // size_of[dtype]()
+    comptime C = split_smem_chunk_bytes(T) // size_of[dtype]()
     var t = Int(thread_idx.x)
     var len = Int(n)
     var chunks = (len + C - 1) // C
@@ -128,10 +134,10 @@ def split_smem_rows_kernel[
     ]()
     var body = smem.unsafe_offset(pad + head)
 
-    # Sweep 1: global -> shared memory, and the chunk max. The body goes by
-    # cp.async, every vector of it in flight at once without holding
-    # registers; each thread later reads back only the vectors it copied,
-    # so waiting for its own copies is enough (no barrier).
+    # Sweep 1: global -> shared memory. The body goes by cp.async, every
+    # vector of it in flight at once without holding registers; each thread
+    # later reads back only the vectors it copied, so waiting for its own
+    # copies is enough (no barrier).
     var gx = x.unsafe_offset(head).unsafe_address_space_cast[
         AddressSpace.GLOBAL
     ]()
@@ -139,32 +145,24 @@ def split_smem_rows_kernel[
         async_copy[16](gx.unsafe_offset(i * V), body.unsafe_offset(i * V))
     async_copy_commit_group()
     var m = -inf[acc]()
-    for e in range(t, head, T):
-        var v = x[unsafe_offset=e]
-        smem[unsafe_offset=pad + e] = v
-        m = max(m, v.cast[acc]())
-    for e in range(tail_begin + t, count, T):
-        var v = x[unsafe_offset=e]
-        smem[unsafe_offset=pad + e] = v
-        m = max(m, v.cast[acc]())
-    async_copy_wait_all()
-    for i in range(t, nvec, T):
-        var v = body.unsafe_offset(i * V).unsafe_load[width=V, alignment=16]()
-        m = max(m, v.cast[acc]().reduce_max())
-    var chunk_max = block_max[acc, T](m)
-
-    # Sweep 2: the chunk's sum of exp. A chunk of only -inf (and NaN) has
-    # max -inf: shifting by 0 gives its pair (-inf, 0), or NaN with a NaN.
-    var shift = chunk_max if abs(chunk_max) < inf[acc]() else Scalar[acc](0)
     var s = Scalar[acc](0)
+    for e in range(t, head, T):
+        var v = x[unsafe_offset=e]
+        smem[unsafe_offset=pad + e] = v
+        (m, s) = online_add[acc, 1](m, s, v.cast[acc]())
+    for e in range(tail_begin + t, count, T):
+        var v = x[unsafe_offset=e]
+        smem[unsafe_offset=pad + e] = v
+        (m, s) = online_add[acc, 1](m, s, v.cast[acc]())
+    async_copy_wait_all()
+
+    # Sweep 2: the chunk's online pair (max, sum of exp(x - max)).
     for i in range(t, nvec, T):
         var v = body.unsafe_offset(i * V).unsafe_load[width=V, alignment=16]()
-        s += exp_nan[acc, V](v.cast[acc]() - shift).reduce_add()
-    for e in range(t, head, T):
-        s += exp_nan[acc, 1](smem[unsafe_offset=pad + e].cast[acc]() - shift)
-    for e in range(tail_begin + t, count, T):
-        s += exp_nan[acc, 1](smem[unsafe_offset=pad + e].cast[acc]() - shift)
-    var chunk_sum = block_sum[acc, T](s)
+        (m, s) = online_add[acc, V](m, s, v.cast[acc]())
+    var chunk = block_max_sum[acc, T](m, s)
+    var chunk_max = chunk[0]
+    var chunk_sum = chunk[1]
 
     publish_pair(counters, partials, r, chunks, c, chunk_max, chunk_sum)
     wait_for_row(counters, r, chunks)

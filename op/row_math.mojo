@@ -61,6 +61,21 @@ def exp_diff[
 
 
 @always_inline
+def online_add[
+    acc: DType, w: Int
+](m: Scalar[acc], s: Scalar[acc], v: SIMD[acc, w]) -> Tuple[
+    Scalar[acc], Scalar[acc]
+]:
+    """Add values `v` to the online pair (max, sum of exp(x - max))."""
+    var new_m = max(m, v.reduce_max())
+    return (
+        new_m,
+        s * exp_diff[acc, 1](m, new_m)
+        + exp_diff[acc, w](v, SIMD[acc, w](new_m)).reduce_add(),
+    )
+
+
+@always_inline
 def fold_pair[
     acc: DType
 ](
