@@ -173,9 +173,9 @@ def test_gpu_many_long_rows(rng, n, dtype):
 @pytest.mark.parametrize("dtype,itemsize", [("float32", 4), ("bfloat16", 2)])
 @pytest.mark.parametrize("extra", [0, 5])
 def test_gpu_rows_past_split_smem(rng, dtype, itemsize, extra):
-    """ "auto" holds rows of up to 128 chunks on chip (split_smem) and
-    re-reads longer ones from L2 (split)."""
-    x = random_logits(rng, (2, 128 * chunk + extra), dtype)
+    """Rows of up to 8 MB are held on chip across blocks (split_smem), longer
+    ones re-read from L2 (split)."""
+    x = random_logits(rng, (2, 8 * 2**20 // itemsize + extra), dtype)
     assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
 
 
