@@ -12,8 +12,11 @@
 #                           (a warp per row, or a block per row)
 #   gpu_smem_rows.mojo      long rows (to ~74K fp32): a block per row, on chip in
 #                           registers + shared memory, read once
-#   gpu_split_rows.mojo     few or very long rows: each row split across many
-#                           blocks in one launch, re-read from L2
+#   gpu_split_smem_rows.mojo few or long rows (to 8 MB): each row split across
+#                           blocks, every 64 KB chunk held in shared memory,
+#                           read once
+#   gpu_split_rows.mojo     rows over 8 MB: each row split across many blocks
+#                           in one launch, re-read from L2
 #   gpu_online_rows.mojo    baseline for long rows: online max/sum pass, then a
 #                           normalising pass, a block per row
 #   gpu_backward_rows.mojo  softmax/log-softmax backward kernels

@@ -9,11 +9,13 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 | n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
-| fewer rows, or longer     | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
+| fewer rows, or longer, to 8 MB a row | rows split across blocks, each 64 KB chunk held in shared memory, read once (gpu_split_smem_rows) |
+| rows over 8 MB            | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
 `variant` forces one family ("tree", "warp", "block", "smem", "online",
-"split") so benchmarks and tests can run each; "auto" follows the table.
+"split_smem", "split") so benchmarks and tests can run each; "auto"
+follows the table.
 The online kernel (a block per row, reading it twice) is a baseline now.
 """
 
@@ -243,7 +245,7 @@ def _launch_gpu[
             grid_dim=rows,
             block_dim=ONLINE_THREADS,
         )
-    elif family == "split_smem" or family == "split_smem512":
+    elif family == "split_smem":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()
         if n > split_smem_capacity(size_of[dtype]()):
@@ -255,33 +257,27 @@ def _launch_gpu[
                 + " elements, got "
                 + String(n)
             )
-        var threads = SPLIT_SMEM_THREADS if family == "split_smem" else 512
-        var chunks = ceildiv(
-            n * size_of[dtype](), split_smem_chunk_bytes(threads)
-        )
+        comptime T = SPLIT_SMEM_THREADS
+        var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T))
         var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
         ctx.enqueue_memset(counters, 0)
         var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
-        comptime for T in [SPLIT_SMEM_THREADS, 512]:
-            if threads == T:
-                comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
-                var smem_bytes = split_smem_shared_bytes(T)
-                ctx.enqueue_function[kernel](
-                    dst,
-                    src,
-                    rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
-                    rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-                        partials.unsafe_ptr()
-                    ),
-                    Int64(n),
-                    Int32(1) if aligned else Int32(0),
-                    grid_dim=rows * chunks,
-                    block_dim=T,
-                    shared_mem_bytes=smem_bytes,
-                    func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                        UInt32(smem_bytes)
-                    ),
-                )
+        comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
+        var smem_bytes = split_smem_shared_bytes(T)
+        ctx.enqueue_function[kernel](
+            dst,
+            src,
+            rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+            rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+            Int64(n),
+            Int32(1) if aligned else Int32(0),
+            grid_dim=rows * chunks,
+            block_dim=T,
+            shared_mem_bytes=smem_bytes,
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                UInt32(smem_bytes)
+            ),
+        )
         _ = counters^
         _ = partials^
     elif family == "split":

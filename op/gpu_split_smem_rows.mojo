@@ -2,7 +2,7 @@
 
 32 rows of a million float32 values (128 MB) fit neither one block per row
 nor the 50 MB L2, so the re-reading split (gpu_split_rows) moves three
-tensors through HBM. Here row r is cut into chunks of 32 KB and each chunk
+tensors through HBM. Here row r is cut into chunks of 64 KB and each chunk
 is a block that
 
 1. loads its chunk into shared memory (the row's only read) and reduces
@@ -13,7 +13,7 @@ is a block that
    row's max and sum;
 4. writes its chunk from shared memory.
 
-Six blocks of 256 threads fit an SM (6 x 32 KB), so about 25 MB of rows
+Three blocks of 512 threads fit an SM (3 x 64 KB), so about 25 MB of rows
 are on chip at once: enough to keep HBM busy while some blocks wait for
 their row.
 
@@ -50,9 +50,10 @@ from .row_math import (
 # with 8 vectors of 16 bytes a thread, their chunks (192 KB) fill it.
 comptime SPLIT_SMEM_SM_THREADS = 1536
 comptime SPLIT_SMEM_VECTORS = 8
-# Threads a block: 256 (6 blocks an SM, 32 KB chunks). Smaller blocks end
-# sooner, so the last wave leaves HBM idle for less time (RESULTS).
-comptime SPLIT_SMEM_THREADS = 256
+# Threads a block: 512 (3 blocks an SM, 64 KB chunks). 256-thread blocks
+# (6 an SM, 32 KB chunks) end sooner, which was to shorten the last wave,
+# but measured slower at 32 x 1M: fp32 2389 vs 2527 GB/s (RESULTS, s9).
+comptime SPLIT_SMEM_THREADS = 512
 # Longest row, in bytes: its chunks must all be able to be resident at once
 # (see the module docstring); 8 MB is a third of what the GPU holds.
 comptime SPLIT_SMEM_MAX_ROW_BYTES = 8 << 20

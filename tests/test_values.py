@@ -109,23 +109,20 @@ VARIANT_CASES = [
     ("split", (5, 50257)),  # unaligned rows: scalar loads
     ("split", (300, 40000)),  # more rows than the L2 window: lag < rows
     ("split", (40, 1 << 20)),  # lag 4 rows (float32) of 40
-    # Chunks of 32 KB: 8192 float32 or 16384 16-bit values.
+    # Chunks of 64 KB: 16384 float32 or 32768 16-bit values.
     ("split_smem", (3, 1000)),
-    ("split_smem", (2, 16384)),  # two float32 chunks, one 16-bit chunk exactly
-    ("split_smem", (2, 16385)),
+    ("split_smem", (2, 32768)),  # two float32 chunks, one 16-bit chunk exactly
+    ("split_smem", (2, 32769)),
     ("split_smem", (5, 50257)),  # unaligned rows: scalar head and tail
     ("split_smem", (3, (1 << 20) + 3)),
     ("split_smem", (40, 1 << 20)),  # more rows than fit on chip at once
     ("split_smem", (1, 128 * 16384)),  # float32 capacity: 8 MB
     ("split_smem", (300, 40000)),
-    # 512-thread blocks, 64 KB chunks (measured against the default)
-    ("split_smem512", (5, 50257)),
-    ("split_smem512", (3, (1 << 20) + 3)),
 ]
 
-# Rows whose chunks differ: 16384 float32 elements (a chunk of the
-# re-reading split, two of split_smem) all -inf or all NaN, the others
-# finite, so the split kernels' pairs must fold correctly across chunks.
+# Rows whose chunks (16384 float32 elements in both split kernels) differ:
+# one chunk all -inf or all NaN, the others finite, so the split kernels'
+# pairs must fold correctly across chunks.
 CHUNK = 16384
 CHUNK_PATTERNS = {
     "minus_inf_chunk": (-np.inf, 1.0),

@@ -40,7 +40,6 @@ VARIANTS: tuple[str, ...] = (
     "online",
     "split",
     "split_smem",
-    "split_smem512",
 )
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
