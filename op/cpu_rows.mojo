@@ -11,7 +11,7 @@ from std.math import ceildiv
 from std.sys import simd_width_of, size_of
 from std.utils.numerics import inf
 
-from .row_math import accum_dtype, epilogue, exp_nan, row_scale
+from .row_math import accum_dtype, epilogue, exp_lean, exp_nan, row_scale
 
 # Enough elements per task that thread start-up is noise, few enough tasks
 # that both cores stay busy on small batches.
@@ -65,7 +65,8 @@ def _contiguous_rows[
 
     # Softmax parks the exps and rescales them in the last sweep instead of
     # computing exp twice: 32/64-bit types in dst; 16-bit types in a float32
-    # scratch row per task (parking them in dst would round twice).
+    # scratch row per task (parking them in dst would round twice). The
+    # 16-bit outputs need exps good to ~1e-6, not float32's 1e-7: exp_lean.
     comptime park_in_dst = not log_out and size_of[dtype]() >= 4
     comptime park_in_scratch = not log_out and size_of[dtype]() < 4
 
@@ -78,11 +79,21 @@ def _contiguous_rows[
             var x = src.unsafe_offset(r * n)
             var y = dst.unsafe_offset(r * n)
 
-            var mv = SIMD[acc, W](-inf[acc]())
-            for j in range(0, n_vec, W):
-                mv = max(
-                    mv, x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+            # A select, not `max`: one vmaxps instead of two instructions
+            # that keep NaN out. NaN is left out either way (v > m is false);
+            # a NaN in the row makes its sum, and so the row, NaN. Four
+            # running maxima, so the sweep is not one chain of dependent maxes.
+            var mv = SIMD[acc, 4 * W](-inf[acc]())
+            var j4 = n_vec - n_vec % (4 * W)
+            for j in range(0, j4, 4 * W):
+                var v = (
+                    x.unsafe_offset(j).unsafe_load[width=4 * W]().cast[acc]()
                 )
+                mv = v.gt(mv).select(v, mv)
+            for j in range(j4, n_vec, W):
+                var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+                var low = mv.slice[W]()
+                mv = mv.insert(v.gt(low).select(v, low))
             var m = mv.reduce_max()
             for j in range(n_vec, n):
                 m = max(m, x[unsafe_offset=j].cast[acc]())
@@ -94,10 +105,17 @@ def _contiguous_rows[
             for b in range(0, n_vec, SUM_BLOCK):
                 var sv = SIMD[acc, W](0)
                 for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-                    var e = exp_nan[acc, W](
+                    var d = (
                         x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
                         - m
                     )
+                    var e: SIMD[acc, W]
+                    comptime if park_in_scratch:
+                        e = rebind[SIMD[acc, W]](
+                            exp_lean(rebind[SIMD[DType.float32, W]](d))
+                        )
+                    else:
+                        e = exp_nan[acc, W](d)
                     comptime if park_in_dst:
                         y.unsafe_offset(j).unsafe_store(e.cast[dtype]())
                     elif park_in_scratch:

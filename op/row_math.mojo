@@ -10,8 +10,8 @@ same as `scipy.special.softmax`:
   because the row max is subtracted before `exp`.
 """
 
-from std.math import exp, isnan, log
-from std.sys import size_of
+from std.math import exp, floor, isnan, log
+from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.info import is_nvidia_gpu
 from std.utils.numerics import inf, nan
 
@@ -42,6 +42,46 @@ def exp_nan[acc: DType, w: Int](x: SIMD[acc, w]) -> SIMD[acc, w]:
     comptime if is_nvidia_gpu() and acc == DType.float32:
         return exp(x)
     return isnan(x).select(x, exp(x))
+
+
+# 2^f on [0, 1): a degree-5 polynomial fitted for relative error (2.1e-7
+# at most in float32 Horner form, checked against float64).
+comptime EXP2_POLY = (
+    Float32(1.0),
+    Float32(0.6931532025337219),
+    Float32(0.24015308916568756),
+    Float32(0.05582703649997711),
+    Float32(0.008989186026155949),
+    Float32(0.001877413596957922),
+)
+
+
+@always_inline
+def exp_lean[w: Int](x: SIMD[DType.float32, w]) -> SIMD[DType.float32, w]:
+    """`exp(x)` for results that are rounded to 16 bits, in 10 vector
+    instructions on AVX-512 (`exp` takes 14, with its NaN select 16).
+
+    2^t with t = x·log2(e): a polynomial for the fraction, `vscalefps` for
+    the power. Relative error ≤ 2.1e-7 from the polynomial plus t's rounding
+    (≤ 2^-24·|t|·ln 2: 1e-6 at x = -16, where exp(x) is 1e-7), against
+    2^-9 and 2^-11 for one ulp of bfloat16 and float16. NaN stays NaN
+    (comparisons with NaN are false); -inf gives 2^-200, which is 0. Without
+    AVX-512, and for widths other than 16, it is `exp_nan`.
+    """
+    comptime if CompilationTarget.has_avx512f() and w == 16:
+        var t = x * Float32(1.4426950408889634)
+        t = t.lt(-200).select(SIMD[DType.float32, w](-200), t)
+        var n = floor(t)
+        var f = t - n
+        var p = SIMD[DType.float32, w](EXP2_POLY[5])
+        comptime for k in range(4, -1, -1):
+            p = p * f + EXP2_POLY[k]
+        return llvm_intrinsic[
+            "llvm.x86.avx512.mask.scalef.ps.512",
+            SIMD[DType.float32, w],
+            has_side_effect=False,
+        ](p, n, SIMD[DType.float32, w](0), Int16(-1), Int32(4))
+    return exp_nan[DType.float32, w](x)
 
 
 @always_inline

@@ -63,6 +63,32 @@ def test_properties(rng, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_softmax_within_one_ulp(rng, device, dtype):
+    """16-bit softmax is at most one unit in the last place from the float64
+    softmax rounded to the dtype, for logits spread over [-90, 10] and -inf
+    (results under 1.2e-38, float32's smallest normal, excepted).
+    Both exps in use (float32 `exp`, and `exp_lean` for 16-bit softmax on
+    AVX-512 CPUs) must leave that much to the final rounding."""
+    from max_softmax.dtypes import DTYPE_NAMES
+    from max_softmax.reference import reference
+
+    np_dtype = np.dtype(DTYPE_NAMES[dtype])
+    x = rng.uniform(-90, 10, size=(64, 4099)).astype(np_dtype)
+    x[:, ::97] = -np.inf
+    got = max_softmax.softmax(x, device=device)
+    want = reference("softmax", x, -1).astype(np_dtype)
+    # Positive (and zero) 16-bit floats order like their bit patterns.
+    ulps = np.abs(got.view(np.int16).astype(np.int32) - want.view(np.int16).astype(np.int32))
+    # Below float32's smallest normal (bfloat16 reaches there) the float32
+    # math flushes or loses bits; there only the absolute error is bounded.
+    tiny = want.astype(np.float64) < np.finfo(np.float32).tiny
+    assert ulps[~tiny].max() <= 1, f"{(ulps[~tiny] > 1).sum()} elements off by more than one ulp"
+    assert np.all(got[tiny].astype(np.float64) <= np.finfo(np.float32).tiny)
+    assert np.all(got[:, ::97] == 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_non_contiguous_input(rng, device):
     base = random_logits(rng, (20, 30), "float32")
     view = base[::2, ::-3]
