@@ -158,6 +158,28 @@ CHUNK_PATTERNS = {
 }
 
 
+# On the CPU, fewer long rows than four a core are cut into chunks of 65536
+# that run in parallel (cpu_rows._split_rows). Row 1 is one odd chunk and
+# then `rest` throughout; "minus_inf_chunk_tiny_rest" makes the row max
+# -1e30, where a chunk of -inf must still give 0 (0 * exp(0 + 1e30) would
+# be NaN).
+CPU_CHUNK = 65536
+CPU_CHUNK_PATTERNS = {**CHUNK_PATTERNS, "minus_inf_chunk_tiny_rest": (-np.inf, -1e30)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("pattern", list(CPU_CHUNK_PATTERNS))
+def test_cpu_split_row_patterns(rng, dtype, pattern):
+    first, rest = CPU_CHUNK_PATTERNS[pattern]
+    x = random_logits(rng, (2, 3 * CPU_CHUNK + 5), dtype)
+    x[0, CPU_CHUNK : 2 * CPU_CHUNK] = first  # a middle chunk of row 0
+    x[1, :CPU_CHUNK] = first  # the first chunk of row 1
+    x[1, CPU_CHUNK:] = rest
+    for op in OPS:
+        y = getattr(max_softmax, op)(x, device="cpu")
+        assert_matches_scipy(op, y, x, -1)
+
+
 @GPU_SKIP
 @pytest.mark.parametrize("variant", ["split", "split_smem", "auto"])
 @pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
