@@ -85,6 +85,7 @@ def _contiguous_rows[
     # 16-bit outputs need exps good to ~1e-6, not float32's 1e-7: exp_lean.
     comptime park_in_dst = not log_out and size_of[dtype]() >= 4
     comptime park_in_scratch = not log_out and size_of[dtype]() < 4
+    comptime lean = park_in_scratch
 
     def task(t: Int) raises {imm}:
         var scratch_row = List[Scalar[acc]](
@@ -97,10 +98,10 @@ def _contiguous_rows[
             var x = src.unsafe_offset(r * n)
             var y = dst.unsafe_offset(r * n)
             var m = _max_of[dtype](x, n)
-            var s = _exp_sum[dtype, park_in_dst, park_in_scratch](
+            var s = _exp_sum[dtype, park_in_dst, park_in_scratch, lean](
                 y, scratch, x, n, m
             )
-            _write[dtype, log_out, park_in_dst, park_in_scratch](
+            _write[dtype, log_out, park_in_dst, park_in_scratch, lean](
                 y, scratch, x, n, m, row_scale[log_out, acc](s)
             )
         _ = scratch_row^
@@ -124,8 +125,9 @@ def _split_rows[
     var chunks = ceildiv(n, ROW_CHUNK)
     var tasks = rows * chunks
     # 32/64-bit softmax parks exp(x - chunk max) in dst and rescales it by
-    # exp(chunk max - row max) / sum; 16-bit types compute exp again.
+    # exp(chunk max - row max) / sum; 16-bit types compute exp again, lean.
     comptime park_in_dst = not log_out and size_of[dtype]() >= 4
+    comptime lean = not log_out and size_of[dtype]() < 4
     var pairs_list = List[Scalar[acc]](length=2 * tasks, fill=0)
     var pairs = pairs_list.unsafe_ptr()
     var row_pairs_list = List[Scalar[acc]](length=2 * rows, fill=0)
@@ -144,7 +146,7 @@ def _split_rows[
         # A chunk of only -inf (and NaN) has max -inf: shifting by 0 gives
         # its pair (-inf, 0), or NaN with a NaN.
         var shift = m if abs(m) < inf[acc]() else Scalar[acc](0)
-        var s = _exp_sum[dtype, park_in_dst, False](
+        var s = _exp_sum[dtype, park_in_dst, False, lean](
             dst.unsafe_offset(begin),
             no_scratch,
             src.unsafe_offset(begin),
@@ -186,7 +188,7 @@ def _split_rows[
             scale = (
                 exp_nan[acc, 1](pairs[unsafe_offset=2 * t] - row_max) * scale
             )
-        _write[dtype, log_out, park_in_dst, False](
+        _write[dtype, log_out, park_in_dst, False, lean](
             dst.unsafe_offset(begin),
             no_scratch,
             src.unsafe_offset(begin),
@@ -233,7 +235,7 @@ def _max_of[
 
 @always_inline
 def _exp_sum[
-    dtype: DType, park_in_dst: Bool, park_in_scratch: Bool
+    dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
 ](
     y: Pointer[Scalar[dtype], MutAnyOrigin],
     scratch: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
@@ -241,7 +243,8 @@ def _exp_sum[
     count: Int,
     m: Scalar[accum_dtype[dtype]()],
 ) -> Scalar[accum_dtype[dtype]()]:
-    """Sum of exp(x - m) over x[0:count], each exp parked in y or scratch."""
+    """Sum of exp(x - m) over x[0:count], each exp parked in y or scratch
+    (`lean`: by `exp_lean`, for 16-bit softmax)."""
     comptime acc = accum_dtype[dtype]()
     comptime W = simd_width_of[acc]()
     var n_vec = count - count % W
@@ -254,7 +257,7 @@ def _exp_sum[
         for j in range(b, min(b + SUM_BLOCK, n_vec), W):
             var d = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
             var e: SIMD[acc, W]
-            comptime if park_in_scratch:
+            comptime if lean:
                 e = rebind[SIMD[acc, W]](
                     exp_lean(rebind[SIMD[DType.float32, W]](d))
                 )
@@ -278,7 +281,11 @@ def _exp_sum[
 
 @always_inline
 def _write[
-    dtype: DType, log_out: Bool, park_in_dst: Bool, park_in_scratch: Bool
+    dtype: DType,
+    log_out: Bool,
+    park_in_dst: Bool,
+    park_in_scratch: Bool,
+    lean: Bool,
 ](
     y: Pointer[Scalar[dtype], MutAnyOrigin],
     scratch: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
@@ -287,7 +294,8 @@ def _write[
     m: Scalar[accum_dtype[dtype]()],
     scale: Scalar[accum_dtype[dtype]()],
 ):
-    """Write y[0:count]: the parked exps times `scale`, or the epilogue."""
+    """Write y[0:count]: the parked exps times `scale`, or the epilogue
+    (`lean`: softmax's exp by `exp_lean`)."""
     comptime acc = accum_dtype[dtype]()
     comptime W = simd_width_of[acc]()
     var n_vec = count - count % W
@@ -297,6 +305,12 @@ def _write[
             y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
         elif park_in_scratch:
             var e = scratch.unsafe_offset(j).unsafe_load[width=W]()
+            y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
+        elif lean and not log_out:
+            var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+            var e = rebind[SIMD[acc, W]](
+                exp_lean(rebind[SIMD[DType.float32, W]](v - m))
+            )
             y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
         else:
             var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
