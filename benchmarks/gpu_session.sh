@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh fuzz                 # scripts/fuzz, GPU cases
 #   bash benchmarks/gpu_session.sh report               # the softmax command on the GPU
 #   bash benchmarks/gpu_session.sh bench [bench args...]
+#   bash benchmarks/gpu_session.sh ncu DTYPE ROWS N [VARIANT]  # Nsight Compute counters
 # Logs and results go to $OUT (the device tool brings them back); TAG names
 # the log files of a stage run more than once.
 set -uo pipefail
@@ -19,5 +20,9 @@ case "$stage" in
             -p no:cacheprovider tests/test_fuzz.py -k gpu "$@" 2>&1 | tee "$log" | tail -20 ;;
   report) python3 -m max_softmax "$@" 2>&1 | tee "$log"
           python3 -m max_softmax --dtype bfloat16 2>&1 | tee -a "$log" ;;
+  ncu)    /usr/local/cuda/bin/ncu --target-processes all --launch-skip 1 \
+            --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+            --section Occupancy --section SchedulerStats --section WarpStateStats \
+            --section LaunchStats python3 benchmarks/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
   bench)  python3 -m max_softmax bench --out "$OUT" "$@" 2>&1 | tee "$log" | grep -v "^bench:" ;;
 esac

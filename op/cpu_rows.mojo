@@ -22,6 +22,7 @@ from .row_math import (
     fold_pair,
     online_sum_guard,
     row_scale,
+    sum_shift,
 )
 
 # Enough elements per task that thread start-up is noise, few enough tasks
@@ -143,9 +144,7 @@ def _split_rows[
         var begin = (t // chunks) * n + c * ROW_CHUNK
         var count = min(ROW_CHUNK, n - c * ROW_CHUNK)
         var m = _max_of[dtype](src.unsafe_offset(begin), count)
-        # A chunk of only -inf (and NaN) has max -inf: shifting by 0 gives
-        # its pair (-inf, 0), or NaN with a NaN.
-        var shift = m if abs(m) < inf[acc]() else Scalar[acc](0)
+        var shift = sum_shift[acc](m)
         var s = _exp_sum[dtype, park_in_dst, False, lean](
             dst.unsafe_offset(begin),
             no_scratch,
@@ -182,9 +181,10 @@ def _split_rows[
         var row_max = row_pairs[unsafe_offset=2 * r]
         var scale = row_pairs[unsafe_offset=2 * r + 1]
         comptime if park_in_dst:
-            # Parked exps are exp(x - chunk max). A chunk whose max is -inf
-            # parked exp(x - 0): zeros, which exp(-inf) = 0 keeps; one whose
-            # max is +inf (or a row of NaN) makes the scale NaN anyway.
+            # Parked exps are exp(x - sum_shift(chunk max)). A chunk whose
+            # max is -inf parked zeros, which exp(-inf - row max) = 0 keeps;
+            # one whose max is +inf (or a row of NaN) makes the scale NaN
+            # anyway.
             scale = (
                 exp_nan[acc, 1](pairs[unsafe_offset=2 * t] - row_max) * scale
             )

@@ -9,7 +9,7 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 | n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
-| fewer rows, or longer, to 8 MB a row | rows split across blocks, each 64 KB chunk held in shared memory, read once (gpu_split_smem_rows) |
+| fewer rows, or longer, to 8 MB a row | rows split across blocks, each 72 KB chunk held in shared memory, read once (gpu_split_smem_rows) |
 | rows over 8 MB            | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
@@ -19,7 +19,7 @@ follows the table.
 The online kernel (a block per row, reading it twice) is a baseline now.
 """
 
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceBuffer, DeviceContext, FuncAttribute
 from std.math import ceildiv
 from std.sys import size_of
 
@@ -115,6 +115,18 @@ def register_capacity(V: Int, min_threads: Int, max_threads: Int) -> Int:
     return best
 
 
+def _aligned16(a: Int, b: Int, c: Int = 0) -> Bool:
+    """Whether every address given is 16-byte aligned: vector loads need it,
+    and a torch view may start anywhere."""
+    return (a | b | c) % 16 == 0
+
+
+def _vector_flag(aligned: Bool, n: Int, V: Int) -> Int32:
+    """1 where every row starts 16-byte aligned (buffers aligned, n % V ==
+    0), else 0. Bool is not DevicePassable: the flags travel as Int32."""
+    return Int32(1) if aligned and n % V == 0 else Int32(0)
+
+
 def softmax_rows[
     target: StaticString,
     dtype: DType,
@@ -165,10 +177,8 @@ def _launch_gpu[
         return
 
     var rows = outer
-    # Bool is not DevicePassable: the flags travel as Int32. Vector loads
-    # need 16-byte aligned buffers (a torch view may start anywhere).
-    var aligned = Int(src) % 16 == 0 and Int(dst) % 16 == 0
-    var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
+    var aligned = _aligned16(Int(src), Int(dst))
+    var vector_flag = _vector_flag(aligned, n, V)
     var family = String(variant)
     if family == "auto":
         family = gpu_kernel_for(rows, n, V)
@@ -246,46 +256,14 @@ def _launch_gpu[
             block_dim=ONLINE_THREADS,
         )
     elif family == "split_smem":
-        comptime acc = accum_dtype[dtype]()
-        comptime assert acc.is_floating_point()
-        if n > split_smem_capacity(size_of[dtype]()):
-            raise Error(
-                "max_softmax: variant '"
-                + family
-                + "' handles rows up to "
-                + String(split_smem_capacity(size_of[dtype]()))
-                + " elements, got "
-                + String(n)
-            )
-        comptime T = SPLIT_SMEM_THREADS
-        var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T))
-        var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
-        ctx.enqueue_memset(counters, 0)
-        var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
-        comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
-        var smem_bytes = split_smem_shared_bytes(T)
-        ctx.enqueue_function[kernel](
-            dst,
-            src,
-            rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
-            rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
-            Int64(n),
-            Int32(1) if aligned else Int32(0),
-            grid_dim=rows * chunks,
-            block_dim=T,
-            shared_mem_bytes=smem_bytes,
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                UInt32(smem_bytes)
-            ),
+        _launch_split_smem[dtype, log_out, SPLIT_SMEM_THREADS](
+            ctx, dst, src, rows, n, aligned
         )
-        _ = counters^
-        _ = partials^
     elif family == "split":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()
         var chunks = split_chunks(n)
-        var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
-        ctx.enqueue_memset(counters, 0)
+        var counters = _split_counters(ctx, rows)
         var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
         comptime kernel = split_rows_kernel[dtype, log_out, V]
         ctx.enqueue_function[kernel](
@@ -305,6 +283,62 @@ def _launch_gpu[
         _ = partials^
     else:
         raise Error("max_softmax: unknown variant '" + family + "'")
+
+
+def _split_counters(
+    ctx: DeviceContext, rows: Int
+) raises -> DeviceBuffer[DType.int32]:
+    """Zeroed counters of the split kernels: the ticket counter, then one
+    arrival counter per row."""
+    var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
+    ctx.enqueue_memset(counters, 0)
+    return counters^
+
+
+def _launch_split_smem[
+    dtype: DType,
+    log_out: Bool,
+    T: Int,
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime V = vector_width[dtype]()
+    if n > split_smem_capacity(size_of[dtype]()):
+        raise Error(
+            "max_softmax: variant 'split_smem' handles rows up to "
+            + String(split_smem_capacity(size_of[dtype]()))
+            + " elements, got "
+            + String(n)
+        )
+    var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T))
+    var counters = _split_counters(ctx, rows)
+    var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
+    comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
+    var smem_bytes = split_smem_shared_bytes(T)
+    ctx.enqueue_function[kernel](
+        dst,
+        src,
+        rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+        rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+        Int64(n),
+        Int32(1) if aligned else Int32(0),
+        grid_dim=rows * chunks,
+        block_dim=T,
+        shared_mem_bytes=smem_bytes,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+            UInt32(smem_bytes)
+        ),
+    )
+    # The buffers are freed in stream order, after the kernel.
+    _ = counters^
+    _ = partials^
 
 
 # Backward rows too long for the register plans: a block per row.
@@ -343,10 +377,9 @@ def softmax_backward_rows[
                 block_dim=BACKWARD_STRIDED_THREADS,
             )
             return
-        var aligned = (
-            Int(dx) % 16 == 0 and Int(a) % 16 == 0 and Int(dy) % 16 == 0
+        var vector_flag = _vector_flag(
+            _aligned16(Int(dx), Int(a), Int(dy)), n, V
         )
-        var vector_flag = Int32(1) if aligned and n % V == 0 else Int32(0)
         var plan = register_plan(n, V, 0, BACKWARD_ROW_REGISTERS)
         if plan >= 0:
             comptime for i in range(NUM_PLANS):
@@ -376,7 +409,6 @@ def softmax_backward_rows[
                 dx,
                 a,
                 dy,
-                Int64(outer),
                 Int64(n),
                 vector_flag,
                 grid_dim=outer,

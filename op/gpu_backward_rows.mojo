@@ -82,9 +82,7 @@ def backward_register_kernel[
 
 
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(block_threads[threads]())
-    )
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(threads))
 )
 def backward_rows_kernel[
     dtype: DType, log_in: Bool, threads: Int, V: Int
@@ -92,41 +90,30 @@ def backward_rows_kernel[
     dx: Pointer[Scalar[dtype], MutAnyOrigin],
     a: Pointer[Scalar[dtype], MutAnyOrigin],
     dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
     n: Int64,
     vector_flag: Int32,
 ):
-    """`threads` threads per contiguous row of length `n`.
+    """A block of `threads` threads per contiguous row of length `n`, one
+    block per row.
 
     Parameters:
         dtype: Element type.
         log_in: `a` holds log-softmax output (log_softmax_backward).
-        threads: Threads per row: dispatch launches a whole block per row
-            (rows short enough for a warp go to backward_register_kernel).
+        threads: Threads per block.
         V: Elements per 16-byte vector of `dtype`.
 
     Args:
         dx: Output gradient rows.
         a: Forward output rows (y or log p).
         dy: Incoming gradient rows.
-        rows: Number of rows.
         n: Row length.
         vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime block = block_threads[threads]()
-    var t = Int(thread_idx.x) % threads
-    var row = (
-        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
-    )
+    var t = Int(thread_idx.x)
     var len = Int(n)
-    if row >= Int(rows):
-        comptime if threads == 32:
-            return
-        len = 0  # stay for the block's barriers; touch nothing
-        row = 0
-    var base = row * Int(n)
+    var base = Int(block_idx.x) * len
     var step = threads * V if vector_flag != 0 else threads
     var first = t * V if vector_flag != 0 else t
 
@@ -146,7 +133,7 @@ def backward_rows_kernel[
                 a[unsafe_offset=base + e].cast[acc](),
                 dy[unsafe_offset=base + e].cast[acc](),
             )
-    var total = block_sum[acc, threads, block](s)
+    var total = block_sum[acc, threads, threads](s)
 
     for e in range(first, len, step):
         if vector_flag != 0:

@@ -2,7 +2,7 @@
 
 32 rows of a million float32 values (128 MB) fit neither one block per row
 nor the 50 MB L2, so the re-reading split (gpu_split_rows) moves three
-tensors through HBM. Here row r is cut into chunks of 64 KB and each chunk
+tensors through HBM. Here row r is cut into chunks of 72 KB and each chunk
 is a block that
 
 1. loads its chunk into shared memory (the row's only read) and reduces
@@ -13,14 +13,14 @@ is a block that
    row's max and sum;
 4. writes its chunk from shared memory.
 
-Three blocks of 512 threads fit an SM (3 x 64 KB), so about 25 MB of rows
+Three blocks of 512 threads fit an SM (3 x 72 KB), so about 28 MB of rows
 are on chip at once: enough to keep HBM busy while some blocks wait for
 their row.
 
 Blocks take chunks by ticket, in row order, and publish before they wait,
 so the only row that can hold blocks waiting is the one holding the lowest
 ticket not yet taken. Progress then needs room for one row's chunks on the
-GPU at once: `SPLIT_SMEM_MAX_ROW_BYTES` (8 MB, 43 SMs' worth) bounds that;
+GPU at once: `SPLIT_SMEM_MAX_ROW_BYTES` (8 MB, 38 SMs' worth) bounds that;
 longer rows go to the re-reading split, which needs no room at all.
 """
 
@@ -30,6 +30,7 @@ from max.gpu.memory import (
     async_copy,
     async_copy_commit_group,
     async_copy_wait_all,
+    async_copy_wait_group,
     external_memory,
 )
 from std.sys import size_of
@@ -47,15 +48,17 @@ from .row_math import (
 )
 
 # Threads of the blocks resident on an SM: their registers (40 each) and,
-# with 8 vectors of 16 bytes a thread, their chunks (192 KB) fill it.
+# with 9 vectors of 16 bytes a thread, their chunks (216 of the SM's 227 KB)
+# fill it. 9 vectors (72 KB chunks) measured 1-5% faster than 8 at 32 x 1M
+# (RESULTS, s10): more of the rows on chip at once.
 comptime SPLIT_SMEM_SM_THREADS = 1536
-comptime SPLIT_SMEM_VECTORS = 8
-# Threads a block: 512 (3 blocks an SM, 64 KB chunks). 256-thread blocks
-# (6 an SM, 32 KB chunks) end sooner, which was to shorten the last wave,
-# but measured slower at 32 x 1M: fp32 2389 vs 2527 GB/s (RESULTS, s9).
+comptime SPLIT_SMEM_VECTORS = 9
+# Threads a block: 512 (3 blocks an SM). 256-thread blocks (6 an SM, half
+# the chunk) end sooner, which was to shorten the last wave, but measured
+# slower at 32 x 1M: fp32 2389 vs 2527 GB/s (RESULTS, s9).
 comptime SPLIT_SMEM_THREADS = 512
 # Longest row, in bytes: its chunks must all be able to be resident at once
-# (see the module docstring); 8 MB is a third of what the GPU holds.
+# (see the module docstring); 8 MB is under a third of what the GPU holds.
 comptime SPLIT_SMEM_MAX_ROW_BYTES = 8 << 20
 
 
@@ -81,7 +84,10 @@ def split_smem_capacity(size: Int) -> Int:
     `nvvm.minctasm`=SIMDLength(SPLIT_SMEM_SM_THREADS // T),
 )
 def split_smem_rows_kernel[
-    dtype: DType, log_out: Bool, V: Int, T: Int
+    dtype: DType,
+    log_out: Bool,
+    V: Int,
+    T: Int,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -112,6 +118,7 @@ def split_smem_rows_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime C = split_smem_chunk_bytes(T) // size_of[dtype]()
+    comptime K = SPLIT_SMEM_VECTORS
     var t = Int(thread_idx.x)
     var len = Int(n)
     var chunks = (len + C - 1) // C
@@ -135,16 +142,20 @@ def split_smem_rows_kernel[
     ]()
     var body = smem.unsafe_offset(pad + head)
 
-    # Sweep 1: global -> shared memory. The body goes by cp.async, every
-    # vector of it in flight at once without holding registers; each thread
-    # later reads back only the vectors it copied, so waiting for its own
-    # copies is enough (no barrier).
+    # Sweep 1: global -> shared memory by cp.async, every vector in flight
+    # at once without holding registers, one commit group per vector a
+    # thread copies. Each thread later reads back only the vectors it
+    # copied, so waiting for its own groups is enough (no barrier), and
+    # sweep 2 starts on a thread's first vector while the others are still
+    # on their way.
     var gx = x.unsafe_offset(head).unsafe_address_space_cast[
         AddressSpace.GLOBAL
     ]()
-    for i in range(t, nvec, T):
-        async_copy[16](gx.unsafe_offset(i * V), body.unsafe_offset(i * V))
-    async_copy_commit_group()
+    comptime for k in range(K):
+        var i = t + k * T
+        if i < nvec:
+            async_copy[16](gx.unsafe_offset(i * V), body.unsafe_offset(i * V))
+        async_copy_commit_group()
     var m = -inf[acc]()
     var s = Scalar[acc](0)
     for e in range(t, head, T):
@@ -155,12 +166,19 @@ def split_smem_rows_kernel[
         var v = x[unsafe_offset=e]
         smem[unsafe_offset=pad + e] = v
         (m, s) = online_add[acc, 1](m, s, v.cast[acc]())
-    async_copy_wait_all()
 
     # Sweep 2: the chunk's online pair (max, sum of exp(x - max)).
-    for i in range(t, nvec, T):
-        var v = body.unsafe_offset(i * V).unsafe_load[width=V, alignment=16]()
-        (m, s) = online_add[acc, V](m, s, v.cast[acc]())
+    comptime for k in range(K):
+        comptime if k < K - 1:
+            async_copy_wait_group(Int32(K - 1 - k))
+        else:
+            async_copy_wait_all()
+        var i = t + k * T
+        if i < nvec:
+            var v = body.unsafe_offset(i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            (m, s) = online_add[acc, V](m, s, v.cast[acc]())
     var chunk = block_max_sum[acc, T](m, s)
     var chunk_max = chunk[0]
     var chunk_sum = chunk[1]

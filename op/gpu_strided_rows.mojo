@@ -12,8 +12,8 @@ from std.utils.numerics import inf
 from .row_math import (
     accum_dtype,
     epilogue,
-    exp_diff,
     fold_pair,
+    online_add,
     online_sum_guard,
     row_scale,
 )
@@ -61,9 +61,7 @@ def strided_rows_kernel[
         var bs = Scalar[acc](0)
         for j in range(b, min(b + STRIDED_SUM_BLOCK, len)):
             var v = src[unsafe_offset=base + j * stride].cast[acc]()
-            var new_m = max(bm, v)
-            bs = bs * exp_diff[acc, 1](bm, new_m) + exp_diff[acc, 1](v, new_m)
-            bm = new_m
+            (bm, bs) = online_add[acc, 1](bm, bs, v)
         var folded = fold_pair[acc](m, s, bm, bs)
         m = folded[0]
         s = folded[1]

@@ -135,10 +135,10 @@ VARIANT_CASES = [
     ("split", (5, 50257)),  # unaligned rows: scalar loads
     ("split", (300, 40000)),  # more rows than the L2 window: lag < rows
     ("split", (40, 1 << 20)),  # lag 4 rows (float32) of 40
-    # Chunks of 64 KB: 16384 float32 or 32768 16-bit values.
+    # Chunks of 72 KB: 18432 float32 or 36864 16-bit values.
     ("split_smem", (3, 1000)),
-    ("split_smem", (2, 32768)),  # two float32 chunks, one 16-bit chunk exactly
-    ("split_smem", (2, 32769)),
+    ("split_smem", (2, 36864)),  # two float32 chunks, one 16-bit chunk exactly
+    ("split_smem", (2, 36865)),
     ("split_smem", (5, 50257)),  # unaligned rows: scalar head and tail
     ("split_smem", (3, (1 << 20) + 3)),
     ("split_smem", (40, 1 << 20)),  # more rows than fit on chip at once
@@ -146,31 +146,31 @@ VARIANT_CASES = [
     ("split_smem", (300, 40000)),
 ]
 
-# Rows whose chunks (16384 float32 elements in both split kernels) differ:
-# one chunk all -inf or all NaN, the others finite, so the split kernels'
-# pairs must fold correctly across chunks.
-CHUNK = 16384
+# Rows whose chunks differ: one chunk all -inf or all NaN, the others
+# finite, so the split kernels' pairs must fold correctly across chunks.
+# Float32 elements a chunk, by kernel ("auto" picks split_smem here).
+GPU_CHUNKS = {"split": 16384, "split_smem": 18432, "auto": 18432}
+# Row 1 is one odd chunk and then `rest` throughout; "minus_inf_chunk_tiny_rest"
+# makes the row max -1e30, where a chunk of -inf must still give 0
+# (0 * exp(0 + 1e30) would be NaN).
 CHUNK_PATTERNS = {
     "minus_inf_chunk": (-np.inf, 1.0),
     "nan_chunk": (np.nan, 1.0),
     "plus_inf_chunk": (np.inf, 1.0),
     "huge_chunk": (1e30, -1e30),
+    "minus_inf_chunk_tiny_rest": (-np.inf, -1e30),
 }
 
 
 # On the CPU, fewer long rows than four a core are cut into chunks of 65536
-# that run in parallel (cpu_rows._split_rows). Row 1 is one odd chunk and
-# then `rest` throughout; "minus_inf_chunk_tiny_rest" makes the row max
-# -1e30, where a chunk of -inf must still give 0 (0 * exp(0 + 1e30) would
-# be NaN).
+# that run in parallel (cpu_rows._split_rows).
 CPU_CHUNK = 65536
-CPU_CHUNK_PATTERNS = {**CHUNK_PATTERNS, "minus_inf_chunk_tiny_rest": (-np.inf, -1e30)}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("pattern", list(CPU_CHUNK_PATTERNS))
+@pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
 def test_cpu_split_row_patterns(rng, dtype, pattern):
-    first, rest = CPU_CHUNK_PATTERNS[pattern]
+    first, rest = CHUNK_PATTERNS[pattern]
     x = random_logits(rng, (2, 3 * CPU_CHUNK + 5), dtype)
     x[0, CPU_CHUNK : 2 * CPU_CHUNK] = first  # a middle chunk of row 0
     x[1, :CPU_CHUNK] = first  # the first chunk of row 1
@@ -181,14 +181,15 @@ def test_cpu_split_row_patterns(rng, dtype, pattern):
 
 
 @GPU_SKIP
-@pytest.mark.parametrize("variant", ["split", "split_smem", "auto"])
+@pytest.mark.parametrize("variant", list(GPU_CHUNKS))
 @pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
 def test_gpu_split_chunk_patterns(rng, variant, pattern):
     first, rest = CHUNK_PATTERNS[pattern]
-    x = random_logits(rng, (2, 3 * CHUNK + 5), "float32")
-    x[0, CHUNK : 2 * CHUNK] = first  # a middle chunk of row 0
-    x[1, :CHUNK] = first  # the first chunk of row 1
-    x[1, -3:] = rest
+    chunk = GPU_CHUNKS[variant]
+    x = random_logits(rng, (2, 3 * chunk + 5), "float32")
+    x[0, chunk : 2 * chunk] = first  # a middle chunk of row 0
+    x[1, :chunk] = first  # the first chunk of row 1
+    x[1, chunk:] = rest
     for op in OPS:
         y = getattr(max_softmax, op)(x, device="gpu", variant=variant)
         assert_matches_scipy(op, y, x, -1)
