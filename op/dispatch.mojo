@@ -307,6 +307,8 @@ def _launch_split_smem[
     n: Int,
     aligned: Bool,
 ) raises:
+    """Launch gpu_split_smem_rows with blocks of T threads: one per chunk,
+    after zeroing its counters."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()

@@ -50,7 +50,7 @@ from .row_math import (
 # Threads of the blocks resident on an SM: their registers (40 each) and,
 # with 9 vectors of 16 bytes a thread, their chunks (216 of the SM's 227 KB)
 # fill it. 9 vectors (72 KB chunks) measured 1-5% faster than 8 at 32 x 1M
-# (RESULTS, s10): more of the rows on chip at once.
+# (RESULTS, s10a/s10b): more of the rows on chip at once.
 comptime SPLIT_SMEM_SM_THREADS = 1536
 comptime SPLIT_SMEM_VECTORS = 9
 # Threads a block: 512 (3 blocks an SM). 256-thread blocks (6 an SM, half
