@@ -13,7 +13,7 @@
 #   gpu_smem_rows.mojo      long rows (to ~74K fp32): a block per row, on chip in
 #                           registers + shared memory, read once
 #   gpu_split_smem_rows.mojo few or long rows (to 8 MB): each row split across
-#                           blocks, every 64 KB chunk held in shared memory,
+#                           blocks, every 72 KB chunk held in shared memory,
 #                           read once
 #   gpu_split_rows.mojo     rows over 8 MB: each row split across many blocks
 #                           in one launch, re-read from L2
