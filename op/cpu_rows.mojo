@@ -234,6 +234,15 @@ def _max_of[
 
 
 @always_inline
+def _row_exp[acc: DType, W: Int, lean: Bool](d: SIMD[acc, W]) -> SIMD[acc, W]:
+    """exp(d) for a row sweep: by `exp_lean` where `lean` (16-bit softmax,
+    float32 inside), else by `exp_nan`."""
+    comptime if lean:
+        return rebind[SIMD[acc, W]](exp_lean(rebind[SIMD[DType.float32, W]](d)))
+    return exp_nan[acc, W](d)
+
+
+@always_inline
 def _exp_sum[
     dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
 ](
@@ -255,14 +264,9 @@ def _exp_sum[
     for b in range(0, n_vec, SUM_BLOCK):
         var sv = SIMD[acc, W](0)
         for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-            var d = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
-            var e: SIMD[acc, W]
-            comptime if lean:
-                e = rebind[SIMD[acc, W]](
-                    exp_lean(rebind[SIMD[DType.float32, W]](d))
-                )
-            else:
-                e = exp_nan[acc, W](d)
+            var e = _row_exp[acc, W, lean](
+                x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
+            )
             comptime if park_in_dst:
                 y.unsafe_offset(j).unsafe_store(e.cast[dtype]())
             elif park_in_scratch:
@@ -308,9 +312,7 @@ def _write[
             y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
         elif lean and not log_out:
             var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-            var e = rebind[SIMD[acc, W]](
-                exp_lean(rebind[SIMD[DType.float32, W]](v - m))
-            )
+            var e = _row_exp[acc, W, lean](v - m)
             y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
         else:
             var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
