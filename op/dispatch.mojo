@@ -9,17 +9,23 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 | n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
-| fewer rows, or longer, to 8 MB a row | rows split across blocks, each 72 KB chunk held in shared memory, read once (gpu_split_smem_rows) |
+| fewer rows, or longer, to 8 MB a row | rows split across resident blocks that stream 56 KB chunks through two shared-memory buffers, read once (gpu_split_stream_rows) |
 | rows over 8 MB            | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
 `variant` forces one family ("tree", "warp", "block", "smem", "online",
-"split_smem", "split") so benchmarks and tests can run each; "auto"
-follows the table.
-The online kernel (a block per row, reading it twice) is a baseline now.
+"split_smem", "split_stream", "split") so benchmarks and tests can run
+each; "auto" follows the table.
+The online kernel (a block per row, reading it twice) is a baseline now,
+and so is split_smem (a block a chunk, which waits for its row holding it).
 """
 
-from max.gpu.host import DeviceBuffer, DeviceContext, FuncAttribute
+from max.gpu.host import (
+    DeviceAttribute,
+    DeviceBuffer,
+    DeviceContext,
+    FuncAttribute,
+)
 from std.math import ceildiv
 from std.sys import size_of
 
@@ -57,6 +63,13 @@ from .gpu_split_smem_rows import (
     split_smem_rows_kernel,
     split_smem_shared_bytes,
 )
+from .gpu_split_stream_rows import (
+    SPLIT_STREAM_SM_THREADS,
+    SPLIT_STREAM_THREADS,
+    SPLIT_STREAM_VECTORS,
+    split_stream_rows_kernel,
+    split_stream_shared_bytes,
+)
 from .gpu_split_rows import (
     SPLIT_THREADS,
     split_chunks,
@@ -81,7 +94,7 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
         return "smem"
     if n <= split_smem_capacity(16 // V):
-        return "split_smem"
+        return "split_stream"
     return "split"
 
 
@@ -259,6 +272,10 @@ def _launch_gpu[
         _launch_split_smem[dtype, log_out, SPLIT_SMEM_THREADS](
             ctx, dst, src, rows, n, aligned
         )
+    elif family == "split_stream":
+        _launch_split_stream[
+            dtype, log_out, SPLIT_STREAM_THREADS, SPLIT_STREAM_VECTORS
+        ](ctx, dst, src, rows, n, aligned)
     elif family == "split":
         comptime acc = accum_dtype[dtype]()
         comptime assert acc.is_floating_point()
@@ -332,6 +349,59 @@ def _launch_split_smem[
         Int64(n),
         Int32(1) if aligned else Int32(0),
         grid_dim=rows * chunks,
+        block_dim=T,
+        shared_mem_bytes=smem_bytes,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+            UInt32(smem_bytes)
+        ),
+    )
+    # The buffers are freed in stream order, after the kernel.
+    _ = counters^
+    _ = partials^
+
+
+def _launch_split_stream[
+    dtype: DType,
+    log_out: Bool,
+    T: Int,
+    K: Int,
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch gpu_split_stream_rows: blocks of T threads, as many as fit the
+    GPU at once, after zeroing its counters."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime V = vector_width[dtype]()
+    if n > split_smem_capacity(size_of[dtype]()):
+        raise Error(
+            "max_softmax: variant 'split_stream' handles rows up to "
+            + String(split_smem_capacity(size_of[dtype]()))
+            + " elements, got "
+            + String(n)
+        )
+    var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T, K))
+    var resident = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT) * (
+        SPLIT_STREAM_SM_THREADS // T
+    )
+    var counters = _split_counters(ctx, rows)
+    var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
+    comptime kernel = split_stream_rows_kernel[dtype, log_out, V, T, K]
+    var smem_bytes = split_stream_shared_bytes(T, K)
+    ctx.enqueue_function[kernel](
+        dst,
+        src,
+        rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+        rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+        Int64(rows),
+        Int64(n),
+        Int32(1) if aligned else Int32(0),
+        grid_dim=min(rows * chunks, resident),
         block_dim=T,
         shared_mem_bytes=smem_bytes,
         func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(

@@ -22,6 +22,10 @@ so the only row that can hold blocks waiting is the one holding the lowest
 ticket not yet taken. Progress then needs room for one row's chunks on the
 GPU at once: `SPLIT_SMEM_MAX_ROW_BYTES` (8 MB, 38 SMs' worth) bounds that;
 longer rows go to the re-reading split, which needs no room at all.
+
+The chunk steps (`SmemChunk`, `load_chunk`, `chunk_pair`, `write_chunk`)
+are shared with the streaming split (gpu_split_stream_rows), whose
+resident blocks run them on chunk after chunk.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
@@ -33,6 +37,7 @@ from max.gpu.memory import (
     async_copy_wait_group,
     external_memory,
 )
+from std.math import log2
 from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf
@@ -45,6 +50,7 @@ from .row_math import (
     online_add,
     online_sum_guard,
     row_scale,
+    softmax_exp2,
 )
 
 # Threads of the blocks resident on an SM: their registers (40 each) and,
@@ -62,21 +68,219 @@ comptime SPLIT_SMEM_THREADS = 512
 comptime SPLIT_SMEM_MAX_ROW_BYTES = 8 << 20
 
 
-def split_smem_chunk_bytes(threads: Int) -> Int:
-    """Bytes of row a block of `threads` threads holds."""
-    return threads * SPLIT_SMEM_VECTORS * 16
+def split_smem_chunk_bytes(
+    threads: Int, vectors: Int = SPLIT_SMEM_VECTORS
+) -> Int:
+    """Bytes of row a block of `threads` threads holds, `vectors` 16-byte
+    vectors a thread."""
+    return threads * vectors * 16
 
 
-def split_smem_shared_bytes(threads: Int) -> Int:
-    """Dynamic shared memory a block needs: its chunk plus one vector of
+def split_smem_shared_bytes(
+    threads: Int, vectors: Int = SPLIT_SMEM_VECTORS
+) -> Int:
+    """Dynamic shared memory for one chunk: the chunk plus one vector of
     padding that lines the chunk's 16-byte vectors up with its global ones.
     """
-    return split_smem_chunk_bytes(threads) + 16
+    return split_smem_chunk_bytes(threads, vectors) + 16
 
 
 def split_smem_capacity(size: Int) -> Int:
     """Longest row (elements of `size` bytes) the kernel takes."""
     return SPLIT_SMEM_MAX_ROW_BYTES // size
+
+
+# A chunk's buffer in shared memory (`external_memory`'s pointer type).
+comptime SharedBuffer[dtype: DType] = Pointer[
+    Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+]
+
+
+@fieldwise_init
+struct SmemChunk(ImplicitlyCopyable):
+    """Where one chunk of a row lies, in global memory and in its shared
+    memory buffer.
+
+    Element e of the chunk lives at buffer[pad + e], so the chunk's aligned
+    global vectors are aligned in shared memory too. Elements [0, head) and
+    [head + nvec * V, count) go one by one; the `nvec` vectors between by
+    cp.async. Unaligned buffers: the whole chunk is "head".
+    """
+
+    var row: Int
+    """The chunk's row."""
+    var index: Int
+    """The chunk's place in its row."""
+    var start: Int
+    """Offset of its first element from the start of the tensor."""
+    var count: Int
+    """Elements in the chunk (the row's last chunk may be short)."""
+    var pad: Int
+    """Buffer elements before the chunk's first."""
+    var head: Int
+    """Elements before the first aligned vector."""
+    var nvec: Int
+    """Aligned 16-byte vectors."""
+
+
+@always_inline
+def smem_chunk[
+    V: Int, C: Int
+](ticket: Int, n: Int, chunks: Int, aligned_flag: Int32) -> SmemChunk:
+    """The chunk with this ticket: chunk `ticket % chunks` of row `ticket //
+    chunks`, rows of `n` elements cut into chunks of C."""
+    var r = ticket // chunks
+    var c = ticket % chunks
+    var begin = c * C
+    var count = min(n, begin + C) - begin
+    var start = r * n + begin
+    var pad = start % V if aligned_flag != 0 else 0
+    var head = min((V - pad) % V, count) if aligned_flag != 0 else count
+    return SmemChunk(r, c, start, count, pad, head, (count - head) // V)
+
+
+@always_inline
+def load_chunk[
+    dtype: DType, V: Int, T: Int, K: Int
+](
+    chunk: SmemChunk,
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    buf: SharedBuffer[dtype],
+):
+    """Start copying `chunk` (at most K vectors a thread) into `buf`.
+
+    Vectors go by cp.async, all in flight at once without holding
+    registers, one commit group per vector a thread copies, so that
+    `chunk_pair` can start on a thread's first vector while the others are
+    on their way. The few scalar elements are copied here. Each thread later
+    reads back only what it copied, so no barrier is needed before
+    `chunk_pair`; the caller makes sure no thread still reads `buf`.
+    """
+    var t = Int(thread_idx.x)
+    var x = src.unsafe_offset(chunk.start)
+    var body = buf.unsafe_offset(chunk.pad + chunk.head)
+    var gx = x.unsafe_offset(chunk.head).unsafe_address_space_cast[
+        AddressSpace.GLOBAL
+    ]()
+    comptime for k in range(K):
+        var i = t + k * T
+        if i < chunk.nvec:
+            async_copy[16](gx.unsafe_offset(i * V), body.unsafe_offset(i * V))
+        async_copy_commit_group()
+    for e in range(t, chunk.head, T):
+        buf[unsafe_offset=chunk.pad + e] = x[unsafe_offset=e]
+    for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
+        buf[unsafe_offset=chunk.pad + e] = x[unsafe_offset=e]
+
+
+@always_inline
+def chunk_pair[
+    dtype: DType, V: Int, T: Int, K: Int
+](
+    chunk: SmemChunk,
+    buf: SharedBuffer[dtype],
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]
+]:
+    """The pair (max, sum of exp(x - max)) of a chunk `load_chunk` is
+    copying into `buf`, reduced over the block; each vector is folded in as
+    soon as its group has landed."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var body = buf.unsafe_offset(chunk.pad + chunk.head)
+    var m = -inf[acc]()
+    var s = Scalar[acc](0)
+    for e in range(t, chunk.head, T):
+        (m, s) = online_add[acc, 1](
+            m, s, buf[unsafe_offset=chunk.pad + e].cast[acc]()
+        )
+    for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
+        (m, s) = online_add[acc, 1](
+            m, s, buf[unsafe_offset=chunk.pad + e].cast[acc]()
+        )
+    comptime for k in range(K):
+        comptime if k < K - 1:
+            async_copy_wait_group(Int32(K - 1 - k))
+        else:
+            async_copy_wait_all()
+        var i = t + k * T
+        if i < chunk.nvec:
+            var v = body.unsafe_offset(i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            (m, s) = online_add[acc, V](m, s, v.cast[acc]())
+    return block_max_sum[acc, T](m, s)
+
+
+@always_inline
+def write_chunk[
+    dtype: DType, log_out: Bool, V: Int, T: Int, fold: Bool = False
+](
+    chunk: SmemChunk,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    buf: SharedBuffer[dtype],
+    row_max: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+):
+    """Write softmax (or log-softmax) of the chunk held in `buf`, given its
+    row's max and `row_scale`. `fold` (for 16-bit outputs) puts the scale
+    in the exponent: `softmax_exp2`, one instruction an element fewer."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var y = dst.unsafe_offset(chunk.start)
+    var body = buf.unsafe_offset(chunk.pad + chunk.head)
+    comptime if fold and not log_out and acc == DType.float32:
+        var log2_scale = log2(rebind[Float32](scale))
+        var m = rebind[Float32](row_max)
+        for i in range(t, chunk.nvec, T):
+            var v = body.unsafe_offset(i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            y.unsafe_offset(chunk.head + i * V).unsafe_store[alignment=16](
+                softmax_exp2[V](v.cast[DType.float32](), m, log2_scale).cast[
+                    dtype
+                ]()
+            )
+    else:
+        for i in range(t, chunk.nvec, T):
+            var v = body.unsafe_offset(i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            y.unsafe_offset(chunk.head + i * V).unsafe_store[alignment=16](
+                epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
+                    dtype
+                ]()
+            )
+    for e in range(t, chunk.head, T):
+        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
+            buf[unsafe_offset=chunk.pad + e].cast[acc](), row_max, scale
+        ).cast[dtype]()
+    for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
+        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
+            buf[unsafe_offset=chunk.pad + e].cast[acc](), row_max, scale
+        ).cast[dtype]()
+
+
+@always_inline
+def write_row_chunk[
+    dtype: DType, log_out: Bool, V: Int, T: Int, fold: Bool = False
+](
+    chunk: SmemChunk,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    buf: SharedBuffer[dtype],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    chunks: Int,
+):
+    """Fold the pairs of the chunk's row (all published), write the chunk."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var total = row_pair[acc, T](partials, chunk.row, chunks)
+    var scale = row_scale[log_out, acc](
+        online_sum_guard[acc](total[0], total[1])
+    )
+    write_chunk[dtype, log_out, V, T, fold](chunk, dst, buf, total[0], scale)
 
 
 @__llvm_metadata(
@@ -115,95 +319,20 @@ def split_smem_rows_kernel[
         aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned,
             so element offsets alone decide which loads are aligned.
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime C = split_smem_chunk_bytes(T) // size_of[dtype]()
     comptime K = SPLIT_SMEM_VECTORS
-    var t = Int(thread_idx.x)
+    comptime C = split_smem_chunk_bytes(T) // size_of[dtype]()
     var len = Int(n)
     var chunks = (len + C - 1) // C
-    var ticket = take_ticket(counters)
-    var r = ticket // chunks
-    var c = ticket % chunks
-    var begin = c * C
-    var count = min(len, begin + C) - begin
-    var start = r * len + begin
-    var x = src.unsafe_offset(start)
-    var y = dst.unsafe_offset(start)
-    # Element e of the chunk lives at smem[pad + e], so the chunk's aligned
-    # global vectors are aligned in shared memory too. Unaligned buffers:
-    # the whole chunk is "head", scalar throughout.
-    var pad = start % V if aligned_flag != 0 else 0
-    var head = min((V - pad) % V, count) if aligned_flag != 0 else count
-    var nvec = (count - head) // V
-    var tail_begin = head + nvec * V
-    var smem = external_memory[
+    var chunk = smem_chunk[V, C](
+        take_ticket(counters), len, chunks, aligned_flag
+    )
+    var buf = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
-    var body = smem.unsafe_offset(pad + head)
-
-    # Sweep 1: global -> shared memory by cp.async, every vector in flight
-    # at once without holding registers, one commit group per vector a
-    # thread copies. Each thread later reads back only the vectors it
-    # copied, so waiting for its own groups is enough (no barrier), and
-    # sweep 2 starts on a thread's first vector while the others are still
-    # on their way.
-    var gx = x.unsafe_offset(head).unsafe_address_space_cast[
-        AddressSpace.GLOBAL
-    ]()
-    comptime for k in range(K):
-        var i = t + k * T
-        if i < nvec:
-            async_copy[16](gx.unsafe_offset(i * V), body.unsafe_offset(i * V))
-        async_copy_commit_group()
-    var m = -inf[acc]()
-    var s = Scalar[acc](0)
-    for e in range(t, head, T):
-        var v = x[unsafe_offset=e]
-        smem[unsafe_offset=pad + e] = v
-        (m, s) = online_add[acc, 1](m, s, v.cast[acc]())
-    for e in range(tail_begin + t, count, T):
-        var v = x[unsafe_offset=e]
-        smem[unsafe_offset=pad + e] = v
-        (m, s) = online_add[acc, 1](m, s, v.cast[acc]())
-
-    # Sweep 2: the chunk's online pair (max, sum of exp(x - max)).
-    comptime for k in range(K):
-        comptime if k < K - 1:
-            async_copy_wait_group(Int32(K - 1 - k))
-        else:
-            async_copy_wait_all()
-        var i = t + k * T
-        if i < nvec:
-            var v = body.unsafe_offset(i * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            (m, s) = online_add[acc, V](m, s, v.cast[acc]())
-    var chunk = block_max_sum[acc, T](m, s)
-    var chunk_max = chunk[0]
-    var chunk_sum = chunk[1]
-
-    publish_pair(counters, partials, r, chunks, c, chunk_max, chunk_sum)
-    wait_for_row(counters, r, chunks)
-    var total = row_pair[acc, T](partials, r, chunks)
-    var row_max = total[0]
-    var scale = row_scale[log_out, acc](
-        online_sum_guard[acc](row_max, total[1])
+    load_chunk[dtype, V, T, K](chunk, src, buf)
+    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
+    publish_pair(
+        counters, partials, chunk.row, chunks, chunk.index, pair[0], pair[1]
     )
-
-    # Sweep 3: write the chunk from shared memory.
-    for i in range(t, nvec, T):
-        var v = body.unsafe_offset(i * V).unsafe_load[width=V, alignment=16]()
-        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-            epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
-                dtype
-            ]()
-        )
-    for e in range(t, head, T):
-        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
-            smem[unsafe_offset=pad + e].cast[acc](), row_max, scale
-        ).cast[dtype]()
-    for e in range(tail_begin + t, count, T):
-        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
-            smem[unsafe_offset=pad + e].cast[acc](), row_max, scale
-        ).cast[dtype]()
+    wait_for_row(counters, chunk.row, chunks)
+    write_row_chunk[dtype, log_out, V, T](chunk, dst, buf, partials, chunks)

@@ -21,6 +21,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             "online",
             "split",
             "split_smem",
+            "split_stream",
         ]:
             softmax_rows["gpu", dtype, log_out, variant](
                 ctx, dst, src, 4, 1000, 1

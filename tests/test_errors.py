@@ -49,7 +49,8 @@ def test_gpu_requested_without_gpu():
 @pytest.mark.skipif(not max_softmax.gpu_available(), reason="no GPU: MAX finds no accelerator")
 @pytest.mark.parametrize(
     "variant,capacity",
-    [("warp", 512), ("split_smem", 2 * 2**20)],  # float32 rows of up to 8 MB
+    # float32 rows of up to 8 MB for the split kernels
+    [("warp", 512), ("split_smem", 2 * 2**20), ("split_stream", 2 * 2**20)],
 )
 def test_variant_too_short_for_row_on_gpu(variant, capacity):
     n = capacity + 1

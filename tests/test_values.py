@@ -144,12 +144,23 @@ VARIANT_CASES = [
     ("split_smem", (40, 1 << 20)),  # more rows than fit on chip at once
     ("split_smem", (1, 128 * 16384)),  # float32 capacity: 8 MB
     ("split_smem", (300, 40000)),
+    # Resident blocks streaming chunks of 56 KB: 14336 float32 or 28672
+    # 16-bit values.
+    ("split_stream", (3, 1000)),
+    ("split_stream", (2, 28672)),  # two float32 chunks, one 16-bit chunk exactly
+    ("split_stream", (2, 28673)),
+    ("split_stream", (5, 50257)),  # unaligned rows: scalar head and tail
+    ("split_stream", (3, (1 << 20) + 3)),
+    ("split_stream", (40, 1 << 20)),  # several chunks a block
+    ("split_stream", (1, 128 * 16384)),  # float32 capacity: 8 MB
+    ("split_stream", (300, 40000)),  # a block's next chunk often in its row
+    ("split_stream", (2000, 3000)),  # a row a chunk, many chunks a block
 ]
 
 # Rows whose chunks differ: one chunk all -inf or all NaN, the others
 # finite, so the split kernels' pairs must fold correctly across chunks.
-# Float32 elements a chunk, by kernel ("auto" picks split_smem here).
-GPU_CHUNKS = {"split": 16384, "split_smem": 18432, "auto": 18432}
+# Float32 elements a chunk, by kernel ("auto" picks split_stream here).
+GPU_CHUNKS = {"split": 16384, "split_smem": 18432, "split_stream": 14336, "auto": 14336}
 # Row 1 is one odd chunk and then `rest` throughout; "minus_inf_chunk_tiny_rest"
 # makes the row max -1e30, where a chunk of -inf must still give 0
 # (0 * exp(0 + 1e30) would be NaN).
@@ -218,8 +229,8 @@ def test_gpu_many_long_rows(rng, n, dtype):
 @GPU_SKIP
 @pytest.mark.parametrize("dtype,itemsize", [("float32", 4), ("bfloat16", 2)])
 @pytest.mark.parametrize("extra", [0, 5])
-def test_gpu_rows_past_split_smem(rng, dtype, itemsize, extra):
-    """Rows of up to 8 MB are held on chip across blocks (split_smem), longer
+def test_gpu_rows_past_on_chip_split(rng, dtype, itemsize, extra):
+    """Rows of up to 8 MB are held on chip across blocks (split_stream), longer
     ones re-read from L2 (split)."""
     x = random_logits(rng, (2, 8 * 2**20 // itemsize + extra), dtype)
     assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)

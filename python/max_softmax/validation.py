@@ -40,6 +40,7 @@ VARIANTS: tuple[str, ...] = (
     "online",
     "split",
     "split_smem",
+    "split_stream",
 )
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""

@@ -1,0 +1,172 @@
+"""Long rows split across blocks that stay resident and stream chunk after
+chunk, two chunk buffers each: a chunk loads while the one before waits for
+its row and is written.
+
+In gpu_split_smem_rows a block holds one chunk: it loads it, then waits for
+the rest of its row, then writes it and exits, so an SM whose blocks are
+all waiting has no loads in flight. At 32 x 1M bfloat16 (2.3 waves of
+blocks) Nsight Compute put a quarter of the warp stalls at that wait and
+DRAM at 57% of peak (RESULTS, session 6). Here `2 x SMs` blocks loop:
+
+1. take the next chunk's ticket and start its cp.async copy into the free
+   buffer;
+2. if the held chunk's row is complete, write the held chunk while the new
+   one lands; otherwise reduce and publish the new chunk first;
+3. fold the new chunk's pair (max, sum of exp(x - max)) and publish it,
+   if step 2 has not; it becomes the held chunk.
+
+A block never waits for a row while holding an unpublished chunk of that
+row or an earlier one (step 2 publishes first unless the row is already
+complete), and tickets go in row order, so a row can block progress only
+if its chunks outnumber two per resident block: `SPLIT_SMEM_MAX_ROW_BYTES`
+(8 MB) bounds rows as in gpu_split_smem_rows. Blocks that never start hold
+no tickets, so any share of the GPU that fits one row is safe.
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
+from max.gpu.memory import AddressSpace, external_memory
+from std.sys import size_of
+from std.utils import StaticTuple
+
+from .gpu_split_rows import (
+    publish_pair,
+    request_ticket,
+    row_ready,
+    share_ticket,
+    take_ticket,
+    wait_for_row,
+)
+from .gpu_split_smem_rows import (
+    SharedBuffer,
+    chunk_pair,
+    load_chunk,
+    smem_chunk,
+    split_smem_chunk_bytes,
+    write_row_chunk,
+)
+from .row_math import accum_dtype
+
+# Threads a block, blocks an SM, 16-byte vectors a thread in each of a
+# block's two buffers: 2 blocks x 2 buffers x 56 KB = 224 of the SM's
+# 227 KB.
+comptime SPLIT_STREAM_SM_THREADS = 1024
+comptime SPLIT_STREAM_THREADS = 512
+comptime SPLIT_STREAM_VECTORS = 7
+
+
+def split_stream_shared_bytes(threads: Int, vectors: Int) -> Int:
+    """Dynamic shared memory a block needs: two chunk buffers, each with
+    one vector of padding (see `SmemChunk`)."""
+    return 2 * (split_smem_chunk_bytes(threads, vectors) + 16)
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(SPLIT_STREAM_SM_THREADS // T),
+)
+def split_stream_rows_kernel[
+    dtype: DType,
+    log_out: Bool,
+    V: Int,
+    T: Int,
+    K: Int,
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    counters: Pointer[Int32, MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Chunks of `split_smem_chunk_bytes(T, K)`, taken by ticket until all
+    `rows * chunks` are written; any grid size works.
+
+    Parameters:
+        dtype: Element type.
+        log_out: Write log-softmax instead of softmax.
+        V: Elements per 16-byte vector of `dtype`.
+        T: Threads per block.
+        K: 16-byte vectors a thread in each buffer.
+
+    Args:
+        dst: Output rows.
+        src: Input rows of `n` elements.
+        counters: `1 + rows` zeroed counters: the ticket counter, then one
+            arrival counter per row.
+        partials: `rows * chunks * 2` accumulators, a (max, sum) per chunk.
+        rows: Number of rows.
+        n: Row length.
+        aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned.
+    """
+    comptime C = split_smem_chunk_bytes(T, K) // size_of[dtype]()
+    # 16-bit outputs: one exp2 an element, the scale in its exponent.
+    comptime short_out = size_of[dtype]() == 2
+    var len = Int(n)
+    var chunks = (len + C - 1) // C
+    var total = Int(rows) * chunks
+    var held_buf = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var free_buf = held_buf.unsafe_offset(C + V)
+
+    var ticket = take_ticket(counters)
+    if ticket >= total:
+        return
+    var held = smem_chunk[V, C](ticket, len, chunks, aligned_flag)
+    load_chunk[dtype, V, T, K](held, src, held_buf)
+    var pair = chunk_pair[dtype, V, T, K](held, held_buf)
+    publish_pair(
+        counters, partials, held.row, chunks, held.index, pair[0], pair[1]
+    )
+    var requested = request_ticket(counters)
+
+    while True:
+        ticket = share_ticket(requested)
+        var more = ticket < total
+        var next = held
+        var published = True
+        if more:
+            next = smem_chunk[V, C](ticket, len, chunks, aligned_flag)
+            load_chunk[dtype, V, T, K](next, src, free_buf)
+            published = False
+        var ready = row_ready(counters, held.row, chunks)
+        # Publish first when the held row still waits: this chunk may be
+        # what it waits for.
+        if more and not ready:
+            pair = chunk_pair[dtype, V, T, K](next, free_buf)
+            publish_pair(
+                counters,
+                partials,
+                next.row,
+                chunks,
+                next.index,
+                pair[0],
+                pair[1],
+            )
+            published = True
+        if not ready:
+            wait_for_row(counters, held.row, chunks)
+        # The row is complete, so taking the next ticket cannot hold up a
+        # row this block waits for; its round trip overlaps the write.
+        requested = request_ticket(counters)
+        write_row_chunk[dtype, log_out, V, T, short_out](
+            held, dst, held_buf, partials, chunks
+        )
+        if not more:
+            return
+        if not published:
+            pair = chunk_pair[dtype, V, T, K](next, free_buf)
+            publish_pair(
+                counters,
+                partials,
+                next.row,
+                chunks,
+                next.index,
+                pair[0],
+                pair[1],
+            )
+        held = next
+        var swap = held_buf
+        held_buf = free_buf
+        free_buf = swap
