@@ -56,24 +56,9 @@ comptime DeviceCounter = Atomic[Int32, scope="device"]
 def take_ticket(counters: Pointer[Int32, MutAnyOrigin]) -> Int:
     """The block's ticket: blocks start work in ticket order, which block
     indices do not promise."""
-    return share_ticket(request_ticket(counters))
-
-
-@always_inline
-def request_ticket(counters: Pointer[Int32, MutAnyOrigin]) -> Int32:
-    """Start taking a ticket: thread 0 issues the atomic (other threads get
-    0). Work placed before `share_ticket` hides the atomic's round trip."""
-    if thread_idx.x == 0:
-        return DeviceCounter.fetch_add[ordering=Ordering.RELAXED](counters, 1)
-    return 0
-
-
-@always_inline
-def share_ticket(requested: Int32) -> Int:
-    """Hand thread 0's `request_ticket` result to the whole block."""
     var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
     if thread_idx.x == 0:
-        slot[] = requested
+        slot[] = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](counters, 1)
     barrier()
     return Int(slot[])
 
@@ -118,11 +103,11 @@ def row_ready(
     counters: Pointer[Int32, MutAnyOrigin], r: Int, chunks: Int
 ) -> Bool:
     """Whether all `chunks` pairs of row r are published, as one answer for
-    the whole block; when it is, the pairs can be read (acquire), as after
-    `wait_for_row`."""
+    the whole block. A check only: read the pairs after `wait_for_row`
+    (acquire)."""
     var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
     if thread_idx.x == 0:
-        slot[] = DeviceCounter.load[ordering=Ordering.ACQUIRE](
+        slot[] = DeviceCounter.load[ordering=Ordering.RELAXED](
             counters.unsafe_offset(1 + r)
         )
     barrier()

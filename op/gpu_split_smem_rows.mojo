@@ -23,7 +23,7 @@ ticket not yet taken. Progress then needs room for one row's chunks on the
 GPU at once: `SPLIT_SMEM_MAX_ROW_BYTES` (8 MB, 38 SMs' worth) bounds that;
 longer rows go to the re-reading split, which needs no room at all.
 
-The chunk steps (`SmemChunk`, `load_chunk`, `chunk_pair`, `write_chunk`)
+The chunk steps (`SmemChunk`, `load_chunk`, `publish_chunk`, `write_row_chunk`)
 are shared with the streaming split (gpu_split_stream_rows), whose
 resident blocks run them on chunk after chunk.
 """
@@ -37,7 +37,6 @@ from max.gpu.memory import (
     async_copy_wait_group,
     external_memory,
 )
-from std.math import log2
 from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf
@@ -50,7 +49,6 @@ from .row_math import (
     online_add,
     online_sum_guard,
     row_scale,
-    softmax_exp2,
 )
 
 # Threads of the blocks resident on an SM: their registers (40 each) and,
@@ -214,8 +212,26 @@ def chunk_pair[
 
 
 @always_inline
+def publish_chunk[
+    dtype: DType, V: Int, T: Int, K: Int
+](
+    chunk: SmemChunk,
+    buf: SharedBuffer[dtype],
+    counters: Pointer[Int32, MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    chunks: Int,
+):
+    """Reduce the chunk `load_chunk` is copying into `buf` (`chunk_pair`)
+    and publish its pair to its row."""
+    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
+    publish_pair(
+        counters, partials, chunk.row, chunks, chunk.index, pair[0], pair[1]
+    )
+
+
+@always_inline
 def write_chunk[
-    dtype: DType, log_out: Bool, V: Int, T: Int, fold: Bool = False
+    dtype: DType, log_out: Bool, V: Int, T: Int
 ](
     chunk: SmemChunk,
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -224,35 +240,19 @@ def write_chunk[
     scale: Scalar[accum_dtype[dtype]()],
 ):
     """Write softmax (or log-softmax) of the chunk held in `buf`, given its
-    row's max and `row_scale`. `fold` (for 16-bit outputs) puts the scale
-    in the exponent: `softmax_exp2`, one instruction an element fewer."""
+    row's max and `row_scale`."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var t = Int(thread_idx.x)
     var y = dst.unsafe_offset(chunk.start)
     var body = buf.unsafe_offset(chunk.pad + chunk.head)
-    comptime if fold and not log_out and acc == DType.float32:
-        var log2_scale = log2(rebind[Float32](scale))
-        var m = rebind[Float32](row_max)
-        for i in range(t, chunk.nvec, T):
-            var v = body.unsafe_offset(i * V).unsafe_load[
-                width=V, alignment=16
+    for i in range(t, chunk.nvec, T):
+        var v = body.unsafe_offset(i * V).unsafe_load[width=V, alignment=16]()
+        y.unsafe_offset(chunk.head + i * V).unsafe_store[alignment=16](
+            epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
+                dtype
             ]()
-            y.unsafe_offset(chunk.head + i * V).unsafe_store[alignment=16](
-                softmax_exp2[V](v.cast[DType.float32](), m, log2_scale).cast[
-                    dtype
-                ]()
-            )
-    else:
-        for i in range(t, chunk.nvec, T):
-            var v = body.unsafe_offset(i * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            y.unsafe_offset(chunk.head + i * V).unsafe_store[alignment=16](
-                epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
-                    dtype
-                ]()
-            )
+        )
     for e in range(t, chunk.head, T):
         y[unsafe_offset=e] = epilogue[log_out, acc, 1](
             buf[unsafe_offset=chunk.pad + e].cast[acc](), row_max, scale
@@ -265,7 +265,7 @@ def write_chunk[
 
 @always_inline
 def write_row_chunk[
-    dtype: DType, log_out: Bool, V: Int, T: Int, fold: Bool = False
+    dtype: DType, log_out: Bool, V: Int, T: Int
 ](
     chunk: SmemChunk,
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -280,7 +280,7 @@ def write_row_chunk[
     var scale = row_scale[log_out, acc](
         online_sum_guard[acc](total[0], total[1])
     )
-    write_chunk[dtype, log_out, V, T, fold](chunk, dst, buf, total[0], scale)
+    write_chunk[dtype, log_out, V, T](chunk, dst, buf, total[0], scale)
 
 
 @__llvm_metadata(
@@ -330,9 +330,6 @@ def split_smem_rows_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
     load_chunk[dtype, V, T, K](chunk, src, buf)
-    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
-    publish_pair(
-        counters, partials, chunk.row, chunks, chunk.index, pair[0], pair[1]
-    )
+    publish_chunk[dtype, V, T, K](chunk, buf, counters, partials, chunks)
     wait_for_row(counters, chunk.row, chunks)
     write_row_chunk[dtype, log_out, V, T](chunk, dst, buf, partials, chunks)

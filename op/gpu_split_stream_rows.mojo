@@ -28,18 +28,10 @@ from max.gpu.memory import AddressSpace, external_memory
 from std.sys import size_of
 from std.utils import StaticTuple
 
-from .gpu_split_rows import (
-    publish_pair,
-    request_ticket,
-    row_ready,
-    share_ticket,
-    take_ticket,
-    wait_for_row,
-)
+from .gpu_split_rows import row_ready, take_ticket, wait_for_row
 from .gpu_split_smem_rows import (
-    SharedBuffer,
-    chunk_pair,
     load_chunk,
+    publish_chunk,
     smem_chunk,
     split_smem_chunk_bytes,
     write_row_chunk,
@@ -100,8 +92,6 @@ def split_stream_rows_kernel[
         aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned.
     """
     comptime C = split_smem_chunk_bytes(T, K) // size_of[dtype]()
-    # 16-bit outputs: one exp2 an element, the scale in its exponent.
-    comptime short_out = size_of[dtype]() == 2
     var len = Int(n)
     var chunks = (len + C - 1) // C
     var total = Int(rows) * chunks
@@ -115,14 +105,10 @@ def split_stream_rows_kernel[
         return
     var held = smem_chunk[V, C](ticket, len, chunks, aligned_flag)
     load_chunk[dtype, V, T, K](held, src, held_buf)
-    var pair = chunk_pair[dtype, V, T, K](held, held_buf)
-    publish_pair(
-        counters, partials, held.row, chunks, held.index, pair[0], pair[1]
-    )
-    var requested = request_ticket(counters)
+    publish_chunk[dtype, V, T, K](held, held_buf, counters, partials, chunks)
 
     while True:
-        ticket = share_ticket(requested)
+        ticket = take_ticket(counters)
         var more = ticket < total
         var next = held
         var published = True
@@ -130,41 +116,22 @@ def split_stream_rows_kernel[
             next = smem_chunk[V, C](ticket, len, chunks, aligned_flag)
             load_chunk[dtype, V, T, K](next, src, free_buf)
             published = False
-        var ready = row_ready(counters, held.row, chunks)
-        # Publish first when the held row still waits: this chunk may be
-        # what it waits for.
-        if more and not ready:
-            pair = chunk_pair[dtype, V, T, K](next, free_buf)
-            publish_pair(
-                counters,
-                partials,
-                next.row,
-                chunks,
-                next.index,
-                pair[0],
-                pair[1],
-            )
-            published = True
-        if not ready:
-            wait_for_row(counters, held.row, chunks)
-        # The row is complete, so taking the next ticket cannot hold up a
-        # row this block waits for; its round trip overlaps the write.
-        requested = request_ticket(counters)
-        write_row_chunk[dtype, log_out, V, T, short_out](
+            # Publish first when the held row still waits: this chunk may
+            # be what it waits for.
+            if not row_ready(counters, held.row, chunks):
+                publish_chunk[dtype, V, T, K](
+                    next, free_buf, counters, partials, chunks
+                )
+                published = True
+        wait_for_row(counters, held.row, chunks)
+        write_row_chunk[dtype, log_out, V, T](
             held, dst, held_buf, partials, chunks
         )
         if not more:
             return
         if not published:
-            pair = chunk_pair[dtype, V, T, K](next, free_buf)
-            publish_pair(
-                counters,
-                partials,
-                next.row,
-                chunks,
-                next.index,
-                pair[0],
-                pair[1],
+            publish_chunk[dtype, V, T, K](
+                next, free_buf, counters, partials, chunks
             )
         held = next
         var swap = held_buf

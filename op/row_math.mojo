@@ -10,7 +10,7 @@ same as `scipy.special.softmax`:
   because the row max is subtracted before `exp`.
 """
 
-from std.math import exp, exp2, floor, isnan, log, log2
+from std.math import exp, floor, isnan, log
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.info import is_nvidia_gpu
 from std.utils.numerics import inf, min_finite, nan
@@ -191,24 +191,6 @@ def epilogue[
         return (x - row_max) - scale
     else:
         return exp_nan[acc, w](x - row_max) * scale
-
-
-@always_inline
-def softmax_exp2[
-    w: Int
-](x: SIMD[DType.float32, w], row_max: Float32, log2_scale: Float32) -> SIMD[
-    DType.float32, w
-]:
-    """Softmax exp(x - max) / sum as one exp2 of (x - max)·log2(e) +
-    log2(1/sum): a subtract, an FMA and `ex2` on NVIDIA GPUs, against a
-    subtract, a multiply, `ex2` and a multiply for `epilogue`.
-
-    For 16-bit outputs: log2(1/sum) in the exponent rounds with it, a
-    relative error of up to 2^-24·|exponent|·ln 2 (4e-6 at exponent -100),
-    far below an ulp of float16 (2^-11) or bfloat16 (2^-8). NaN stays NaN
-    (NaN sum: NaN log2), -inf entries give 0.
-    """
-    return exp2((x - row_max).fma(Float32(1.4426950408889634), log2_scale))
 
 
 # Backward ops. With a = y (softmax) or log p (log-softmax), g = dy:
