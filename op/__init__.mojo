@@ -12,9 +12,11 @@
 #                           (a warp per row, or a block per row)
 #   gpu_smem_rows.mojo      long rows (to ~74K fp32): a block per row, on chip in
 #                           registers + shared memory, read once
-#   gpu_split_smem_rows.mojo few or long rows (to 8 MB): each row split across
-#                           blocks, every 72 KB chunk held in shared memory,
-#                           read once
+#   gpu_split_stream_rows.mojo few or long rows (to 8 MB): each row split into
+#                           56 KB chunks that resident blocks stream through
+#                           two shared-memory buffers, read once
+#   gpu_split_smem_rows.mojo baseline split: a block a 72 KB chunk, held in
+#                           shared memory; the chunk steps both share
 #   gpu_split_rows.mojo     rows over 8 MB: each row split across many blocks
 #                           in one launch, re-read from L2
 #   gpu_online_rows.mojo    baseline for long rows: online max/sum pass, then a
