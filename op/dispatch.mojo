@@ -312,6 +312,20 @@ def _split_counters(
     return counters^
 
 
+def _check_on_chip_split[dtype: DType](variant: String, n: Int) raises:
+    """Raise unless rows of `n` fit the kernels that hold a split row on chip
+    (split_smem, split_stream: up to `SPLIT_SMEM_MAX_ROW_BYTES`)."""
+    if n > split_smem_capacity(size_of[dtype]()):
+        raise Error(
+            "max_softmax: variant '"
+            + variant
+            + "' handles rows up to "
+            + String(split_smem_capacity(size_of[dtype]()))
+            + " elements, got "
+            + String(n)
+        )
+
+
 def _launch_split_smem[
     dtype: DType,
     log_out: Bool,
@@ -329,13 +343,7 @@ def _launch_split_smem[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
-    if n > split_smem_capacity(size_of[dtype]()):
-        raise Error(
-            "max_softmax: variant 'split_smem' handles rows up to "
-            + String(split_smem_capacity(size_of[dtype]()))
-            + " elements, got "
-            + String(n)
-        )
+    _check_on_chip_split[dtype]("split_smem", n)
     var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T))
     var counters = _split_counters(ctx, rows)
     var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
@@ -378,13 +386,7 @@ def _launch_split_stream[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
-    if n > split_smem_capacity(size_of[dtype]()):
-        raise Error(
-            "max_softmax: variant 'split_stream' handles rows up to "
-            + String(split_smem_capacity(size_of[dtype]()))
-            + " elements, got "
-            + String(n)
-        )
+    _check_on_chip_split[dtype]("split_stream", n)
     var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T, K))
     var resident = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT) * (
         SPLIT_STREAM_SM_THREADS // T
