@@ -39,6 +39,7 @@ from .gpu_split_smem_rows import (
     publish_chunk,
     smem_chunk,
     split_smem_chunk_bytes,
+    split_smem_shared_bytes,
     write_row_chunk,
 )
 from .row_math import accum_dtype
@@ -54,8 +55,8 @@ comptime SPLIT_STREAM_VECTORS = 7
 
 def split_stream_shared_bytes(threads: Int, vectors: Int) -> Int:
     """Dynamic shared memory a block needs: two chunk buffers, each with
-    one vector of padding (see `SmemChunk`)."""
-    return 2 * (split_smem_chunk_bytes(threads, vectors) + 16)
+    its vector of padding (see `SmemChunk`)."""
+    return 2 * split_smem_shared_bytes(threads, vectors)
 
 
 @__llvm_metadata(
@@ -104,6 +105,7 @@ def split_stream_rows_kernel[
     var held_buf = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
+    # The second buffer starts past the first and its padding vector.
     var free_buf = held_buf.unsafe_offset(C + V)
 
     var ticket = take_ticket(counters)
