@@ -118,13 +118,14 @@ def row_ready(
 
 
 @always_inline
-def row_pair[
-    acc: DType, T: Int
+def row_max_scale[
+    acc: DType, T: Int, log_out: Bool
 ](partials: Pointer[Scalar[acc], MutAnyOrigin], r: Int, chunks: Int) -> Tuple[
     Scalar[acc], Scalar[acc]
 ]:
-    """Row r's (max, sum of exp(x - max)), folded from its chunks' pairs by
-    a block of T threads (after `wait_for_row`)."""
+    """Row r's max and `row_scale` (NaN where the three-pass algorithm gives
+    NaN), folded from its chunks' pairs by a block of T threads (after
+    `wait_for_row`)."""
     # Pairs are read at device scope, past L1: this SM's L1 may hold a
     # stale line of them from an earlier block of a neighbouring row.
     comptime shared = Atomic[Scalar[acc], scope="device"]
@@ -141,7 +142,11 @@ def row_pair[
         )
         m = folded[0]
         s = folded[1]
-    return block_max_sum[acc, T](m, s)
+    var total = block_max_sum[acc, T](m, s)
+    return (
+        total[0],
+        row_scale[log_out, acc](online_sum_guard[acc](total[0], total[1])),
+    )
 
 
 @always_inline
@@ -233,11 +238,7 @@ def split_rows_kernel[
         return
 
     wait_for_row(counters, r, chunks)
-    var total = row_pair[acc, T](partials, r, chunks)
-    var row_max = total[0]
-    var scale = row_scale[log_out, acc](
-        online_sum_guard[acc](row_max, total[1])
-    )
+    var terms = row_max_scale[acc, T, log_out](partials, r, chunks)
     normalize_range[dtype, log_out, V, T](
         dst.unsafe_offset(r * len),
         x,
@@ -245,6 +246,6 @@ def split_rows_kernel[
         end,
         t,
         vector_loads,
-        row_max,
-        scale,
+        terms[0],
+        terms[1],
     )

@@ -42,13 +42,16 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_reductions import block_max_sum
-from .gpu_split_rows import publish_pair, row_pair, take_ticket, wait_for_row
+from .gpu_split_rows import (
+    publish_pair,
+    row_max_scale,
+    take_ticket,
+    wait_for_row,
+)
 from .row_math import (
     accum_dtype,
     epilogue,
     online_add,
-    online_sum_guard,
-    row_scale,
 )
 
 # Threads of the blocks resident on an SM: their registers (40 each) and,
@@ -276,11 +279,8 @@ def write_row_chunk[
     """Fold the pairs of the chunk's row (all published), write the chunk."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var total = row_pair[acc, T](partials, chunk.row, chunks)
-    var scale = row_scale[log_out, acc](
-        online_sum_guard[acc](total[0], total[1])
-    )
-    write_chunk[dtype, log_out, V, T](chunk, dst, buf, total[0], scale)
+    var terms = row_max_scale[acc, T, log_out](partials, chunk.row, chunks)
+    write_chunk[dtype, log_out, V, T](chunk, dst, buf, terms[0], terms[1])
 
 
 @__llvm_metadata(
