@@ -9,7 +9,7 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 | n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
-| fewer rows, or longer, to 8 MB a row | rows split across resident blocks that stream 56 KB chunks through two shared-memory buffers, read once (gpu_split_stream_rows) |
+| fewer rows, or longer, to 8 MB a row | rows split across resident blocks that stream chunks (56 KB fp32, 24 KB 16-bit) through two shared-memory buffers, read once (gpu_split_stream_rows) |
 | rows over 8 MB            | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
@@ -57,6 +57,7 @@ from .gpu_smem_rows import (
     smem_threads_for,
 )
 from .gpu_split_smem_rows import (
+    SPLIT_SMEM_SM_THREADS,
     SPLIT_SMEM_THREADS,
     split_smem_capacity,
     split_smem_chunk_bytes,
@@ -64,11 +65,12 @@ from .gpu_split_smem_rows import (
     split_smem_shared_bytes,
 )
 from .gpu_split_stream_rows import (
-    SPLIT_STREAM_SM_THREADS,
-    SPLIT_STREAM_THREADS,
-    SPLIT_STREAM_VECTORS,
+    pair_words,
+    split_stream_blocks,
     split_stream_rows_kernel,
     split_stream_shared_bytes,
+    split_stream_threads,
+    split_stream_vectors,
 )
 from .gpu_split_rows import (
     SPLIT_THREADS,
@@ -195,6 +197,10 @@ def _launch_gpu[
     var family = String(variant)
     if family == "auto":
         family = gpu_kernel_for(rows, n, V)
+        # A GPU too small to hold a row's chunks at once (a MIG slice) gets
+        # the kernel that needs no co-residency.
+        if family == "split_stream" and not _split_stream_fits[dtype](ctx, n):
+            family = "split"
 
     if family == "tree":
         comptime kernel = tree_rows_kernel[dtype, log_out]
@@ -273,8 +279,12 @@ def _launch_gpu[
             ctx, dst, src, rows, n, aligned
         )
     elif family == "split_stream":
-        _launch_split_stream[
-            dtype, log_out, SPLIT_STREAM_THREADS, SPLIT_STREAM_VECTORS
+        launch_split_stream[
+            dtype,
+            log_out,
+            split_stream_threads[dtype](),
+            split_stream_vectors[dtype](),
+            split_stream_blocks[dtype](),
         ](ctx, dst, src, rows, n, aligned)
     elif family == "split":
         comptime acc = accum_dtype[dtype]()
@@ -303,18 +313,31 @@ def _launch_gpu[
 
 
 def _split_counters(
-    ctx: DeviceContext, rows: Int
+    ctx: DeviceContext, rows: Int, pair_words: Int = 0
 ) raises -> DeviceBuffer[DType.int32]:
     """Zeroed counters of the split kernels: the ticket counter, then one
-    arrival counter per row."""
-    var counters = ctx.enqueue_create_buffer[DType.int32](1 + rows)
+    arrival counter per row, then (from `_pairs_offset(rows)`) `pair_words`
+    64-bit words for packed pairs. One memset zeroes them all."""
+    var size = 1 + rows
+    if pair_words > 0:
+        size = _pairs_offset(rows) + 2 * pair_words
+    var counters = ctx.enqueue_create_buffer[DType.int32](size)
     ctx.enqueue_memset(counters, 0)
     return counters^
 
 
-def _check_on_chip_split[dtype: DType](variant: String, n: Int) raises:
+def _pairs_offset(rows: Int) -> Int:
+    """Int32 offset of the packed pairs after the counters: 8-byte aligned."""
+    return (2 + rows) // 2 * 2
+
+
+def _check_on_chip_split[
+    dtype: DType
+](ctx: DeviceContext, variant: String, n: Int, chunks: Int, slots: Int) raises:
     """Raise unless rows of `n` fit the kernels that hold a split row on chip
-    (split_smem, split_stream: up to `SPLIT_SMEM_MAX_ROW_BYTES`)."""
+    (split_smem, split_stream): up to `SPLIT_SMEM_MAX_ROW_BYTES`, and no
+    more than `slots` chunks a row, the chunks this GPU holds at once (a
+    row whose chunks cannot all be held would wait forever)."""
     if n > split_smem_capacity(size_of[dtype]()):
         raise Error(
             "max_softmax: variant '"
@@ -324,6 +347,41 @@ def _check_on_chip_split[dtype: DType](variant: String, n: Int) raises:
             + " elements, got "
             + String(n)
         )
+    if chunks > slots:
+        raise Error(
+            "max_softmax: variant '"
+            + variant
+            + "' needs the "
+            + String(chunks)
+            + " chunks of a row of "
+            + String(n)
+            + " on chip at once; this GPU holds "
+            + String(slots)
+        )
+
+
+def _multiprocessors(ctx: DeviceContext) raises -> Int:
+    """Streaming multiprocessors of this GPU (or of its share of one)."""
+    return ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
+
+
+def _split_stream_chunks[dtype: DType](n: Int) -> Int:
+    """Chunks of split_stream per row of `n`."""
+    return ceildiv(
+        n * size_of[dtype](),
+        split_smem_chunk_bytes(
+            split_stream_threads[dtype](), split_stream_vectors[dtype]()
+        ),
+    )
+
+
+def _split_stream_fits[dtype: DType](ctx: DeviceContext, n: Int) raises -> Bool:
+    """Whether this GPU holds all chunks of a row of `n` at once in
+    split_stream's resident blocks, two chunks each."""
+    return (
+        _split_stream_chunks[dtype](n)
+        <= 2 * _multiprocessors(ctx) * split_stream_blocks[dtype]()
+    )
 
 
 def _launch_split_smem[
@@ -343,8 +401,15 @@ def _launch_split_smem[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
-    _check_on_chip_split[dtype]("split_smem", n)
     var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T))
+    # A chunk a block, SPLIT_SMEM_SM_THREADS // T blocks an SM.
+    _check_on_chip_split[dtype](
+        ctx,
+        "split_smem",
+        n,
+        chunks,
+        _multiprocessors(ctx) * (SPLIT_SMEM_SM_THREADS // T),
+    )
     var counters = _split_counters(ctx, rows)
     var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
     comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
@@ -368,11 +433,12 @@ def _launch_split_smem[
     _ = partials^
 
 
-def _launch_split_stream[
+def launch_split_stream[
     dtype: DType,
     log_out: Bool,
     T: Int,
     K: Int,
+    B: Int,
 ](
     ctx: DeviceContext,
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -381,25 +447,28 @@ def _launch_split_stream[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch gpu_split_stream_rows: blocks of T threads, as many as fit the
-    GPU at once, after zeroing its counters."""
+    """Launch gpu_split_stream_rows after zeroing its counters and pairs:
+    blocks of T threads, B resident an SM, each with two buffers of K
+    16-byte vectors a thread. Public so that
+    benchmarks/split_stream_sweep.mojo can time other (T, K, B) than
+    `split_stream_threads`/`_vectors`/`_blocks`."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
-    _check_on_chip_split[dtype]("split_stream", n)
     var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T, K))
-    var resident = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT) * (
-        SPLIT_STREAM_SM_THREADS // T
-    )
-    var counters = _split_counters(ctx, rows)
-    var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
-    comptime kernel = split_stream_rows_kernel[dtype, log_out, V, T, K]
+    var resident = _multiprocessors(ctx) * B
+    _check_on_chip_split[dtype](ctx, "split_stream", n, chunks, 2 * resident)
+    var counters = _split_counters(ctx, rows, rows * chunks * pair_words[acc]())
+    var base = counters.unsafe_ptr()
     var smem_bytes = split_stream_shared_bytes(T, K)
+    comptime kernel = split_stream_rows_kernel[dtype, log_out, V, T, K, B]
     ctx.enqueue_function[kernel](
         dst,
         src,
-        rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
-        rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+        rebind[Pointer[Int32, MutAnyOrigin]](base),
+        rebind[Pointer[UInt64, MutAnyOrigin]](
+            base.unsafe_offset(_pairs_offset(rows)).unsafe_bitcast[UInt64]()
+        ),
         Int64(rows),
         Int64(n),
         Int32(1) if aligned else Int32(0),
@@ -410,9 +479,8 @@ def _launch_split_stream[
             UInt32(smem_bytes)
         ),
     )
-    # The buffers are freed in stream order, after the kernel.
+    # The buffer is freed in stream order, after the kernel.
     _ = counters^
-    _ = partials^
 
 
 # Backward rows too long for the register plans: a block per row.

@@ -99,25 +99,6 @@ def wait_for_row(counters: Pointer[Int32, MutAnyOrigin], r: Int, chunks: Int):
 
 
 @always_inline
-def row_ready(
-    counters: Pointer[Int32, MutAnyOrigin], r: Int, chunks: Int
-) -> Bool:
-    """Whether all `chunks` pairs of row r are published, as one answer for
-    the whole block. A check only: read the pairs after `wait_for_row`
-    (acquire)."""
-    var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
-    if thread_idx.x == 0:
-        slot[] = DeviceCounter.load[ordering=Ordering.RELAXED](
-            counters.unsafe_offset(1 + r)
-        )
-    barrier()
-    var ready = Int(slot[]) >= chunks
-    # Keep the slot until every thread has read it.
-    barrier()
-    return ready
-
-
-@always_inline
 def row_max_scale[
     acc: DType, T: Int, log_out: Bool
 ](partials: Pointer[Scalar[acc], MutAnyOrigin], r: Int, chunks: Int) -> Tuple[

@@ -6,10 +6,10 @@ In gpu_split_smem_rows a block holds one chunk: it loads it, then waits for
 the rest of its row, then writes it and exits, so an SM whose blocks are
 all waiting has no loads in flight. At 32 x 1M bfloat16 (2.3 waves of
 blocks) Nsight Compute put a quarter of the warp stalls at that wait and
-DRAM at 57% of peak (RESULTS, session 6). Here `2 x SMs` blocks loop:
+DRAM at 57% of peak (RESULTS, session 6). Here a few blocks an SM loop:
 
-1. take the next chunk's ticket and start its cp.async copy into the free
-   buffer;
+1. take the next chunk's ticket, learn whether the held chunk's row is
+   complete, and start the new chunk's cp.async copy into the free buffer;
 2. if the held chunk's row is complete, write the held chunk while the new
    one lands; otherwise reduce and publish the new chunk first;
 3. fold the new chunk's pair (max, sum of exp(x - max)) and publish it,
@@ -19,38 +19,67 @@ A block never waits for a row while holding an unpublished chunk of that
 row or an earlier one (step 2 publishes first unless the row is already
 complete), and tickets go in row order, so a row can block progress only
 if its chunks outnumber two per resident block: `SPLIT_SMEM_MAX_ROW_BYTES`
-(8 MB) bounds rows as in gpu_split_smem_rows. Blocks that never start hold
-no tickets, so any share of the GPU that fits one row is safe.
+(8 MB) bounds rows as in gpu_split_smem_rows, and the launcher checks the
+GPU holds that many blocks. Blocks that never start hold no tickets.
 
-At 32 x 1M (RESULTS, session 7) this reaches 91% of a device copy in fp32
-and 81% in bf16, against 84% and 80% for gpu_split_smem_rows in the same
-run. Taking the next ticket earlier, before the write, measured slower: it
-spreads a row's chunks over more time.
+Each chunk costs a block two round trips to L2 besides its data (RESULTS,
+session 8, where three more round trips measured 3-4% slower at 32 x 1M):
+
+- the ticket (an atomic add) and the held row's arrival count go out
+  together (`ticket_and_row_ready`);
+- pairs are published as 64-bit words that stay zero until written, so a
+  block waiting for its row polls the pairs themselves, every thread one
+  pair at once (`wait_row_terms`), instead of polling a counter and then
+  reading the pairs.
+
+At 32 x 1M (RESULTS, session 8) this reaches 92% of a device copy in fp32
+and 86% in bf16. Session 7's version (three more round trips a chunk,
+same blocks) reached 91% and 81%.
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
 from max.gpu.memory import AddressSpace, external_memory
+from max.gpu.sync import barrier
+from std.atomic import Atomic, Ordering
+from std.memory import bitcast, stack_allocation
 from std.sys import size_of
 from std.utils import StaticTuple
+from std.utils.numerics import inf, nan
 
-from .gpu_split_rows import row_ready, take_ticket, wait_for_row
+from .gpu_reductions import block_max_sum
+from .gpu_split_rows import DeviceCounter
 from .gpu_split_smem_rows import (
+    SharedBuffer,
+    SmemChunk,
+    chunk_pair,
     load_chunk,
-    publish_chunk,
     smem_chunk,
     split_smem_chunk_bytes,
     split_smem_shared_bytes,
-    write_row_chunk,
+    write_chunk,
 )
-from .row_math import accum_dtype
+from .row_math import accum_dtype, fold_pair, online_sum_guard, row_scale
 
-# Threads a block, blocks an SM, 16-byte vectors a thread in each of a
-# block's two buffers: 2 blocks x 2 buffers x 56 KB = 224 of the SM's
-# 227 KB. One 1024-thread block an SM (same buffers) measured slower at
-# 32 x 1M: bf16 2036 vs 2394 GB/s, fp32 2413 vs 2753 (RESULTS, s12a).
-comptime SPLIT_STREAM_SM_THREADS = 1024
-comptime SPLIT_STREAM_THREADS = 512
-comptime SPLIT_STREAM_VECTORS = 7
+
+# Threads a block, 16-byte vectors a thread in each of a block's two
+# buffers, blocks an SM; `benchmarks/split_stream_sweep.mojo` times others.
+# 16-bit types: 4 blocks of 256 threads with 24 KB buffers (196 of the SM's
+# 227 KB) were 3-8% faster than 2 of 512 with 56 KB buffers: more blocks
+# hide each other's waits. Float32 keeps 2 x 512 x 56 KB, 4% faster at
+# 16 x 2M and 64 x 50257 (RESULTS, session 8).
+def split_stream_threads[dtype: DType]() -> Int:
+    """Threads a block."""
+    return 256 if size_of[dtype]() == 2 else 512
+
+
+def split_stream_vectors[dtype: DType]() -> Int:
+    """16-byte vectors a thread copies into each of its block's buffers."""
+    return 6 if size_of[dtype]() == 2 else 7
+
+
+def split_stream_blocks[dtype: DType]() -> Int:
+    """Blocks resident on an SM (registers are capped to fit them)."""
+    return 4 if size_of[dtype]() == 2 else 2
 
 
 def split_stream_shared_bytes(threads: Int, vectors: Int) -> Int:
@@ -59,9 +88,150 @@ def split_stream_shared_bytes(threads: Int, vectors: Int) -> Int:
     return 2 * split_smem_shared_bytes(threads, vectors)
 
 
+@always_inline
+def ticket_and_row_ready(
+    counters: Pointer[Int32, MutAnyOrigin], row: Int, chunks: Int
+) -> Tuple[Int, Bool]:
+    """The block's next ticket, and whether all `chunks` pairs of `row` have
+    been published (a hint: `wait_row_terms` reads the pairs themselves).
+    Thread 0 sends both requests before waiting for either: one round trip
+    to L2, one barrier."""
+    var slots = stack_allocation[2, Int32, address_space=AddressSpace.SHARED]()
+    if thread_idx.x == 0:
+        var ticket = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](
+            counters, 1
+        )
+        var arrived = DeviceCounter.load[ordering=Ordering.RELAXED](
+            counters.unsafe_offset(1 + row)
+        )
+        slots[unsafe_offset=0] = ticket
+        slots[unsafe_offset=1] = arrived
+    barrier()
+    # Thread 0 writes the slots again only after the block's next barrier.
+    return (Int(slots[unsafe_offset=0]), Int(slots[unsafe_offset=1]) >= chunks)
+
+
+# Published pairs: 64-bit words, zero until written (the launcher zeroes
+# them with the counters). A float32 pair is one word, the bits of max and
+# sum, never zero once written: a finite max has sum >= 1, and -inf and NaN
+# have nonzero bits. A float64 pair is two words: max, then the complement
+# of the sum's bits (sum 0 is possible), written with release after max and
+# read with acquire before it.
+comptime PairWord = Atomic[UInt64, scope="device"]
+
+
+def pair_words[acc: DType]() -> Int:
+    """64-bit words one published pair takes."""
+    return 1 if acc == DType.float32 else 2
+
+
+@always_inline
+def publish_packed_pair[
+    acc: DType
+](
+    counters: Pointer[Int32, MutAnyOrigin],
+    pairs: Pointer[UInt64, MutAnyOrigin],
+    r: Int,
+    chunks: Int,
+    c: Int,
+    chunk_max: Scalar[acc],
+    chunk_sum: Scalar[acc],
+):
+    """Thread 0 publishes chunk c's pair to row r and counts it in the row's
+    arrivals (the hint `ticket_and_row_ready` reads)."""
+    comptime assert acc.is_floating_point()
+    if thread_idx.x == 0:
+        var at = pairs.unsafe_offset((r * chunks + c) * pair_words[acc]())
+        comptime if acc == DType.float32:
+            var word = UInt64(bitcast[DType.uint32](chunk_max)) | (
+                UInt64(bitcast[DType.uint32](chunk_sum)) << 32
+            )
+            PairWord.store[ordering=Ordering.RELAXED](at, word)
+        else:
+            # One NaN for every NaN sum, so no sum's complement is zero.
+            var s = chunk_sum if chunk_sum == chunk_sum else nan[acc]()
+            PairWord.store[ordering=Ordering.RELAXED](
+                at, bitcast[DType.uint64](chunk_max.cast[DType.float64]())
+            )
+            PairWord.store[ordering=Ordering.RELEASE](
+                at.unsafe_offset(1),
+                ~bitcast[DType.uint64](s.cast[DType.float64]()),
+            )
+        _ = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](
+            counters.unsafe_offset(1 + r), 1
+        )
+
+
+@always_inline
+def read_packed_pair[
+    acc: DType
+](at: Pointer[UInt64, MutAnyOrigin]) -> Tuple[Scalar[acc], Scalar[acc]]:
+    """Wait for the pair at `at` to be published, and return it."""
+    comptime assert acc.is_floating_point()
+    comptime if acc == DType.float32:
+        var word = PairWord.load[ordering=Ordering.RELAXED](at)
+        while word == 0:
+            word = PairWord.load[ordering=Ordering.RELAXED](at)
+        return (
+            bitcast[acc](UInt32(word & 0xFFFFFFFF)),
+            bitcast[acc](UInt32(word >> 32)),
+        )
+    else:
+        var sum_at = at.unsafe_offset(1)
+        var sum_word = PairWord.load[ordering=Ordering.ACQUIRE](sum_at)
+        while sum_word == 0:
+            sum_word = PairWord.load[ordering=Ordering.ACQUIRE](sum_at)
+        var max_word = PairWord.load[ordering=Ordering.RELAXED](at)
+        return (
+            bitcast[DType.float64](max_word).cast[acc](),
+            bitcast[DType.float64](~sum_word).cast[acc](),
+        )
+
+
+@always_inline
+def publish_chunk_packed[
+    dtype: DType, V: Int, T: Int, K: Int
+](
+    chunk: SmemChunk,
+    buf: SharedBuffer[dtype],
+    counters: Pointer[Int32, MutAnyOrigin],
+    pairs: Pointer[UInt64, MutAnyOrigin],
+    chunks: Int,
+):
+    """Reduce the chunk `load_chunk` is copying into `buf` and publish its
+    pair."""
+    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
+    publish_packed_pair[accum_dtype[dtype]()](
+        counters, pairs, chunk.row, chunks, chunk.index, pair[0], pair[1]
+    )
+
+
+@always_inline
+def wait_row_terms[
+    acc: DType, T: Int, log_out: Bool
+](pairs: Pointer[UInt64, MutAnyOrigin], r: Int, chunks: Int) -> Tuple[
+    Scalar[acc], Scalar[acc]
+]:
+    """Row r's max and `row_scale`, once all its `chunks` pairs are
+    published: each thread polls its share of the pairs, all at once."""
+    comptime assert acc.is_floating_point()
+    var m = -inf[acc]()
+    var s = Scalar[acc](0)
+    for i in range(Int(thread_idx.x), chunks, T):
+        var pair = read_packed_pair[acc](
+            pairs.unsafe_offset((r * chunks + i) * pair_words[acc]())
+        )
+        (m, s) = fold_pair[acc](m, s, pair[0], pair[1])
+    var total = block_max_sum[acc, T](m, s)
+    return (
+        total[0],
+        row_scale[log_out, acc](online_sum_guard[acc](total[0], total[1])),
+    )
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(SPLIT_STREAM_SM_THREADS // T),
+    `nvvm.minctasm`=SIMDLength(B),
 )
 def split_stream_rows_kernel[
     dtype: DType,
@@ -69,11 +239,12 @@ def split_stream_rows_kernel[
     V: Int,
     T: Int,
     K: Int,
+    B: Int,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
     counters: Pointer[Int32, MutAnyOrigin],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    pairs: Pointer[UInt64, MutAnyOrigin],
     rows: Int64,
     n: Int64,
     aligned_flag: Int32,
@@ -87,17 +258,20 @@ def split_stream_rows_kernel[
         V: Elements per 16-byte vector of `dtype`.
         T: Threads per block.
         K: 16-byte vectors a thread in each buffer.
+        B: Blocks resident on an SM (registers are capped to fit them).
 
     Args:
         dst: Output rows.
         src: Input rows of `n` elements.
         counters: `1 + rows` zeroed counters: the ticket counter, then one
             arrival counter per row.
-        partials: `rows * chunks * 2` accumulators, a (max, sum) per chunk.
+        pairs: `rows * chunks * pair_words` zeroed 64-bit words, a
+            published pair per chunk.
         rows: Number of rows.
         n: Row length.
         aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned.
     """
+    comptime acc = accum_dtype[dtype]()
     comptime C = split_smem_chunk_bytes(T, K) // size_of[dtype]()
     var len = Int(n)
     var chunks = (len + C - 1) // C
@@ -108,38 +282,40 @@ def split_stream_rows_kernel[
     # The second buffer starts past the first and its padding vector.
     var free_buf = held_buf.unsafe_offset(C + V)
 
-    var ticket = take_ticket(counters)
-    if ticket >= total:
+    var first = ticket_and_row_ready(counters, 0, chunks)
+    if first[0] >= total:
         return
-    var held = smem_chunk[V, C](ticket, len, chunks, aligned_flag)
+    var held = smem_chunk[V, C](first[0], len, chunks, aligned_flag)
     load_chunk[dtype, V, T, K](held, src, held_buf)
-    publish_chunk[dtype, V, T, K](held, held_buf, counters, partials, chunks)
+    publish_chunk_packed[dtype, V, T, K](
+        held, held_buf, counters, pairs, chunks
+    )
 
     while True:
-        ticket = take_ticket(counters)
-        var more = ticket < total
+        var got = ticket_and_row_ready(counters, held.row, chunks)
+        var more = got[0] < total
         var next = held
         var published = True
         if more:
-            next = smem_chunk[V, C](ticket, len, chunks, aligned_flag)
+            next = smem_chunk[V, C](got[0], len, chunks, aligned_flag)
             load_chunk[dtype, V, T, K](next, src, free_buf)
             published = False
             # Publish first when the held row still waits: this chunk may
             # be what it waits for.
-            if not row_ready(counters, held.row, chunks):
-                publish_chunk[dtype, V, T, K](
-                    next, free_buf, counters, partials, chunks
+            if not got[1]:
+                publish_chunk_packed[dtype, V, T, K](
+                    next, free_buf, counters, pairs, chunks
                 )
                 published = True
-        wait_for_row(counters, held.row, chunks)
-        write_row_chunk[dtype, log_out, V, T](
-            held, dst, held_buf, partials, chunks
+        var terms = wait_row_terms[acc, T, log_out](pairs, held.row, chunks)
+        write_chunk[dtype, log_out, V, T](
+            held, dst, held_buf, terms[0], terms[1]
         )
         if not more:
             return
         if not published:
-            publish_chunk[dtype, V, T, K](
-                next, free_buf, counters, partials, chunks
+            publish_chunk_packed[dtype, V, T, K](
+                next, free_buf, counters, pairs, chunks
             )
         held = next
         var swap = held_buf

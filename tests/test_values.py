@@ -144,10 +144,12 @@ VARIANT_CASES = [
     ("split_smem", (40, 1 << 20)),  # more rows than fit on chip at once
     ("split_smem", (1, 128 * 16384)),  # float32 capacity: 8 MB
     ("split_smem", (300, 40000)),
-    # Resident blocks streaming chunks of 56 KB: 14336 float32 or 28672
-    # 16-bit values.
+    # Resident blocks streaming chunks: 56 KB of float32 (14336 values),
+    # 24 KB of 16-bit values (12288).
     ("split_stream", (3, 1000)),
-    ("split_stream", (2, 28672)),  # two float32 chunks, one 16-bit chunk exactly
+    ("split_stream", (2, 12288)),  # one 16-bit chunk exactly
+    ("split_stream", (2, 12289)),
+    ("split_stream", (2, 28672)),  # two float32 chunks exactly
     ("split_stream", (2, 28673)),
     ("split_stream", (5, 50257)),  # unaligned rows: scalar head and tail
     ("split_stream", (3, (1 << 20) + 3)),
@@ -159,8 +161,13 @@ VARIANT_CASES = [
 
 # Rows whose chunks differ: one chunk all -inf or all NaN, the others
 # finite, so the split kernels' pairs must fold correctly across chunks.
-# Float32 elements a chunk, by kernel ("auto" picks split_stream here).
-GPU_CHUNKS = {"split": 16384, "split_smem": 18432, "split_stream": 14336, "auto": 14336}
+# Elements a chunk, by kernel and dtype ("auto" picks split_stream here).
+GPU_CHUNKS = {
+    "split": {"float32": 16384, "bfloat16": 16384, "float64": 16384},
+    "split_smem": {"float32": 18432, "bfloat16": 36864, "float64": 9216},
+    "split_stream": {"float32": 14336, "bfloat16": 12288, "float64": 7168},
+    "auto": {"float32": 14336, "bfloat16": 12288, "float64": 7168},
+}
 # Row 1 is one odd chunk and then `rest` throughout; "minus_inf_chunk_tiny_rest"
 # makes the row max -1e30, where a chunk of -inf must still give 0
 # (0 * exp(0 + 1e30) would be NaN).
@@ -192,12 +199,13 @@ def test_cpu_split_row_patterns(rng, dtype, pattern):
 
 
 @GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("variant", list(GPU_CHUNKS))
 @pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
-def test_gpu_split_chunk_patterns(rng, variant, pattern):
+def test_gpu_split_chunk_patterns(rng, variant, pattern, dtype):
     first, rest = CHUNK_PATTERNS[pattern]
-    chunk = GPU_CHUNKS[variant]
-    x = random_logits(rng, (2, 3 * chunk + 5), "float32")
+    chunk = GPU_CHUNKS[variant][dtype]
+    x = random_logits(rng, (2, 3 * chunk + 5), dtype)
     x[0, chunk : 2 * chunk] = first  # a middle chunk of row 0
     x[1, :chunk] = first  # the first chunk of row 1
     x[1, chunk:] = rest

@@ -1,0 +1,176 @@
+# Times gpu_split_stream_rows at several (threads T, vectors K, blocks an SM
+# B) against split_smem and a device copy, without MAX graphs: it builds on a
+# machine without a GPU and runs in seconds on one.
+#   mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo -o sweep
+#   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
+#   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
+# GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches
+# (each with its counter memset), inputs rotated over 3 buffers larger than
+# L2. Row 0 of each output is checked against a float64 softmax first.
+from std.math import exp
+from std.sys import size_of
+from std.time import perf_counter_ns
+
+from std.sys import argv
+
+from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
+
+from op.dispatch import launch_split_stream, softmax_rows
+
+comptime ITERS = 20
+comptime REPS = 7
+comptime INPUTS = 3
+
+
+def xorshift_fill[
+    dtype: DType
+](host: HostBuffer[dtype], count: Int, seed: UInt64):
+    """Values in [-12, 12): fresh random input, never zeros."""
+    var s = seed * 0x9E3779B97F4A7C15 + 1
+    for i in range(count):
+        s ^= s << 13
+        s ^= s >> 7
+        s ^= s << 17
+        var u = Float64(s >> 11) / Float64(UInt64(1) << 53)
+        host[i] = Scalar[dtype]((u * 24.0 - 12.0).cast[dtype]())
+
+
+def ptr[
+    dtype: DType
+](buf: DeviceBuffer[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
+    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](buf.unsafe_ptr())
+
+
+def launch[
+    dtype: DType, T: Int, K: Int, B: Int
+](
+    ctx: DeviceContext,
+    dst: DeviceBuffer[dtype],
+    src: DeviceBuffer[dtype],
+    rows: Int,
+    n: Int,
+) raises:
+    comptime if T == 0:
+        ctx.enqueue_copy(dst, src)
+    elif K == 0:
+        softmax_rows["gpu", dtype, False, "split_smem"](
+            ctx, ptr(dst), ptr(src), rows, n, 1
+        )
+    else:
+        launch_split_stream[dtype, False, T, K, B](
+            ctx, ptr(dst), ptr(src), rows, n, True
+        )
+
+
+def row0_error[
+    dtype: DType
+](
+    ctx: DeviceContext, dst: DeviceBuffer[dtype], src: HostBuffer[dtype], n: Int
+) raises -> Float64:
+    """Largest relative error of row 0 against float64 softmax."""
+    var out = ctx.enqueue_create_host_buffer[dtype](n)
+    ctx.enqueue_copy(out, dst)
+    ctx.synchronize()
+    var m = Float64(src[0].cast[DType.float64]())
+    for i in range(n):
+        m = max(m, Float64(src[i].cast[DType.float64]()))
+    var s = Float64(0)
+    for i in range(n):
+        s += exp(Float64(src[i].cast[DType.float64]()) - m)
+    var worst = Float64(0)
+    for i in range(n):
+        var want = exp(Float64(src[i].cast[DType.float64]()) - m) / s
+        var got = Float64(out[i].cast[DType.float64]())
+        worst = max(worst, abs(got - want) / want)
+    return worst
+
+
+def time_config[
+    dtype: DType, T: Int, K: Int, B: Int
+](
+    ctx: DeviceContext,
+    name: String,
+    dsts: List[DeviceBuffer[dtype]],
+    srcs: List[DeviceBuffer[dtype]],
+    host0: HostBuffer[dtype],
+    rows: Int,
+    n: Int,
+    once: Bool,
+) raises:
+    launch[dtype, T, K, B](ctx, dsts[0], srcs[0], rows, n)
+    if once:
+        ctx.synchronize()
+        return
+    var err = Float64(0)
+    comptime if T != 0:
+        err = row0_error(ctx, dsts[0], host0, n)
+    var times = List[Float64]()
+    for _ in range(REPS):
+        ctx.synchronize()
+        var t0 = perf_counter_ns()
+        for i in range(ITERS):
+            launch[dtype, T, K, B](
+                ctx, dsts[i % INPUTS], srcs[i % INPUTS], rows, n
+            )
+        ctx.synchronize()
+        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
+    sort(times)
+    var us = times[REPS // 2]
+    var gbps = 2.0 * Float64(rows * n * size_of[dtype]()) / us / 1e3
+    print(
+        String(dtype),
+        String(rows) + "x" + String(n),
+        name,
+        "T=" + String(T),
+        "K=" + String(K),
+        "B=" + String(B),
+        "us=" + String(us),
+        "GB/s=" + String(gbps),
+        "err=" + String(err),
+    )
+
+
+def sweep_shape[
+    dtype: DType
+](ctx: DeviceContext, rows: Int, n: Int, once: Bool = False) raises:
+    var dsts = List[DeviceBuffer[dtype]]()
+    var srcs = List[DeviceBuffer[dtype]]()
+    var host0 = ctx.enqueue_create_host_buffer[dtype](rows * n)
+    ctx.synchronize()
+    for k in range(INPUTS):
+        xorshift_fill(host0, rows * n, UInt64(k + 1 + rows))
+        var src = ctx.enqueue_create_buffer[dtype](rows * n)
+        ctx.enqueue_copy(src, host0)
+        ctx.synchronize()
+        srcs.append(src)
+        dsts.append(ctx.enqueue_create_buffer[dtype](rows * n))
+    # host0 now holds input INPUTS - 1; check against that buffer's output.
+    var last = INPUTS - 1
+    var d = List[DeviceBuffer[dtype]]()
+    var s = List[DeviceBuffer[dtype]]()
+    for k in range(INPUTS):
+        d.append(dsts[(k + last) % INPUTS])
+        s.append(srcs[(k + last) % INPUTS])
+    time_config[dtype, 0, 0, 0](ctx, "copy", d, s, host0, rows, n, once)
+    time_config[dtype, 512, 0, 0](ctx, "split_smem", d, s, host0, rows, n, once)
+    # The table's configs first (see split_stream_threads/_vectors/_blocks),
+    # then others worth a look.
+    time_config[dtype, 512, 7, 2](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 256, 6, 4](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 512, 4, 2](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 384, 6, 3](ctx, "stream", d, s, host0, rows, n, once)
+
+
+def main() raises:
+    var ctx = DeviceContext()
+    if len(argv()) > 1 and argv()[1] == "once":
+        sweep_shape[DType.bfloat16](ctx, 32, 1 << 20, True)
+        return
+    comptime for dtype in [DType.bfloat16, DType.float32]:
+        sweep_shape[dtype](ctx, 32, 1 << 20)
+        sweep_shape[dtype](ctx, 16, 1 << 21)
+        sweep_shape[dtype](ctx, 64, 50257)
+        sweep_shape[dtype](ctx, 64, 50257)
+        sweep_shape[dtype](ctx, 4, 1 << 20)
+        sweep_shape[dtype](ctx, 200, 40000)
+        sweep_shape[dtype](ctx, 32, 1 << 20)
