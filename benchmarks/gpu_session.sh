@@ -6,6 +6,10 @@
 #   bash benchmarks/gpu_session.sh report               # the softmax command on the GPU
 #   bash benchmarks/gpu_session.sh bench [bench args...]
 #   bash benchmarks/gpu_session.sh ncu DTYPE ROWS N [VARIANT]  # Nsight Compute counters
+#   bash benchmarks/gpu_session.sh sweep [once]         # split_stream block shapes (A/B)
+# `sweep` runs ./split_stream_sweep, built on the machine without a GPU
+# (`mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo
+# -o split_stream_sweep`, git-ignored) and sent along with `carry`.
 # Logs and results go to $OUT (the device tool brings them back); TAG names
 # the log files of a stage run more than once.
 set -uo pipefail
@@ -25,4 +29,6 @@ case "$stage" in
             --section Occupancy --section SchedulerStats --section WarpStateStats \
             --section LaunchStats python3 benchmarks/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
   bench)  python3 -m max_softmax bench --out "$OUT" "$@" 2>&1 | tee "$log" | grep -v "^bench:" ;;
+  sweep)  LD_LIBRARY_PATH=$HOME/site/modular/lib:${LD_LIBRARY_PATH:-} ./split_stream_sweep "$@" \
+            2>&1 | tee "$log" ;;
 esac

@@ -13,8 +13,9 @@
 #   gpu_smem_rows.mojo      long rows (to ~74K fp32): a block per row, on chip in
 #                           registers + shared memory, read once
 #   gpu_split_stream_rows.mojo few or long rows (to 8 MB): each row split into
-#                           56 KB chunks that resident blocks stream through
-#                           two shared-memory buffers, read once
+#                           chunks (56 KB fp32, 24 KB 16-bit) that resident
+#                           blocks stream through two shared-memory buffers,
+#                           read once
 #   gpu_split_smem_rows.mojo baseline split: a block a 72 KB chunk, held in
 #                           shared memory; the chunk steps both share
 #   gpu_split_rows.mojo     rows over 8 MB: each row split across many blocks

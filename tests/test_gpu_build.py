@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "tests" / "gpu_kernels_check.mojo"
+SWEEP = ROOT / "benchmarks" / "split_stream_sweep.mojo"
 REGISTERS_PER_SM = 65536
 MAX_SPILL_BYTES = 1024
 
@@ -24,7 +25,7 @@ def _mojo() -> str:
     return str(local) if local.exists() else (shutil.which("mojo") or "mojo")
 
 
-def _build(out: Path, *extra: str) -> None:
+def _build(out: Path, *extra: str, source: Path = CHECK) -> None:
     cmd = [
         _mojo(),
         "build",
@@ -33,7 +34,7 @@ def _build(out: Path, *extra: str) -> None:
         "--target-accelerator",
         "sm_90",
         *extra,
-        str(CHECK),
+        str(source),
         "-o",
         str(out),
     ]
@@ -44,6 +45,12 @@ def _build(out: Path, *extra: str) -> None:
 
 def test_all_gpu_kernels_compile(tmp_path):
     _build(tmp_path / "check")
+
+
+def test_split_stream_sweep_compiles(tmp_path):
+    """The kernel-level benchmark (built here, run on the GPU machine) keeps
+    up with the launcher it calls."""
+    _build(tmp_path / "sweep", source=SWEEP)
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="CUDA's ptxas is not installed")
