@@ -1,5 +1,5 @@
-"""The benchmark's own logic (no timing): its correctness gate, the table and
-the guard against impossible numbers."""
+"""The benchmark's own logic: its correctness gate, the table, the guard
+against impossible numbers, and one small CPU sweep end to end."""
 
 from __future__ import annotations
 
@@ -62,3 +62,34 @@ def test_timer_auto_is_wall_clock_without_a_gpu():
     assert resolve_timer("auto", "cpu") == "wall"
     with pytest.raises(SystemExit, match="needs a GPU"):
         resolve_timer("device", "cpu")
+
+
+def test_cpu_sweep_times_every_provider_that_passes(tmp_path):
+    """End to end on the CPU: providers are checked, then timed round by
+    round; ours and SciPy come back with a speed, the JSON keeps them."""
+    import json
+
+    from max_softmax.bench import main
+
+    assert (
+        main(
+            [
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--shape",
+                "8x1000",
+                "--reps",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    rows = json.loads((tmp_path / "bench_cpu.json").read_text())["results"]
+    by = {r["provider"]: r for r in rows}
+    for name in ("ours", "scipy", "copy"):
+        assert by[name]["ok"] is True, by[name]
+        assert by[name]["gbps"] > 0

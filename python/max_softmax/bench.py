@@ -410,20 +410,15 @@ def _installed() -> set[str]:
 # --- measurement ---------------------------------------------------------
 
 
-def _median_time(fn: Callable[[], None], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _elapsed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-def measure(
-    provider: Provider, xs: list[tuple[np.ndarray, ...]], reps: int, workload: Workload
-) -> tuple[float, bool, str]:
-    """Marginal seconds per call, whether the output checked, and a note."""
-    k = len(xs)
+def check_provider(provider: Provider, xs: list[tuple[np.ndarray, ...]], workload: Workload) -> str:
+    """Prepare `provider`, check its first output against the reference and
+    warm up its K-call path; "" if it may be timed, else why not."""
     provider.prepare(xs)
     provider.run(1)
     got = provider.output0()[:CHECK_ROWS]
@@ -432,13 +427,32 @@ def measure(
     else:
         ok, why = workload.check(got, xs[0])
     if not ok:
-        return float("nan"), False, f"wrong: {why}"
-    provider.run(k)  # warm-up (and compile) the K-call path
-    t1 = _median_time(lambda: provider.run(1), reps)
-    tk = _median_time(lambda: provider.run(k), reps)
-    if tk <= t1:
-        return float("nan"), False, "unreliable: T(K) <= T(1); raise --reps"
-    return (tk - t1) / (k - 1), True, ""
+        return f"wrong: {why}"
+    provider.run(len(xs))  # warm-up (and compile) the K-call path
+    return ""
+
+
+def measure_interleaved(
+    providers: list[Provider], k: int, reps: int
+) -> list[tuple[float, bool, str]]:
+    """Marginal seconds per call of each provider, (T(K) - T(1)) / (K - 1)
+    from medians over `reps` rounds. Each round times every provider once,
+    so a burst of noise on a shared machine (our 2-core VM swings 1.5-2x
+    within minutes) hits them all alike instead of whichever ran then."""
+    t1: list[list[float]] = [[] for _ in providers]
+    tk: list[list[float]] = [[] for _ in providers]
+    for _ in range(reps):
+        for i, p in enumerate(providers):
+            t1[i].append(_elapsed(lambda p=p: p.run(1)))
+            tk[i].append(_elapsed(lambda p=p: p.run(k)))
+    out = []
+    for a, b in zip(t1, tk, strict=True):
+        one, many = statistics.median(a), statistics.median(b)
+        if many <= one:
+            out.append((float("nan"), False, "unreliable: T(K) <= T(1); raise --reps"))
+        else:
+            out.append(((many - one) / (k - 1), True, ""))
+    return out
 
 
 def measure_device(provider: Provider, k: int, reps: int) -> float | None:
@@ -476,29 +490,38 @@ def run_sweep(
         per_case = workload.arity * nbytes
         k = args.max_k if 3 * per_case < 4 * L2_BYTES else 3
         xs = [workload.make_inputs(rng, rows, n, dtype) for _ in range(k)]
+        # Check every provider, then time those that passed together.
+        rows_here: list[Row] = []
+        live: list[tuple[int, Provider]] = []
         for factory in make_providers(kind, dtype, args.variants, args.op, args.bridge):
             p = None
             try:
                 p = factory()
-                secs, ok, note = measure(p, xs, args.reps, workload)
-                gbps = p.transfers * nbytes / secs / 1e9 if ok else None
-                us = secs * 1e6 if ok else None
-                extra = {"k": k, "timer": "wall"}
-                if ok and args.timer == "device":
-                    dev = measure_device(p, k, min(args.reps, DEVICE_REPS))
-                    if dev is None:
-                        note = "device timer saw no GPU work: wall clock"
-                    else:
-                        extra.update(timer="device", wall_us=us, wall_gbps=gbps)
-                        us, gbps = dev * 1e6, p.transfers * nbytes / dev / 1e9
-                results.append(Row(p.name, rows, n, dtype, kind, us, gbps, ok, note, extra))
+                why = check_provider(p, xs, workload)
             except Exception as err:  # a peer that cannot run this case
-                name = getattr(p, "name", "?")
-                note = f"error: {str(err)[:120]}"
-                results.append(Row(name, rows, n, dtype, kind, None, None, None, note))
-            finally:
-                p = None
-                _release_torch_cache()
+                why = f"error: {str(err)[:120]}"
+            name = getattr(p, "name", "?")
+            rows_here.append(Row(name, rows, n, dtype, kind, None, None, None, why))
+            if why:
+                rows_here[-1].ok = False if why.startswith("wrong") else None
+            else:
+                live.append((len(rows_here) - 1, p))
+        timed = measure_interleaved([p for _, p in live], k, args.reps)
+        for (i, p), (secs, ok, note) in zip(live, timed, strict=True):
+            gbps = p.transfers * nbytes / secs / 1e9 if ok else None
+            us = secs * 1e6 if ok else None
+            extra = {"k": k, "timer": "wall"}
+            if ok and args.timer == "device":
+                dev = measure_device(p, k, min(args.reps, DEVICE_REPS))
+                if dev is None:
+                    note = "device timer saw no GPU work: wall clock"
+                else:
+                    extra.update(timer="device", wall_us=us, wall_gbps=gbps)
+                    us, gbps = dev * 1e6, p.transfers * nbytes / dev / 1e9
+            rows_here[i] = Row(p.name, rows, n, dtype, kind, us, gbps, ok, note, extra)
+        live = []
+        _release_torch_cache()
+        results.extend(rows_here)
         _flag_impossible([r for r in results if (r.dtype, r.rows, r.n) == (dtype, rows, n)])
         bar(f"{dtype} {rows}x{n}")
         if save:
@@ -721,7 +744,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             (
                 "GPU busy time per call (CUPTI kernel/memcpy spans) over K rotating inputs"
                 if args.timer == "device"
-                else "marginal wall-clock time per call over K rotating inputs"
+                else "marginal wall-clock time per call over K rotating inputs,"
+                " providers interleaved round by round"
             )
             + f", medians; GB/s = {WORKLOADS[args.op].transfers} x tensor bytes / time"
             " (copy: 2 x)"
