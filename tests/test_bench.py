@@ -64,32 +64,20 @@ def test_timer_auto_is_wall_clock_without_a_gpu():
         resolve_timer("device", "cpu")
 
 
-def test_cpu_sweep_times_every_provider_that_passes(tmp_path):
-    """End to end on the CPU: providers are checked, then timed round by
-    round; ours and SciPy come back with a speed, the JSON keeps them."""
+def test_cpu_sweep_checks_then_times_every_provider(tmp_path):
+    """End to end on the CPU: every provider gets a row in the JSON; ours,
+    SciPy and the copy pass the float64 check and are timed (a speed, or on
+    a tiny case the "unreliable" note when T(K) <= T(1) by noise)."""
     import json
 
     from max_softmax.bench import main
 
-    assert (
-        main(
-            [
-                "--device",
-                "cpu",
-                "--dtype",
-                "float32",
-                "--shape",
-                "8x1000",
-                "--reps",
-                "2",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
+    argv = ["--device", "cpu", "--dtype", "float32", "--shape", "8x1000"]
+    assert main([*argv, "--reps", "3", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "bench_cpu.json").read_text())["results"]
     by = {r["provider"]: r for r in rows}
+    assert {"ours", "max.ops.softmax", "scipy", "numpy", "copy"} <= set(by)
     for name in ("ours", "scipy", "copy"):
-        assert by[name]["ok"] is True, by[name]
-        assert by[name]["gbps"] > 0
+        row = by[name]
+        assert not row["note"].startswith(("wrong", "error")), row
+        assert (row["ok"] and row["gbps"] > 0) or row["note"].startswith("unreliable"), row

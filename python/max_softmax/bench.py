@@ -438,7 +438,8 @@ def measure_interleaved(
     """Marginal seconds per call of each provider, (T(K) - T(1)) / (K - 1)
     from medians over `reps` rounds. Each round times every provider once,
     so a burst of noise on a shared machine (our 2-core VM swings 1.5-2x
-    within minutes) hits them all alike instead of whichever ran then."""
+    within minutes) hits them all alike instead of whichever ran then.
+    With one provider it is the plain median of its runs."""
     t1: list[list[float]] = [[] for _ in providers]
     tk: list[list[float]] = [[] for _ in providers]
     for _ in range(reps):
@@ -490,36 +491,41 @@ def run_sweep(
         per_case = workload.arity * nbytes
         k = args.max_k if 3 * per_case < 4 * L2_BYTES else 3
         xs = [workload.make_inputs(rng, rows, n, dtype) for _ in range(k)]
-        # Check every provider, then time those that passed together.
+        # On the CPU, check every provider, then time those that passed
+        # together, round by round. On the GPU, time each right after its
+        # check and free it: all of them at once would not fit at 8192 x
+        # 50257 with variants, and the device timer is per provider anyway.
+        interleave = kind == "cpu"
         rows_here: list[Row] = []
         live: list[tuple[int, Provider]] = []
+
         for factory in make_providers(kind, dtype, args.variants, args.op, args.bridge):
             p = None
+            i = len(rows_here)
+            rows_here.append(Row("?", rows, n, dtype, kind))
             try:
                 p = factory()
                 why = check_provider(p, xs, workload)
+                rows_here[i] = Row(p.name, rows, n, dtype, kind, None, None, False, why)
+                if not why and interleave:
+                    live.append((i, p))
+                elif not why:
+                    timed = measure_interleaved([p], k, args.reps)[0]
+                    rows_here[i] = _timed_row(p, timed, rows_here[i], k, nbytes, args)
             except Exception as err:  # a peer that cannot run this case
-                why = f"error: {str(err)[:120]}"
-            name = getattr(p, "name", "?")
-            rows_here.append(Row(name, rows, n, dtype, kind, None, None, None, why))
-            if why:
-                rows_here[-1].ok = False if why.startswith("wrong") else None
-            else:
-                live.append((len(rows_here) - 1, p))
-        timed = measure_interleaved([p for _, p in live], k, args.reps)
-        for (i, p), (secs, ok, note) in zip(live, timed, strict=True):
-            gbps = p.transfers * nbytes / secs / 1e9 if ok else None
-            us = secs * 1e6 if ok else None
-            extra = {"k": k, "timer": "wall"}
-            if ok and args.timer == "device":
-                dev = measure_device(p, k, min(args.reps, DEVICE_REPS))
-                if dev is None:
-                    note = "device timer saw no GPU work: wall clock"
-                else:
-                    extra.update(timer="device", wall_us=us, wall_gbps=gbps)
-                    us, gbps = dev * 1e6, p.transfers * nbytes / dev / 1e9
-            rows_here[i] = Row(p.name, rows, n, dtype, kind, us, gbps, ok, note, extra)
+                note = f"error: {str(err)[:120]}"
+                name = getattr(p, "name", "?")
+                rows_here[i] = Row(name, rows, n, dtype, kind, None, None, None, note)
+            finally:
+                if not interleave:
+                    p = None
+                    _release_torch_cache()
+        if live:
+            timed = measure_interleaved([p for _, p in live], k, args.reps)
+            for (i, p), t in zip(live, timed, strict=True):
+                rows_here[i] = _timed_row(p, t, rows_here[i], k, nbytes, args)
         live = []
+        p = None
         _release_torch_cache()
         results.extend(rows_here)
         _flag_impossible([r for r in results if (r.dtype, r.rows, r.n) == (dtype, rows, n)])
@@ -527,6 +533,30 @@ def run_sweep(
         if save:
             save(results)
     return results
+
+
+def _timed_row(
+    p: Provider,
+    timed: tuple[float, bool, str],
+    row: Row,
+    k: int,
+    nbytes: int,
+    args: argparse.Namespace,
+) -> Row:
+    """`row` with the provider's speed from its wall-clock `timed` result
+    (and, with `--timer device`, its GPU busy time)."""
+    secs, ok, note = timed
+    gbps = p.transfers * nbytes / secs / 1e9 if ok else None
+    us = secs * 1e6 if ok else None
+    extra = {"k": k, "timer": "wall"}
+    if ok and args.timer == "device":
+        dev = measure_device(p, k, min(args.reps, DEVICE_REPS))
+        if dev is None:
+            note = "device timer saw no GPU work: wall clock"
+        else:
+            extra.update(timer="device", wall_us=us, wall_gbps=gbps)
+            us, gbps = dev * 1e6, p.transfers * nbytes / dev / 1e9
+    return Row(p.name, row.rows, row.n, row.dtype, row.device, us, gbps, ok, note, extra)
 
 
 IMPOSSIBLE_VS_COPY = 3.0
