@@ -365,23 +365,28 @@ def _multiprocessors(ctx: DeviceContext) raises -> Int:
     return ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
 
 
-def _split_stream_chunks[dtype: DType](n: Int) -> Int:
-    """Chunks of split_stream per row of `n`."""
-    return ceildiv(
-        n * size_of[dtype](),
-        split_smem_chunk_bytes(
-            split_stream_threads[dtype](), split_stream_vectors[dtype]()
-        ),
+def _split_stream_room[
+    dtype: DType, T: Int, K: Int, B: Int
+](ctx: DeviceContext, n: Int) raises -> Tuple[Int, Int]:
+    """The chunks a row of `n` takes in split_stream with blocks of T
+    threads and K vectors a thread, and the chunks this GPU holds at once:
+    two for each of its resident blocks, B an SM."""
+    return (
+        ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T, K)),
+        2 * _multiprocessors(ctx) * B,
     )
 
 
 def _split_stream_fits[dtype: DType](ctx: DeviceContext, n: Int) raises -> Bool:
-    """Whether this GPU holds all chunks of a row of `n` at once in
-    split_stream's resident blocks, two chunks each."""
-    return (
-        _split_stream_chunks[dtype](n)
-        <= 2 * _multiprocessors(ctx) * split_stream_blocks[dtype]()
-    )
+    """Whether this GPU holds all chunks of a row of `n` at once in the
+    table's split_stream blocks."""
+    var room = _split_stream_room[
+        dtype,
+        split_stream_threads[dtype](),
+        split_stream_vectors[dtype](),
+        split_stream_blocks[dtype](),
+    ](ctx, n)
+    return room[0] <= room[1]
 
 
 def _launch_split_smem[
@@ -455,9 +460,9 @@ def launch_split_stream[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
-    var chunks = ceildiv(n * size_of[dtype](), split_smem_chunk_bytes(T, K))
-    var resident = _multiprocessors(ctx) * B
-    _check_on_chip_split[dtype](ctx, "split_stream", n, chunks, 2 * resident)
+    var room = _split_stream_room[dtype, T, K, B](ctx, n)
+    var chunks = room[0]
+    _check_on_chip_split[dtype](ctx, "split_stream", n, chunks, room[1])
     var counters = _split_counters(ctx, rows, rows * chunks * pair_words[acc]())
     var base = counters.unsafe_ptr()
     var smem_bytes = split_stream_shared_bytes(T, K)
@@ -472,7 +477,8 @@ def launch_split_stream[
         Int64(rows),
         Int64(n),
         Int32(1) if aligned else Int32(0),
-        grid_dim=min(rows * chunks, resident),
+        # Every block resident at once: half the chunk slots.
+        grid_dim=min(rows * chunks, room[1] // 2),
         block_dim=T,
         shared_mem_bytes=smem_bytes,
         func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(

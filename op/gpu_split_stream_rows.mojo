@@ -32,9 +32,10 @@ session 8, where three more round trips measured 3-4% slower at 32 x 1M):
   pair at once (`wait_row_terms`), instead of polling a counter and then
   reading the pairs.
 
-At 32 x 1M (RESULTS, session 8) this reaches 92% of a device copy in fp32
-and 86% in bf16. Session 7's version (three more round trips a chunk,
-same blocks) reached 91% and 81%.
+At 32 x 1M (RESULTS, session 8, the bench's device timer) this reaches 94%
+of a device copy in fp32 and 88% in bf16. Session 7's version (three more
+round trips a chunk, 2 x 512-thread blocks for every dtype) reached 91% and
+81%.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
@@ -64,9 +65,10 @@ from .row_math import accum_dtype, fold_pair, online_sum_guard, row_scale
 # Threads a block, 16-byte vectors a thread in each of a block's two
 # buffers, blocks an SM; `benchmarks/split_stream_sweep.mojo` times others.
 # 16-bit types: 4 blocks of 256 threads with 24 KB buffers (196 of the SM's
-# 227 KB) were 3-8% faster than 2 of 512 with 56 KB buffers: more blocks
-# hide each other's waits. Float32 keeps 2 x 512 x 56 KB, 4% faster at
-# 16 x 2M and 64 x 50257 (RESULTS, session 8).
+# 227 KB) beat 2 of 512 with 56 KB buffers by 3% at 32 x 1M, 4% at
+# 128 x 65536 and 9% at 4 x 1M (about even at 64 x 50257): more blocks hide
+# each other's waits. Float32 keeps 2 x 512 x 56 KB, 3% faster at 16 x 2M
+# and 11% at 64 x 50257 (RESULTS, session 8).
 def split_stream_threads[dtype: DType]() -> Int:
     """Threads a block."""
     return 256 if size_of[dtype]() == 2 else 512
