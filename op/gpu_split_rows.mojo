@@ -99,6 +99,19 @@ def wait_for_row(counters: Pointer[Int32, MutAnyOrigin], r: Int, chunks: Int):
 
 
 @always_inline
+def block_row_terms[
+    acc: DType, T: Int, log_out: Bool
+](m: Scalar[acc], s: Scalar[acc]) -> Tuple[Scalar[acc], Scalar[acc]]:
+    """A row's max and `row_scale` (NaN where the three-pass algorithm gives
+    NaN) from each of a block of T threads' share of the row's pairs."""
+    var total = block_max_sum[acc, T](m, s)
+    return (
+        total[0],
+        row_scale[log_out, acc](online_sum_guard[acc](total[0], total[1])),
+    )
+
+
+@always_inline
 def row_max_scale[
     acc: DType, T: Int, log_out: Bool
 ](partials: Pointer[Scalar[acc], MutAnyOrigin], r: Int, chunks: Int) -> Tuple[
@@ -123,11 +136,7 @@ def row_max_scale[
         )
         m = folded[0]
         s = folded[1]
-    var total = block_max_sum[acc, T](m, s)
-    return (
-        total[0],
-        row_scale[log_out, acc](online_sum_guard[acc](total[0], total[1])),
-    )
+    return block_row_terms[acc, T, log_out](m, s)
 
 
 @always_inline

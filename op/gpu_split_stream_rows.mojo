@@ -47,8 +47,7 @@ from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
-from .gpu_reductions import block_max_sum
-from .gpu_split_rows import DeviceCounter
+from .gpu_split_rows import DeviceCounter, block_row_terms
 from .gpu_split_smem_rows import (
     SharedBuffer,
     SmemChunk,
@@ -59,7 +58,7 @@ from .gpu_split_smem_rows import (
     split_smem_shared_bytes,
     write_chunk,
 )
-from .row_math import accum_dtype, fold_pair, online_sum_guard, row_scale
+from .row_math import accum_dtype, fold_pair
 
 
 # Threads a block, 16-byte vectors a thread in each of a block's two
@@ -224,11 +223,7 @@ def wait_row_terms[
             pairs.unsafe_offset((r * chunks + i) * pair_words[acc]())
         )
         (m, s) = fold_pair[acc](m, s, pair[0], pair[1])
-    var total = block_max_sum[acc, T](m, s)
-    return (
-        total[0],
-        row_scale[log_out, acc](online_sum_guard[acc](total[0], total[1])),
-    )
+    return block_row_terms[acc, T, log_out](m, s)
 
 
 @__llvm_metadata(
