@@ -521,9 +521,14 @@ def run_sweep(
                     p = None
                     _release_torch_cache()
         if live:
-            timed = measure_interleaved([p for _, p in live], k, args.reps)
-            for (i, p), t in zip(live, timed, strict=True):
-                rows_here[i] = _timed_row(p, t, rows_here[i], k, nbytes, args)
+            try:
+                timed = measure_interleaved([p for _, p in live], k, args.reps)
+                for (i, p), t in zip(live, timed, strict=True):
+                    rows_here[i] = _timed_row(p, t, rows_here[i], k, nbytes, args)
+            except Exception as err:  # as when each was timed alone: a row, no crash
+                note = f"error: {str(err)[:120]}"
+                for i, p in live:
+                    rows_here[i] = Row(p.name, rows, n, dtype, kind, None, None, None, note)
         live = []
         p = None
         _release_torch_cache()
