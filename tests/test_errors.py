@@ -40,6 +40,21 @@ def test_unknown_variant():
         max_softmax.softmax(np.ones(3, dtype=np.float32), device="cpu", variant="fast")
 
 
+def test_gpu_variant_on_cpu():
+    """variant= picks among GPU kernel families: on the CPU it is an error,
+    not silently ignored (nor a second compiled model)."""
+    with pytest.raises(ValueError, match="'warp' is a GPU kernel family; on the cpu"):
+        max_softmax.softmax(np.ones(3, dtype=np.float32), device="cpu", variant="warp")
+
+
+def test_big_endian_input():
+    """A non-native byte order (e.g. '>f4' read from a file) is a float array too."""
+    x = np.array([[1.0, 2.0, 3.0]], dtype=">f4")
+    y = max_softmax.softmax(x, device="cpu")
+    want = np.exp([1.0, 2.0, 3.0]) / np.exp([1.0, 2.0, 3.0]).sum()
+    np.testing.assert_allclose(y[0], want, rtol=1e-6)
+
+
 @pytest.mark.skipif(max_softmax.gpu_available(), reason="a GPU is present")
 def test_gpu_requested_without_gpu():
     with pytest.raises(max_softmax.NoGPUError, match="no accelerator"):

@@ -3,25 +3,40 @@
 - `max_softmax.ops.softmax(x, axis)`: add the op to your own MAX graph;
 - `max_softmax.softmax(array, axis, device=...)`: numpy in, numpy out (a MAX
   eager `Tensor` in, a `Tensor` out: see `max_softmax.eager`);
-- `max_softmax.KERNELS`: the Mojo package for `custom_extensions=[...]`.
+- `max_softmax.KERNELS`: the kernel library for `custom_extensions=[...]`
+  (precompiled on first use, then cached; `KERNEL_SOURCES` is its source).
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+
 from . import eager, ops
-from ._paths import KERNELS
 from .arrays import log_softmax, log_softmax_backward, softmax, softmax_backward
 from .devices import NoGPUError, gpu_available
+from .kernels import KERNEL_SOURCES, kernel_library
 from .validation import SUPPORTED_DTYPES, SoftmaxInputError
 
 __all__ = [
     "KERNELS",
+    "KERNEL_SOURCES",
     "SUPPORTED_DTYPES",
     "NoGPUError",
     "SoftmaxInputError",
+    "eager",
     "gpu_available",
+    "kernel_library",
     "log_softmax",
     "log_softmax_backward",
-    "eager",
     "ops",
     "softmax",
     "softmax_backward",
 ]
+
+
+def __getattr__(name: str) -> Path:
+    # KERNELS is looked up lazily: the first access precompiles the library
+    # (~3 s, once per version), which `import max_softmax` need not pay.
+    if name == "KERNELS":
+        return kernel_library()
+    raise AttributeError(f"module 'max_softmax' has no attribute {name!r}")

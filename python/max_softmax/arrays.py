@@ -1,4 +1,8 @@
-"""Array-level functions: numpy (or any DLPack array) in, numpy out."""
+"""Array-level functions: numpy (or any DLPack array) in, numpy out.
+
+This is an edge: arguments are checked here, once, then the cached model
+(models.row_op_model) runs on the (outer, n, inner) view of the array.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ import numpy as np
 from . import eager
 from .devices import device, resolve_device
 from .dtypes import max_dtype, to_buffer, to_numpy
-from .models import ModelKey, get_model
-from .validation import canonical_shape, check_variant, normalize_axis
+from .models import ModelKey, row_op_model
+from .validation import canonical_shape, check_dy_like, check_variant, normalize_axis
 
 if TYPE_CHECKING:
     from max.experimental.tensor import Tensor
@@ -71,12 +75,16 @@ def log_softmax_backward(
 
 
 def as_array(x: Any) -> np.ndarray:
-    """`x` as a numpy array, without copying where possible."""
+    """`x` as a numpy array in native byte order, without copying where possible."""
     if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
-        return np.from_dlpack(x)
-    return np.asarray(x)
+        array = x
+    elif hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
+        array = np.from_dlpack(x)
+    else:
+        array = np.asarray(x)
+    if not array.dtype.isnative:  # e.g. big-endian '>f4' from a file
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = None) -> Any:
@@ -90,22 +98,17 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
     array = as_array(x)
     dtype = max_dtype(array.dtype)
     axis = normalize_axis(axis, array.ndim)
-    grads = None if dy is None else as_array(dy)
-    if grads is not None and (grads.shape != array.shape or grads.dtype != array.dtype):
-        raise ValueError(
-            f"max_softmax: {op} needs dy of the same shape and dtype as its first "
-            f"input: got {grads.dtype}{grads.shape} for {array.dtype}{array.shape}"
-        )
-    check_variant(variant)
+    arrays = [array]
+    if dy is not None:
+        arrays.append(as_array(dy))
+        check_dy_like(op, array, arrays[1], lambda a: list(a.shape))
     kind = resolve_device(device_name)
+    check_variant(variant, kind)
     if array.size == 0:
         return np.empty(array.shape, dtype=array.dtype)
-    model = get_model(ModelKey(op, dtype, kind, variant))
+    model = row_op_model(ModelKey(op, dtype, kind, variant))
     view = canonical_shape(array.shape, axis)
-    buffers = [
-        to_buffer(np.ascontiguousarray(a).reshape(view))
-        for a in ([array] if grads is None else [array, grads])
-    ]
+    buffers = [to_buffer(np.ascontiguousarray(a).reshape(view)) for a in arrays]
     if kind == "gpu":
         buffers = [b.to(device("gpu")) for b in buffers]
     (out,) = model.execute(*buffers)

@@ -21,38 +21,16 @@ three ops one by one eagerly costs seconds per call.
 from __future__ import annotations
 
 import asyncio
-from functools import cache
 from typing import Any
 
-from ._paths import KERNELS
-from .validation import OP_ARITY, canonical_shape, check_dtype, check_dy_like, normalize_axis
+from .models import declaration as declaration  # re-exported: eager.declaration(op)
+from .validation import canonical_shape, check_dtype, check_dy_like, normalize_axis
 
 
 def is_max_tensor(x: Any) -> bool:
     """True for a `max.experimental.tensor.Tensor` (without importing MAX's
     eager machinery for numpy callers)."""
     return type(x).__module__.startswith("max.experimental") and type(x).__name__ == "Tensor"
-
-
-@cache
-def declaration(op: str):
-    """The `CustomOp` for `op` on an (outer, n, inner) tensor of any float
-    dtype; works on eager `Tensor`s and on graph `TensorValue`s.
-
-    Declared on first use (MAX packages the kernel library then, ~2 s).
-    """
-    from max.experimental import custom
-
-    dtype = custom.DTypeVar("T")
-    dims = custom.Symbols("outer", "n", "inner")
-    view = custom.TemplateType(dtype, dims)
-    names = ("x",) if OP_ARITY[op] == 1 else ("a", "dy")
-    return custom.declare(
-        op,
-        inputs={name: view for name in names},
-        outputs=[view],
-        custom_extensions=[KERNELS],
-    )
 
 
 def run(op: str, x: Any, axis: int, dy: Any = None) -> Any:

@@ -1,52 +1,75 @@
-"""The one place that builds, compiles and caches the MAX models.
+"""The one place that builds, compiles and caches MAX graphs holding our ops.
 
-A model runs one op on a rank-3 (outer, n, inner) tensor with symbolic
-dims, so a model compiled once per (op, dtype, device, variant) serves every
-shape, rank and axis. Compilation happens once per key even when many
-threads ask at the same time.
+Every front door comes here: the array functions (`row_op_model`), MAX
+eager (`declaration`), the torch bridge (`into_graph_body`) and the
+benchmark (`build_graph` + `compiled`). A row-op model runs one op on a
+rank-3 (outer, n, inner) tensor with symbolic dims, so one model per
+(op, dtype, device, variant) serves every shape, rank and axis. Each key
+compiles once, even when many threads ask at the same time, and its first
+compile is announced on stderr (see `kernels.announce`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from max.dtype import DType
 from max.engine import InferenceSession, Model
-from max.graph import DeviceRef, Graph, TensorType
+from max.graph import DeviceRef, Graph, TensorType, TensorValue, Type, ops
 
-from . import ops
-from ._paths import KERNELS
 from .devices import device
-from .validation import OP_ARITY
+from .kernels import announce, cache_dir, kernel_library, sources_fingerprint
+from .registry import OpSpec, op_spec
+
+ROW_DIMS = ["outer", "n", "inner"]
+"""The symbolic (outer, n, inner) view every op works on (see ops.py)."""
+
+# Rough cold-compile times on a 2-core machine, for the announcement.
+_COLD_SECONDS = {"cpu": "15-30", "gpu": "20-40"}
 
 
 @cache
 def session(kind: str) -> InferenceSession:
-    """The one InferenceSession per device kind that loads every model."""
+    """The one InferenceSession per device kind ("cpu" / "gpu") that loads every model."""
     return InferenceSession(devices=[device(kind)])
 
 
-@dataclass(frozen=True)
-class ModelKey:
-    """What a compiled model is specialised on."""
-
-    op: str
-    dtype: DType
-    device: str
-    variant: str = "auto"
+def device_ref(kind: str) -> DeviceRef:
+    """The graph-side reference of device kind "cpu" or "gpu"."""
+    return DeviceRef.GPU() if kind == "gpu" else DeviceRef.CPU()
 
 
-_models: dict[ModelKey, Model] = {}
-_locks: dict[ModelKey, threading.Lock] = {}
+def row_type(dtype: DType, kind: str) -> TensorType:
+    """The (outer, n, inner) tensor type with symbolic dims on `kind`."""
+    return TensorType(dtype, ROW_DIMS, device=device_ref(kind))
+
+
+def build_graph(
+    name: str, input_types: Sequence[Type], body: Callable[..., Sequence[TensorValue]]
+) -> Graph:
+    """A graph with our kernel library whose outputs are `body(*inputs)`."""
+    with Graph(name, input_types=input_types, custom_extensions=[kernel_library()]) as graph:
+        graph.output(*body(*(v.tensor for v in graph.inputs)))
+    return graph
+
+
+_models: dict[Hashable, Model] = {}
+_locks: dict[Hashable, threading.Lock] = {}
 _locks_guard = threading.Lock()
-compile_count: dict[ModelKey, int] = {}
+compile_count: dict[Hashable, int] = {}
 """How many times each key was compiled (tests check it stays 1)."""
 
 
-def get_model(key: ModelKey) -> Model:
-    """The compiled model for `key`, compiling it on first use."""
+def compiled(key: Hashable, kind: str, build: Callable[[], Graph], what: str) -> Model:
+    """The model cached under `key`, made on first use by loading `build()`
+    into the session of device kind `kind`; `what` names it for the
+    announcement of a first compile."""
     model = _models.get(key)
     if model is not None:
         return model
@@ -55,25 +78,95 @@ def get_model(key: ModelKey) -> Model:
     with lock:
         model = _models.get(key)
         if model is None:
-            model = _compile(key)
+            model = _load_announced(key, kind, build, what)
             compile_count[key] = compile_count.get(key, 0) + 1
             _models[key] = model
     return model
 
 
-def _compile(key: ModelKey) -> Model:
-    dev = DeviceRef.GPU() if key.device == "gpu" else DeviceRef.CPU()
-    input_type = TensorType(key.dtype, ["outer", "n", "inner"], device=dev)
-    op = getattr(ops, key.op)
-    arity = OP_ARITY[key.op]
-    with Graph(
-        f"max_softmax_{key.op}_{key.dtype.name}_{key.device}_{key.variant}",
-        input_types=[input_type] * arity,
-        custom_extensions=[KERNELS],
-    ) as graph:
-        inputs = [v.tensor for v in graph.inputs]
-        if arity == 2:
-            graph.output(op(*inputs, axis=1))
-        else:
-            graph.output(op(inputs[0], axis=1, variant=key.variant))
-    return session(key.device).load(graph)
+def _load_announced(key: Hashable, kind: str, build: Callable[[], Graph], what: str) -> Model:
+    """Build and load, saying so first unless this machine compiled the same
+    key for the same kernels before (then MAX's cache serves it in ~1 s)."""
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    marker = cache_dir() / "compiled" / f"{sources_fingerprint()}-{digest}"
+    seen = marker.is_file()
+    if not seen:
+        announce(f"compiling {what} for {kind} (first use, ~{_COLD_SECONDS[kind]} s; then cached)")
+    start = time.perf_counter()
+    model = session(kind).load(build())
+    if not seen:
+        announce(f"compiled {what} in {time.perf_counter() - start:.1f} s")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    return model
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    """What a compiled row-op model is specialised on."""
+
+    op: str
+    dtype: DType
+    device: str
+    variant: str = "auto"
+
+
+def row_op_model(key: ModelKey) -> Model:
+    """The compiled model running `key.op` on (outer, n, inner) tensors
+    along n, compiling it on first use."""
+    spec = op_spec(key.op)
+    kwargs: dict[str, Any] = {"axis": 1}
+    if spec.has_variants:
+        kwargs["variant"] = key.variant
+
+    def body(*inputs: TensorValue) -> list[TensorValue]:
+        return [spec.graph(*inputs, **kwargs)]
+
+    name = f"max_softmax_{key.op}_{key.dtype.name}_{key.device}_{key.variant}"
+    what = key.op + (f" (variant {key.variant})" if key.variant != "auto" else "")
+    return compiled(
+        key,
+        key.device,
+        lambda: build_graph(name, [row_type(key.dtype, key.device)] * spec.arity, body),
+        f"{what} {key.dtype.name}",
+    )
+
+
+def into_graph_body(spec: OpSpec) -> Callable[..., None]:
+    """The body of a graph whose first input is a buffer to write `spec`'s
+    result into, by the op's destination-passing twin (op/registered_ops).
+    The torch bridge compiles these: returning a value instead would make MAX
+    copy it into torch's output, twice the traffic of a memory-bound op.
+    torch infers the op's schema from the signature, so it names each input."""
+
+    def into(*values: TensorValue) -> None:
+        out = Graph.current.inputs[0].buffer
+        ops.inplace_custom(name=spec.into, device=out.device, values=[out, *values], out_types=[])
+
+    if spec.arity == 1:
+
+        def forward(x: TensorValue) -> None:
+            into(x)
+
+        return forward
+
+    def backward(a: TensorValue, dy: TensorValue) -> None:
+        into(a, dy)
+
+    return backward
+
+
+@cache
+def declaration(op: str) -> Any:
+    """The MAX eager `CustomOp` for `op` on an (outer, n, inner) tensor of
+    any float dtype; works on eager `Tensor`s and on graph `TensorValue`s."""
+    from max.experimental import custom
+
+    spec = op_spec(op)
+    view = custom.TemplateType(custom.DTypeVar("T"), custom.Symbols(*ROW_DIMS))
+    return custom.declare(
+        op,
+        inputs={name: view for name in spec.inputs},
+        outputs=[view],
+        custom_extensions=[kernel_library()],
+    )

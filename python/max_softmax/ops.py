@@ -19,8 +19,8 @@ from operator import mul
 from max.graph import Graph, TensorType, TensorValue, ops
 from max.graph.dim import Dim
 
-from ._paths import KERNELS
 from .devices import check_graph_device
+from .kernels import is_kernel_library, kernel_library
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
 from .validation import check_dtype, check_dy_like, check_variant, normalize_axis
 
@@ -85,8 +85,8 @@ def _row_op(
     if dy is not None:
         dy = TensorValue(dy)
         check_dy_like(name, x, dy)
-    check_variant(variant)
     check_graph_device(x.device, f"the input of {name}")
+    check_variant(variant, x.device.device_type.value)
     shape = list(x.shape)
     axis = normalize_axis(axis, len(shape))
     _ensure_kernels_loaded()
@@ -116,10 +116,10 @@ def _row_op(
 
 def _ensure_kernels_loaded() -> None:
     graph = Graph.current
-    if KERNELS in graph.kernel_libraries_paths:
+    if any(is_kernel_library(p) for p in graph.kernel_libraries_paths):
         return
     try:
-        graph._import_kernels([KERNELS])
+        graph._import_kernels([kernel_library()])
     except Exception as err:  # pragma: no cover - depends on MAX internals
         raise RuntimeError(
             "max_softmax: could not add the kernel library to this graph; "

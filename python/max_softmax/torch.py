@@ -16,10 +16,12 @@ import torch
 from max.driver import accelerator_count
 from max.dtype import DType
 from max.experimental.torch.torch import CustomOpLibrary, MaxOp
-from max.graph import DeviceRef, Graph, TensorType, ops
+from max.graph import DeviceRef, TensorType
 
-from ._paths import KERNELS
-from .validation import OP_ARITY, normalize_axis
+from .kernels import kernel_library
+from .models import ROW_DIMS, into_graph_body
+from .registry import OPS, op_spec
+from .validation import normalize_axis
 
 _DTYPES = {
     torch.float32: DType.float32,
@@ -27,32 +29,6 @@ _DTYPES = {
     torch.bfloat16: DType.bfloat16,
     torch.float64: DType.float64,
 }
-
-
-def _graph_fn(name: str):
-    """The body of the bridge's graph for op `name`: the `*_into` twin of
-    the op (op/inplace_ops.mojo) writes straight into the torch output, which
-    MAX passes as the graph's first input, a buffer. Returning a value
-    instead would make MAX copy it into that buffer: twice the traffic."""
-
-    def into(*values):
-        out = Graph.current.inputs[0].buffer
-        ops.inplace_custom(
-            name=f"{name}_into", device=out.device, values=[out, *values], out_types=[]
-        )
-
-    # torch infers the op's schema from these signatures: no *args.
-    if OP_ARITY[name] == 1:
-
-        def forward(x):
-            into(x)
-
-        return forward
-
-    def backward(a, dy):
-        into(a, dy)
-
-    return backward
 
 
 def _make_torch_ops() -> dict[tuple[str, torch.dtype, str], object]:
@@ -63,20 +39,20 @@ def _make_torch_ops() -> dict[tuple[str, torch.dtype, str], object]:
     Made at import, not on first use: torch.compile(fullgraph=True) must not
     trace their construction. Kernels still compile lazily, on first call.
     """
-    library = CustomOpLibrary(KERNELS)
+    library = CustomOpLibrary(kernel_library())
     kinds = {"cpu": DeviceRef.CPU()}
     if accelerator_count() > 0:
         kinds["cuda"] = DeviceRef.GPU()
     made = {}
-    for name, arity in OP_ARITY.items():
+    for name, spec in OPS.items():
         for tdtype, mdtype in _DTYPES.items():
             for kind, ref in kinds.items():
-                view = TensorType(mdtype, ["outer", "n", "inner"], ref)
+                view = TensorType(mdtype, ROW_DIMS, ref)
                 made[(name, tdtype, kind)] = MaxOp(
-                    _graph_fn(name),
+                    into_graph_body(spec),
                     f"max_softmax_{name}_{mdtype.name}_{kind}",
                     library,
-                    input_types=[view] * arity,
+                    input_types=[view] * spec.arity,
                     output_types=[view],
                 ).custom_op_def()
     return made
@@ -120,9 +96,10 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _differentiable(forward: str, backward: str) -> type[torch.autograd.Function]:
-    """An autograd Function running op `forward`, whose gradient is op
-    `backward` applied to the saved output and the incoming gradient."""
+def _differentiable(forward: str) -> type[torch.autograd.Function]:
+    """An autograd Function running op `forward`, whose gradient is its
+    backward op (registry) applied to the saved output and the incoming gradient."""
+    backward = op_spec(forward).backward
 
     class RowOp(torch.autograd.Function):
         @staticmethod
@@ -141,8 +118,8 @@ def _differentiable(forward: str, backward: str) -> type[torch.autograd.Function
     return RowOp
 
 
-_Softmax = _differentiable("softmax", "softmax_backward")
-_LogSoftmax = _differentiable("log_softmax", "log_softmax_backward")
+_Softmax = _differentiable("softmax")
+_LogSoftmax = _differentiable("log_softmax")
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

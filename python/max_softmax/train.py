@@ -16,13 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from max.graph import DeviceRef, Graph, TensorType, ops
+from max.graph import Graph, TensorType, ops
 
 from . import ops as our_ops
-from ._paths import KERNELS
 from .devices import device, resolve_device
 from .dtypes import max_dtype, to_buffer, to_numpy
-from .models import session
+from .models import build_graph, compiled, device_ref
 
 PARAMS = ("w1", "b1", "w2", "b2")
 
@@ -71,7 +70,7 @@ def init_params(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
 def build_step_graph(problem: Problem, kind: str) -> Graph:
     """Graph (x, onehot, w1, b1, w2, b2) -> (loss, accuracy, dw1, db1, dw2, db2)."""
     dt = max_dtype(problem.x.dtype)
-    ref = DeviceRef.GPU() if kind == "gpu" else DeviceRef.CPU()
+    ref = device_ref(kind)
     n, d = problem.x.shape
     k, h = problem.onehot.shape[1], problem.hidden
     types = [
@@ -82,8 +81,8 @@ def build_step_graph(problem: Problem, kind: str) -> Graph:
         TensorType(dt, [h, k], ref),
         TensorType(dt, [1, k], ref),
     ]
-    with Graph("mlp_step", input_types=types, custom_extensions=[KERNELS]) as g:
-        x, onehot, w1, b1, w2, b2 = (v.tensor for v in g.inputs)
+
+    def step(x, onehot, w1, b1, w2, b2):
         # Forward.
         pre = ops.matmul(x, w1) + b1
         hid = ops.relu(pre)
@@ -100,8 +99,9 @@ def build_step_graph(problem: Problem, kind: str) -> Graph:
         dpre = dhid * ops.cast(ops.greater(pre, ops.constant(0, dt, ref)), dt)
         dw1 = ops.matmul(ops.transpose(x, 0, 1), dpre)
         db1 = ops.sum(dpre, axis=0)
-        g.output(loss, accuracy, dw1, db1, dw2, db2)
-    return g
+        return loss, accuracy, dw1, db1, dw2, db2
+
+    return build_graph("mlp_step", types, step)
 
 
 class Trainer:
@@ -110,7 +110,13 @@ class Trainer:
     def __init__(self, problem: Problem, device_name: str = "auto"):
         self.kind = resolve_device(device_name)
         self.problem = problem
-        self.model = session(self.kind).load(build_step_graph(problem, self.kind))
+        shapes = (problem.x.shape, problem.onehot.shape, problem.hidden, str(problem.x.dtype))
+        self.model = compiled(
+            ("mlp_step", shapes, self.kind),
+            self.kind,
+            lambda: build_step_graph(problem, self.kind),
+            "the training step graph",
+        )
         self.dev = device(self.kind)
         self.data = [to_buffer(a).to(self.dev) for a in (problem.x, problem.onehot)]
 

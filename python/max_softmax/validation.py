@@ -21,16 +21,6 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (
 """Element types every op accepts (16-bit types compute in float32)."""
 
 
-OP_ARITY: dict[str, int] = {
-    "softmax": 1,
-    "log_softmax": 1,
-    "softmax_backward": 2,
-    "log_softmax_backward": 2,
-}
-"""Every op registered in op/ (softmax_op.mojo), with its number of tensor
-inputs: the backward ops take the forward output and dy."""
-
-
 VARIANTS: tuple[str, ...] = (
     "auto",
     "tree",
@@ -60,10 +50,16 @@ def check_dtype(dtype: DType) -> DType:
     return dtype
 
 
-def check_variant(variant: str) -> str:
-    """Return `variant` if it names a kernel family in `VARIANTS`, else raise."""
+def check_variant(variant: str, device_kind: str) -> str:
+    """Return `variant` if it names a kernel family in `VARIANTS` that can run
+    on `device_kind` ("cpu" or "gpu"), else raise: the CPU has one family."""
     if variant not in VARIANTS:
         raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
+    if variant != "auto" and device_kind != "gpu":
+        raise ValueError(
+            f"max_softmax: variant {variant!r} is a GPU kernel family; on the {device_kind} "
+            "leave variant='auto'"
+        )
     return variant
 
 
@@ -72,11 +68,12 @@ def check_dy_like(
 ) -> None:
     """Raise ValueError unless `dy` has the dtype, dims and device of `x`:
     graph `TensorValue`s and eager `Tensor`s alike (`dims` lists a shape)."""
-    if dy.dtype != x.dtype or dims(dy) != dims(x) or dy.device != x.device:
+    x_device, dy_device = getattr(x, "device", "cpu"), getattr(dy, "device", "cpu")
+    if dy.dtype != x.dtype or dims(dy) != dims(x) or dy_device != x_device:
         raise ValueError(
-            f"max_softmax: {op} needs dy like its first input: got "
-            f"{dy.dtype.name}{dims(dy)} on {dy.device} for "
-            f"{x.dtype.name}{dims(x)} on {x.device}"
+            f"max_softmax: {op} needs dy like its first input (same shape, dtype and "
+            f"device): got {dy.dtype.name}{dims(dy)} on {dy_device} for "
+            f"{x.dtype.name}{dims(x)} on {x_device}"
         )
 
 

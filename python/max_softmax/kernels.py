@@ -1,0 +1,126 @@
+"""The Mojo kernel package: where its sources live, and its precompiled form.
+
+MAX accepts a kernel library as a source directory or as a precompiled
+`.mojoc` package. Given the directory, MAX re-packages the sources at every
+`Graph(...)` (~7 s on a 2-core machine, every process); given a `.mojoc`,
+building a graph takes ~1 s. So we precompile once (`mojo precompile`,
+~3 s) into a cache keyed by the sources and the compiler, and hand MAX that.
+The sources stay the fallback where the compiler cannot run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import sys
+import threading
+from functools import cache
+from pathlib import Path
+
+
+def _find_sources() -> Path:
+    here = Path(__file__).resolve().parent
+    # A wheel carries the package as max_softmax/kernels_src (pyproject.toml);
+    # a source checkout or editable install uses the repository's op/.
+    for candidate in (here / "kernels_src", here.parent.parent / "op"):
+        if (candidate / "__init__.mojo").is_file():
+            return candidate
+    raise ImportError(
+        f"max_softmax: Mojo kernels not found next to {here} "
+        "(expected max_softmax/kernels_src or the repository's op/)"
+    )
+
+
+KERNEL_SOURCES: Path = _find_sources()
+"""The Mojo package's source directory (op/ in a checkout)."""
+
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where max-softmax keeps what it builds: $MAX_SOFTMAX_CACHE, else
+    $XDG_CACHE_HOME/max-softmax, else ~/.cache/max-softmax."""
+    explicit = os.environ.get("MAX_SOFTMAX_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "max-softmax"
+
+
+def announce(message: str) -> None:
+    """One line to stderr about a wait the user would otherwise not see;
+    silenced by MAX_SOFTMAX_QUIET=1."""
+    if os.environ.get("MAX_SOFTMAX_QUIET", "") not in ("", "0"):
+        return
+    print(f"max-softmax: {message}", file=sys.stderr, flush=True)
+
+
+@cache
+def sources_fingerprint() -> str:
+    """A hash of every kernel source and of the compiler and MAX versions:
+    a precompiled package or a compiled model is reused only while it holds."""
+    digest = hashlib.sha256()
+    for name in ("max", "mojo-compiler"):
+        try:
+            digest.update(f"{name}={importlib.metadata.version(name)};".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{name}=?;".encode())
+    for path in sorted(KERNEL_SOURCES.rglob("*.mojo")):
+        digest.update(str(path.relative_to(KERNEL_SOURCES)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def kernel_library() -> Path:
+    """The kernel package to pass as `Graph(..., custom_extensions=[...])`:
+    the precompiled `.mojoc` (built on first use, ~3 s, then cached), or the
+    source directory where precompiling is switched off
+    (MAX_SOFTMAX_PRECOMPILE=0) or the Mojo compiler cannot be found."""
+    if os.environ.get("MAX_SOFTMAX_PRECOMPILE", "1") == "0":
+        return KERNEL_SOURCES
+    target = cache_dir() / f"max_softmax_kernels_{sources_fingerprint()}.mojoc"
+    if target.is_file():
+        return target
+    with _lock:
+        if not target.is_file():
+            _precompile(target)
+    return target if target.is_file() else KERNEL_SOURCES
+
+
+def _precompile(target: Path) -> None:
+    """Build `target` with `mojo precompile`, published by an atomic rename so
+    concurrent processes never read half a file."""
+    try:
+        from mojo.paths import MojoCompilationError
+        from mojo.run import subprocess_run_mojo
+    except ImportError:  # pragma: no cover - max always brings mojo
+        return
+    announce("precompiling the kernel library (once per version, ~3-5 s)")
+    # The compiler names the module after the output file (so the name must
+    # be an identifier), and the loader checks it: the
+    # staging file carries the final name, in a private directory.
+    staging = target.parent / f".staging-{os.getpid()}-{threading.get_ident()}" / target.name
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    args = ["precompile", str(KERNEL_SOURCES), "-o", str(staging)]
+    try:
+        result = subprocess_run_mojo(args, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise MojoCompilationError(KERNEL_SOURCES, args, result.stdout, result.stderr)
+        os.replace(staging, target)
+    except (OSError, RuntimeError) as err:  # no compiler here: MAX packages the sources
+        announce(f"could not precompile the kernels ({err}); using the sources")
+    finally:
+        staging.unlink(missing_ok=True)
+        try:
+            staging.parent.rmdir()
+        except OSError:
+            pass
+
+
+def is_kernel_library(path: Path) -> bool:
+    """Whether `path` is our kernel package, as sources or precompiled."""
+    path = Path(path)
+    return path == KERNEL_SOURCES or (
+        path.suffix == ".mojoc" and path.name.startswith("max_softmax_kernels_") and path.parent == cache_dir()
+    )

@@ -1,0 +1,78 @@
+"""The one table of our ops: what each is called in Mojo, what it takes, its gradient.
+
+Every front door (graph ops, arrays, MAX eager, the torch bridge, the
+benchmark) looks an op up here instead of keeping its own list. Adding an op
+means: register it in `op/registered_ops.mojo`, write its graph function in
+`ops.py`, add one `OpSpec` below (see docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from max.graph import TensorValue
+
+from . import ops
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the kernel library, as every front door sees it."""
+
+    name: str
+    """The name it is registered under in op/ and called by from Python."""
+    inputs: tuple[str, ...]
+    """Its tensor inputs, in order (the backward ops take the forward's output and dy)."""
+    graph: Callable[..., TensorValue]
+    """The graph-level function in `ops.py`: `graph(*inputs, axis=...)`."""
+    into: str
+    """Its destination-passing twin in op/, which writes into a given buffer."""
+    backward: str | None = None
+    """The op that computes its gradient from its output and dy, if any."""
+    has_variants: bool = False
+    """Whether `variant=` picks among GPU kernel families for it."""
+
+    @property
+    def arity(self) -> int:
+        """How many tensors it takes."""
+        return len(self.inputs)
+
+
+OPS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec(
+            "softmax",
+            ("x",),
+            ops.softmax,
+            "softmax_into",
+            backward="softmax_backward",
+            has_variants=True,
+        ),
+        OpSpec(
+            "log_softmax",
+            ("x",),
+            ops.log_softmax,
+            "log_softmax_into",
+            backward="log_softmax_backward",
+            has_variants=True,
+        ),
+        OpSpec("softmax_backward", ("y", "dy"), ops.softmax_backward, "softmax_backward_into"),
+        OpSpec(
+            "log_softmax_backward",
+            ("logp", "dy"),
+            ops.log_softmax_backward,
+            "log_softmax_backward_into",
+        ),
+    )
+}
+"""Every op, by name."""
+
+
+def op_spec(name: str) -> OpSpec:
+    """The spec of op `name`; ValueError naming the choices if there is none."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"max_softmax: unknown op {name!r}; choose one of {tuple(OPS)}") from None
