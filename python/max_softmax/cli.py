@@ -19,6 +19,7 @@ from . import arrays
 from .devices import DEVICE_CHOICES, resolve_device
 from .dtypes import DTYPE_NAMES
 from .reference import compare, compare_backward
+from .validation import normalize_axis
 
 DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 50257), (128,))
 """A batch of GPT-2 logits (vocabulary 50257) and the classic 128-vector."""
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="softmax",
         description="Run max-softmax's Mojo kernels in a MAX graph and check "
         "them against scipy.special.softmax (float64).",
+        epilog="subcommands: 'softmax bench --help' (speed against MAX, torch, Triton, "
+        "JAX), 'softmax train --help' (a classifier trained with our ops). "
+        "MAX_SOFTMAX_QUIET=1 silences the compile notices.",
     )
     p.add_argument(
         "--shape",
@@ -69,9 +73,14 @@ def run_check(args: argparse.Namespace) -> bool:
     dtype = DTYPE_NAMES[args.dtype]
     rng = np.random.default_rng(args.seed)
     fn = getattr(arrays, args.op)
+    shapes = args.shape or DEFAULT_SHAPES
+    for shape in shapes:  # bad axes fail before anything is printed
+        normalize_axis(args.axis, len(shape))
     print(f"max-softmax {args.op}  device={kind}  dtype={args.dtype}  seed={args.seed}")
+    if args.dtype in ("float16", "bfloat16"):
+        print(f"  (errors are against the float64 reference rounded to {args.dtype})")
     all_ok = True
-    for shape in args.shape or DEFAULT_SHAPES:
+    for shape in shapes:
         x = (rng.standard_normal(shape) * args.scale).astype(dtype)
         t0 = time.perf_counter()
         y = fn(x, axis=args.axis, device=kind)
@@ -86,12 +95,13 @@ def run_check(args: argparse.Namespace) -> bool:
         probs = y.astype(np.float64)
         if args.op == "log_softmax":
             probs = np.exp(probs)
-        sums = probs.sum(axis=args.axis) if y.size else np.ones(1)
+        sums = probs.sum(axis=args.axis)
+        row_sums = f"[{sums.min():.6f}, {sums.max():.6f}]" if y.size else "n/a (empty)"
         per_call = statistics.median(times) * 1e6 if times else float("nan")
         print(
             f"  shape={'x'.join(map(str, shape)):>12}  "
             f"max_abs_err={c.max_abs_err:.2e}  max_rel_err={c.max_rel_err:.2e}  "
-            f"row_sums=[{sums.min():.6f}, {sums.max():.6f}]  "
+            f"row_sums={row_sums}  "
             f"first_call={first:.2f}s  per_call={per_call:.0f}us (numpy in/out)  "
             f"{'OK' if c.ok else 'FAIL'} (rtol={c.rtol:g}, atol={c.atol:g})"
         )
@@ -111,22 +121,27 @@ def run_check(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `softmax` console script."""
+    """Entry point of the `softmax` console script: 0 passed, 1 failed check,
+    2 bad arguments, 130 interrupted (Ctrl-C, even mid-compile)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        from .bench import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv and argv[0] == "train":
-        from .train import main as train_main
-
-        return train_main(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
-        return 0 if run_check(args) else 1
-    except (TypeError, ValueError, RuntimeError) as err:
-        print(f"softmax: error: {err}", file=sys.stderr)
-        return 2
+        if argv and argv[0] == "bench":
+            from .bench import main as bench_main
+
+            return bench_main(argv[1:])
+        if argv and argv[0] == "train":
+            from .train import main as train_main
+
+            return train_main(argv[1:])
+        args = build_parser().parse_args(argv)
+        try:
+            return 0 if run_check(args) else 1
+        except (TypeError, ValueError, RuntimeError) as err:
+            print(f"softmax: error: {err}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print("softmax: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
