@@ -1,7 +1,7 @@
 """The one place that builds, compiles and caches MAX graphs holding our ops.
 
 Every front door comes here: the array functions (`row_op_model`), MAX
-eager (`declaration`), the torch bridge (`into_graph_body`) and the
+eager (`declaration`), the torch bridge (`into_model`) and the
 benchmark (`build_graph` + `compiled`). A row-op model runs one op on a
 rank-3 (outer, n, inner) tensor with symbolic dims, so one model per
 (op, dtype, device, variant) serves every shape, rank and axis. Each key
@@ -21,11 +21,20 @@ from typing import Any
 
 from max.dtype import DType
 from max.engine import InferenceSession, Model
-from max.graph import DeviceRef, Graph, TensorType, TensorValue, Type, ops
+from max.graph import (
+    BufferType,
+    BufferValue,
+    DeviceRef,
+    Graph,
+    TensorType,
+    TensorValue,
+    Type,
+    ops,
+)
 
 from .devices import device
 from .kernels import announce, cache_dir, kernel_library, sources_fingerprint
-from .registry import OpSpec, op_spec
+from .registry import op_spec
 
 ROW_DIMS = ["outer", "n", "inner"]
 """The symbolic (outer, n, inner) view every op works on (see ops.py)."""
@@ -53,9 +62,14 @@ def row_type(dtype: DType, kind: str) -> TensorType:
 def build_graph(
     name: str, input_types: Sequence[Type], body: Callable[..., Sequence[TensorValue]]
 ) -> Graph:
-    """A graph with our kernel library whose outputs are `body(*inputs)`."""
+    """A graph with our kernel library whose outputs are `body(*inputs)`:
+    tensor values for `TensorType` inputs, buffer values for `BufferType`s."""
     with Graph(name, input_types=input_types, custom_extensions=[kernel_library()]) as graph:
-        graph.output(*body(*(v.tensor for v in graph.inputs)))
+        values = [
+            v.buffer if isinstance(t, BufferType) else v.tensor
+            for v, t in zip(graph.inputs, input_types)
+        ]
+        graph.output(*body(*values))
     return graph
 
 
@@ -132,28 +146,29 @@ def row_op_model(key: ModelKey) -> Model:
     )
 
 
-def into_graph_body(spec: OpSpec) -> Callable[..., None]:
-    """The body of a graph whose first input is a buffer to write `spec`'s
-    result into, by the op's destination-passing twin (op/registered_ops).
-    The torch bridge compiles these: returning a value instead would make MAX
-    copy it into torch's output, twice the traffic of a memory-bound op.
-    torch infers the op's schema from the signature, so it names each input."""
+def into_model(op: str, dtype: DType, kind: str) -> Model:
+    """The compiled model writing `op`'s result into a given buffer, its
+    first input, by the op's destination-passing twin (op/registered_ops);
+    then `op`'s inputs, all (outer, n, inner). The torch bridge runs these:
+    returning a value instead would make MAX copy it into torch's output,
+    twice the traffic of a memory-bound op."""
+    spec = op_spec(op)
 
-    def into(*values: TensorValue) -> None:
-        out = Graph.current.inputs[0].buffer
+    def body(out: BufferValue, *values: TensorValue) -> list[TensorValue]:
         ops.inplace_custom(name=spec.into, device=out.device, values=[out, *values], out_types=[])
+        return []
 
-    if spec.arity == 1:
-
-        def forward(x: TensorValue) -> None:
-            into(x)
-
-        return forward
-
-    def backward(a: TensorValue, dy: TensorValue) -> None:
-        into(a, dy)
-
-    return backward
+    out_type = BufferType(dtype, ROW_DIMS, device=device_ref(kind))
+    return compiled(
+        ("into", op, dtype, kind),
+        kind,
+        lambda: build_graph(
+            f"max_softmax_{spec.into}_{dtype.name}_{kind}",
+            [out_type] + [row_type(dtype, kind)] * spec.arity,
+            body,
+        ),
+        f"{op} (into a buffer) {dtype.name}",
+    )
 
 
 @cache
