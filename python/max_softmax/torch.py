@@ -9,11 +9,12 @@ Runs on CPU and CUDA tensors; dtype and device follow the input, like
 `log_softmax_backward` ops. Needs the `[torch]` extra; `import max_softmax`
 works without torch.
 
-A call is lean: torch allocates the output, and the op's destination-passing
-twin (`models.into_model`, one compiled model per (op, dtype, device) for
-every shape) writes into it through DLPack, with no copy and no Python
-layers between. Under `torch.compile` the same work runs as a registered
-torch custom op (`max_softmax::<op>`), which the compiler treats as opaque.
+A call is lean: the op's cached model (one per (op, dtype, device), every
+shape) runs on the tensors through DLPack and torch takes MAX's result over,
+with no copy and no dispatcher between. Under `torch.compile` the op is a
+registered torch custom op (`max_softmax::<op>`, opaque to the compiler)
+whose destination-passing twin (`models.into_model`) writes into the output
+torch allocates.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from __future__ import annotations
 import torch
 from max.driver import Buffer
 from max.dtype import DType
+from max.engine import Model
 
-from .models import into_model
+from .models import ModelKey, into_model, row_op_model
 from .registry import OPS, op_spec
 from .validation import normalize_axis
 
@@ -49,10 +51,33 @@ def _buffer(t: torch.Tensor) -> Buffer:
     return Buffer.from_dlpack(t)
 
 
+def _kind(t: torch.Tensor) -> str:
+    return "gpu" if t.device.type == "cuda" else "cpu"
+
+
 def _execute(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
-    """Run op `name` on (outer, n, inner) tensors, writing into `out`."""
-    model = into_model(name, _DTYPES[out.dtype], "gpu" if out.device.type == "cuda" else "cpu")
+    """Run op `name` on (outer, n, inner) tensors, writing into `out` (the
+    torch.compile path, where torch owns every buffer)."""
+    model = into_model(name, _DTYPES[out.dtype], _kind(out))
     model.execute(_buffer(out), *(_buffer(t) for t in inputs))
+
+
+_eager_models: dict[tuple[str, torch.dtype, str], Model] = {}
+
+
+def _eager(name: str, *inputs: torch.Tensor) -> torch.Tensor:
+    """Run op `name` on (outer, n, inner) tensors eagerly: MAX allocates the
+    result and torch takes it over through DLPack, no copy. Measured on the
+    CPU, that is ~50 µs a call cheaper than wrapping a torch-made output
+    (each buffer MAX gets from DLPack costs it ~50 µs at execute)."""
+    first = inputs[0]
+    key = (name, first.dtype, first.device.type)
+    model = _eager_models.get(key)
+    if model is None:
+        model = row_op_model(ModelKey(name, _DTYPES[first.dtype], _kind(first)))
+        _eager_models[key] = model
+    (out,) = model.execute(*(_buffer(t) for t in inputs))
+    return torch.from_dlpack(out)
 
 
 def _register(name: str) -> object:
@@ -105,14 +130,13 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
             )
     if first.device.type not in ("cpu", "cuda"):
         raise ValueError(f"max_softmax: no {name} for tensors on {first.device}")
-    out = torch.empty_like(first, memory_format=torch.contiguous_format)
     if first.numel() == 0:
-        return out
+        return torch.empty_like(first, memory_format=torch.contiguous_format)
     views = [_canonical(t.detach(), dim) for t in tensors]
-    if torch.compiler.is_compiling():
-        _TORCH_OPS[name](out.view(views[0].shape), *views)
-    else:  # eager: skip the dispatcher's ~tens of µs a call
-        _execute(name, out.view(views[0].shape), *views)
+    if not torch.compiler.is_compiling():  # eager: no dispatcher, no extra buffer
+        return _eager(name, *views).view(first.shape)
+    out = torch.empty_like(first, memory_format=torch.contiguous_format)
+    _TORCH_OPS[name](out.view(views[0].shape), *views)
     return out
 
 
