@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_session.sh test [pytest args]   # GPU + CPU test suite
 #   bash benchmarks/gpu_session.sh fuzz                 # scripts/fuzz, GPU cases
 #   bash benchmarks/gpu_session.sh report               # the softmax command on the GPU
-#   bash benchmarks/gpu_session.sh bench [bench args...]
+#   bash benchmarks/gpu_session.sh bench [bench args...]  # tables to $OUT, rows appended
+#                                                      # to $OUT/results.jsonl (--record)
 #   bash benchmarks/gpu_session.sh ncu DTYPE ROWS N [VARIANT]  # Nsight Compute counters
 #   bash benchmarks/gpu_session.sh sweep [once]         # split_stream block shapes (A/B)
 # `sweep` runs ./split_stream_sweep, built on the machine without a GPU
@@ -28,7 +29,8 @@ case "$stage" in
             --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
             --section Occupancy --section SchedulerStats --section WarpStateStats \
             --section LaunchStats python3 benchmarks/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
-  bench)  python3 -m max_softmax bench --out "$OUT" "$@" 2>&1 | tee "$log" | grep -v "^bench:" ;;
+  bench)  python3 -m max_softmax bench --out "$OUT" --record "$OUT/results.jsonl" "$@" 2>&1 \
+            | tee "$log" | grep -v "^bench:" ;;
   sweep)  LD_LIBRARY_PATH=$HOME/site/modular/lib:${LD_LIBRARY_PATH:-} ./split_stream_sweep "$@" \
             2>&1 | tee "$log" ;;
 esac

@@ -1,14 +1,28 @@
-"""The benchmark's own logic: its correctness gate, the table, the guard
-against impossible numbers, and one small CPU sweep end to end."""
+"""The benchmark's own logic: its correctness gate, the table and its
+footnotes, the guard against impossible numbers, graph replay's checks,
+where results go (never over tracked files; --record), and one small CPU
+sweep end to end."""
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from max_softmax.bench import WORKLOADS, Row, _flag_impossible, resolve_timer, table
-from max_softmax.device_timer import busy_seconds, gpu_spans
+from max_softmax.bench import WORKLOADS, Row, flag_impossible, main, resolve_timer, table
+from max_softmax.bench.device_timer import busy_seconds, gpu_spans
+from max_softmax.bench.latency import latency_table
+from max_softmax.bench.measure import measure_replay
+from max_softmax.bench.record import RUN_KEYS, append_record, run_kind, tracked_files
+from max_softmax.bench.report import document, plot
 from max_softmax.reference import backward_reference, reference
+
+SHAPE = "4096 x 1024"
 
 
 @pytest.mark.parametrize("op", list(WORKLOADS))
@@ -29,17 +43,90 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
     assert not ok and "max_rel_err" in why
 
 
+def _ours(gbps: float | None = 16.0, **kw) -> Row:
+    notes = {"replay": "replay n/a: capture failed on cpu: RuntimeError: no", "device": "no CUPTI"}
+    us = 2000.0 if gbps else None
+    return Row("ours", 4096, 1024, "float32", "cpu", us, gbps, True, notes=notes, **kw)
+
+
 def test_impossible_speeds_are_not_reported():
     rows = [
         Row("copy", 4096, 1024, "float32", "cpu", 880.0, 38.0, True),
-        Row("ours", 4096, 1024, "float32", "cpu", 2000.0, 16.0, True),
+        _ours(),
         Row("torch", 4096, 1024, "float32", "cpu", 6.0, 5283.0, True),
     ]
-    _flag_impossible(rows)
+    flag_impossible(rows)
     assert rows[1].gbps == 16.0 and rows[2].gbps is None
-    assert rows[2].note.startswith("unreliable")
+    assert rows[2].note.startswith("unreliable") and rows[2].ok is None
+    assert rows[2].extra["rough"]["exec"] == 5283.0  # kept for the plot (hollow)
     text = table(rows)
-    assert "| float32 | 4096 x 1024 | 38 | 16 | ? | 42% | — |" in text
+    assert f"| float32 | {SHAPE} | 38 | 16 | n/a[^1] | n/a[^2] | n/a[^3] | 42% | — |" in text
+    assert "[^3]: unreliable: 5283 GB/s is over 3x the copy roof" in text
+
+
+def test_table_footnotes_say_why_a_cell_is_empty():
+    """Unreliable, wrong and failed cells get a marker and their reason
+    below the table, one footnote per distinct reason; never a bare `?`."""
+    unreliable = "unreliable: T(K) <= T(1); raise --reps"
+    rows = [
+        Row("copy", 4096, 1024, "float32", "cpu", 880.0, 38.0, True),
+        _ours(None, note=unreliable),
+        Row("max.ops.softmax", 4096, 1024, "float32", "cpu", None, None, False, "wrong: x"),
+        Row("torch", 4096, 1024, "float32", "cpu", None, None, None, unreliable),
+        Row("jax", 4096, 1024, "float32", "cpu", None, None, None, "error: OOM"),
+    ]
+    rows[1].ok = None
+    text = table(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| float32"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # copy | ours exec, replay, device | max exec, replay, device | torch | jax | % | ratio
+    assert cells[2:] == [
+        "38",
+        "n/a[^1]",
+        "n/a[^2]",
+        "n/a[^3]",
+        "✗[^4]",
+        "—",
+        "—",
+        "n/a[^1]",
+        "err[^5]",
+        "—",
+        "—",
+    ]
+    assert f"[^1]: {unreliable}" in text and "[^4]: wrong: x" in text
+    assert "[^5]: error: OOM" in text and text.count("[^1]:") == 1
+    assert "?" not in text.replace("[^", "")
+
+
+def test_markdown_starts_with_a_title_and_the_run_as_bullets():
+    meta = {
+        "date": "2026-11-23 10:00",
+        "commit": "abc1234",
+        "device": "AMD EPYC CPU",
+        "device_kind": "cpu",
+        "command": "softmax bench --device cpu",
+        "kind": "cpu_forward",
+        "op": "softmax",
+    }
+    rows = [Row("copy", 4096, 1024, "float32", "cpu", 880.0, 38.0, True), _ours()]
+    text = document(rows, meta)
+    lines = text.splitlines()
+    assert lines[0] == "# softmax bench: softmax on AMD EPYC CPU"
+    for bullet in ("- date: 2026-11-23 10:00", "- commit: abc1234", "- device: AMD EPYC CPU (cpu)"):
+        assert bullet in lines
+    assert "- command: `softmax bench --device cpu`" in lines
+    assert "{" not in text  # never a raw dict
+
+
+def test_plot_keeps_every_curve_and_is_skipped_without_matplotlib(tmp_path, monkeypatch):
+    rows = [
+        Row("copy", 4096, 1024, "float32", "cpu", 880.0, 38.0, True),
+        _ours(None, note="unreliable: x", extra={"rough": {"exec": 12.0}}),
+    ]
+    if importlib.util.find_spec("matplotlib"):
+        assert plot(rows, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    assert plot(rows, tmp_path / "b.png") is False and not (tmp_path / "b.png").exists()
 
 
 def test_device_timer_counts_overlapping_gpu_work_once():
@@ -64,20 +151,167 @@ def test_timer_auto_is_wall_clock_without_a_gpu():
         resolve_timer("device", "cpu")
 
 
-def test_cpu_sweep_checks_then_times_every_provider(tmp_path):
+class _FakeModel:
+    """A captured graph's API on host buffers: `mode` picks what goes wrong."""
+
+    def __init__(self, expected: np.ndarray, mode: str):
+        from max_softmax.dtypes import to_buffer
+
+        self.to_buffer, self.expected, self.mode = to_buffer, expected, mode
+        self.released: list[int] = []
+
+    def execute(self, *bufs):
+        return [self.to_buffer(self.expected.copy())]
+
+    def capture(self, key, *bufs):
+        if self.mode == "no capture":
+            raise RuntimeError("No graph-capture devices available for this model")
+        self.outs = [self.to_buffer(self.expected.copy())]
+        return self.outs
+
+    def replay(self, key, *bufs):
+        got = self.expected + (1 if self.mode == "differs" else 0)
+        self.outs[0].inplace_copy_from(self.to_buffer(got.astype(self.expected.dtype)))
+
+    def release_captured_graph(self, key):
+        self.released.append(key)
+
+
+class _FakeGraph:
+    kind, dtype = "cpu", "float32"
+
+    def __init__(self, model):
+        self._model = model
+
+    def model(self, k):
+        return self._model
+
+    def inputs(self, k):
+        return []
+
+    def sync(self):
+        pass
+
+
+@pytest.mark.parametrize("mode", ["works", "no capture", "differs"])
+def test_replay_is_timed_only_when_it_reproduces_execute_bit_for_bit(mode):
+    expected = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    model = _FakeModel(expected, mode)
+    secs, why = measure_replay(_FakeGraph(model), 4, 3)
+    if mode == "works":
+        assert secs is not None and secs > 0 and why == ""
+    else:
+        assert secs is None and why.startswith("replay n/a")
+        assert ("No graph-capture" if mode == "no capture" else "differs") in why
+    assert len(model.released) == (0 if mode == "no capture" else 1)  # always released
+
+
+def _git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_bench_refuses_to_write_over_files_git_tracks(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    out = repo / "results"
+    out.mkdir(parents=True)
+    _git("init", "-q", cwd=repo)
+    (out / "bench_cpu.json").write_text("{}")
+    (out / "bench_cpu.md").write_text("mine")
+    _git("add", "results/bench_cpu.json", "results/bench_cpu.md", cwd=repo)
+    argv = ["--device", "cpu", "--dtype", "float32", "--shape", "8x100", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "refusing to write over files git tracks" in err
+    assert "results/bench_cpu.json" in err and "results/bench_cpu.md" in err
+    assert (out / "bench_cpu.md").read_text() == "mine"
+    # untracked files in a work tree, and folders outside one, are fine
+    assert tracked_files([out / "bench_cpu_x.json"]) == []
+    assert tracked_files([tmp_path / "elsewhere" / "bench_cpu.json"]) == []
+
+
+def test_record_appends_one_json_line_per_row_with_the_run(tmp_path):
+    path = tmp_path / "deep" / "results.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"old": 1}\n')
+    meta = {
+        "date": "2026-11-23 10:00",
+        "commit": None,
+        "device": "AMD EPYC CPU",
+        "command": "softmax bench",
+        "kind": run_kind("cpu", "softmax"),
+        "host": "vm",
+    }
+    rows = [{"provider": "ours", "us": 1.0, "gbps": float("nan")}, {"provider": "copy"}]
+    append_record(path, rows, meta, "softmax")
+    append_record(path, rows[:1], meta, "softmax")
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0] == {"old": 1} and len(lines) == 4
+    for line in lines[1:]:
+        assert tuple(line["run"]) == RUN_KEYS and line["run"]["kind"] == "cpu_forward"
+        assert line["op"] == "softmax"
+    assert lines[1]["provider"] == "ours" and lines[1]["gbps"] is None  # strict JSON
+
+
+def test_ctrl_c_exits_with_130_and_no_traceback(monkeypatch, capsys, tmp_path):
+    import max_softmax.bench as bench
+
+    def interrupted(args, argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "_sweep", interrupted)
+    assert main(["--device", "cpu", "--out", str(tmp_path)]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_latency_table_footnotes_a_failed_case():
+    rows = [
+        {"provider": "ours", "sync_us": 20.0, "async_us": 18.0, "note": ""},
+        {"provider": "ours:torch (bridge)", "sync_us": None, "async_us": None, "note": "error: x"},
+    ]
+    text = latency_table(rows)
+    assert "| ours | 20.0 | 18.0 |" in text
+    assert "| ours:torch (bridge) | err[^1] | err[^1] |" in text and "[^1]: error: x" in text
+
+
+def test_rows_of_older_files_still_load():
+    """A row from before replay: its GPU-timed `us` becomes the device
+    figure, the wall clock in `extra` the headline; unknown keys are dropped."""
+    old = {"provider": "ours", "rows": 1, "n": 2, "dtype": "float32", "device": "gpu", "gone": 1}
+    extra = {"timer": "device", "wall_us": 20.0, "wall_gbps": 1.0}
+    old |= {"us": 10.0, "gbps": 2.0, "extra": extra}
+    row = Row.from_dict(old)
+    assert row.is_graph and (row.us, row.gbps, row.device_us, row.device_gbps) == (20, 1, 10, 2)
+    assert row.replay_us is None and "older bench" in row.notes["replay"]
+
+
+def test_cpu_sweep_end_to_end(tmp_path):
     """End to end on the CPU: every provider gets a row in the JSON; ours,
     SciPy and the copy pass the float64 check and are timed (a speed, or on
-    a tiny case the "unreliable" note when T(K) <= T(1) by noise)."""
-    import json
-
-    from max_softmax.bench import main
-
-    argv = ["--device", "cpu", "--dtype", "float32", "--shape", "8x1000"]
-    assert main([*argv, "--reps", "3", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "bench_cpu.json").read_text())["results"]
+    a tiny case the "unreliable" note when T(K) <= T(1) by noise); ours has
+    its three figures, each a value or None with the reason; the Markdown
+    has the run and the table; --record appends every row."""
+    out, rec = tmp_path / "out", tmp_path / "results.jsonl"
+    argv = ["--device", "cpu", "--dtype", "float32", "--shape", "8x1000", "--reps", "3"]
+    assert main([*argv, "--max-k", "4", "--out", str(out), "--record", str(rec)]) == 0
+    rows = json.loads((out / "bench_cpu.json").read_text())["results"]
     by = {r["provider"]: r for r in rows}
     assert {"ours", "max.ops.softmax", "scipy", "numpy", "copy"} <= set(by)
     for name in ("ours", "scipy", "copy"):
         row = by[name]
         assert not row["note"].startswith(("wrong", "error")), row
         assert (row["ok"] and row["gbps"] > 0) or row["note"].startswith("unreliable"), row
+    for name in ("ours", "max.ops.softmax"):
+        row = by[name]
+        for fig in ("replay", "device"):
+            assert (row[f"{fig}_gbps"] or 0) > 0 or row["notes"][fig], (fig, row)
+        if row["replay_us"] is None:  # MAX: "No graph-capture devices available" on the CPU
+            assert "capture" in row["notes"]["replay"], row
+        assert row["device_us"] is None and "CUPTI" in row["notes"]["device"]
+    md = (out / "bench_cpu.md").read_text()
+    assert md.startswith("# softmax bench: softmax on ") and "- command: `softmax bench" in md
+    assert "| ours exec | ours replay | ours device |" in md
+    assert "[^1]: " in md  # the CPU has no device figure: its reason is a footnote
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    assert len(lines) == len(rows) and {x["run"]["kind"] for x in lines} == {"cpu_forward"}
+    assert all(x["run"]["command"].startswith("softmax bench --device cpu") for x in lines)

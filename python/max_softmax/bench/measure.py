@@ -1,0 +1,257 @@
+"""How the bench measures: the correctness gate, the marginal wall-clock
+time, graph replay, the GPU's busy time, and the sweep over shapes that
+puts them together (method: see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from ..dtypes import DTYPE_NAMES, to_buffer, to_numpy
+from .providers import MaxGraphProvider, Provider
+from .report import gbps_text
+from .workloads import CHECK_ROWS, FIGURES, Row, Workload
+
+IMPOSSIBLE_VS_COPY = 3.0
+"""A figure over this many times its shape's copy roof is a timing artefact."""
+
+DEVICE_REPS = 5
+"""Profiled runs per provider and shape (each exports a trace to parse)."""
+
+REPLAY_WARMUP = 3
+
+
+class Timed(NamedTuple):
+    """A provider's marginal wall-clock result: seconds per call (NaN if
+    unreliable), whether it is reliable, why not, and T(K)/K as a rough
+    stand-in (plotted hollow when the marginal figure is unreliable)."""
+
+    secs: float
+    ok: bool
+    note: str
+    rough: float
+
+
+def _elapsed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def check_provider(provider: Provider, xs: list[tuple[np.ndarray, ...]], workload: Workload) -> str:
+    """Prepare `provider`, check its first output against the reference and
+    warm up its K-call path; "" if it may be timed, else why not."""
+    provider.prepare(xs)
+    provider.run(1)
+    got = provider.output0()[:CHECK_ROWS]
+    if provider.name == "copy":
+        ok, why = np.array_equal(got, xs[0][0][:CHECK_ROWS]), "copy differs"
+    else:
+        ok, why = workload.check(got, xs[0])
+    if not ok:
+        return f"wrong: {why}"
+    provider.run(len(xs))  # warm-up (and compile) the K-call path
+    return ""
+
+
+def measure_interleaved(providers: list[Provider], k: int, reps: int) -> list[Timed]:
+    """Marginal seconds per call of each provider, (T(K) - T(1)) / (K - 1)
+    from medians over `reps` rounds. Each round times every provider once,
+    so a burst of noise on a shared machine (our 2-core VM swings 1.5-2x
+    within minutes) hits them all alike instead of whichever ran then.
+    With one provider it is the plain median of its runs."""
+    t1: list[list[float]] = [[] for _ in providers]
+    tk: list[list[float]] = [[] for _ in providers]
+    for _ in range(reps):
+        for i, p in enumerate(providers):
+            t1[i].append(_elapsed(lambda p=p: p.run(1)))
+            tk[i].append(_elapsed(lambda p=p: p.run(k)))
+    out = []
+    for a, b in zip(t1, tk, strict=True):
+        one, many = statistics.median(a), statistics.median(b)
+        if many <= one:
+            note = "unreliable: T(K) <= T(1); raise --reps"
+            out.append(Timed(float("nan"), False, note, many / k))
+        else:
+            out.append(Timed((many - one) / (k - 1), True, "", many / k))
+    return out
+
+
+def measure_device(provider: Provider, k: int, reps: int) -> float | None:
+    """Median GPU-busy seconds per call over `reps` runs of K calls (after
+    `measure_interleaved`, so compiled and warm); None if CUPTI saw no GPU work."""
+    from .device_timer import gpu_busy
+
+    per_call = []
+    for _ in range(reps):
+        secs, items = gpu_busy(lambda: provider.run(k))
+        if items == 0:
+            return None
+        per_call.append(secs / k)
+    return statistics.median(per_call)
+
+
+_replay_keys = itertools.count(1)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(
+        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+    )
+
+
+def _scribble(buf: object, dtype: str) -> None:
+    """Overwrite a captured output with NaNs, so the correctness check sees
+    what the replay wrote, not what the capture left there."""
+    try:
+        junk = np.full(tuple(int(d) for d in buf.shape), np.nan, DTYPE_NAMES[dtype])
+        buf.inplace_copy_from(to_buffer(junk))
+    except Exception:  # the check still compares, just less strictly
+        pass
+
+
+def measure_replay(p: MaxGraphProvider, k: int, reps: int) -> tuple[float | None, str]:
+    """Seconds per op of `p`'s K-op graph captured once and replayed:
+    wall(replay + device sync) / K, median over `reps`; or (None, why).
+
+    Replay gets the very buffers of the capture (MAX refuses others). Its
+    output 0 must equal an executed graph's output 0 bit for bit, else it is
+    not timed. The captured graph is released before returning."""
+    model, bufs, key = p.model(k), p.inputs(k), next(_replay_keys)
+    try:
+        expected = to_numpy(model.execute(*bufs)[0])
+    except Exception as err:
+        return None, f"replay n/a: execute failed: {type(err).__name__}: {err}"
+    try:
+        outs = model.capture(key, *bufs)
+    except Exception as err:
+        return None, f"replay n/a: capture failed on {p.kind}: {type(err).__name__}: {err}"
+    try:
+        _scribble(outs[0], p.dtype)
+        p.sync()
+        model.replay(key, *bufs)
+        p.sync()
+        if not _same_bits(to_numpy(outs[0]), expected):
+            return None, "replay n/a: replayed output 0 differs from executed output 0"
+        for _ in range(REPLAY_WARMUP):
+            model.replay(key, *bufs)
+        p.sync()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.replay(key, *bufs)
+            p.sync()
+            times.append((time.perf_counter() - t0) / k)
+        return statistics.median(times), ""
+    except Exception as err:
+        return None, f"replay n/a: replay failed: {type(err).__name__}: {err}"
+    finally:
+        outs = None
+        try:
+            model.release_captured_graph(key)
+        except Exception:
+            pass
+
+
+def timed_row(
+    p: Provider, timed: Timed, base: Row, k: int, nbytes: int, args: argparse.Namespace
+) -> Row:
+    """`base` (a checked provider's row) with every figure it gets: the
+    headline from the wall-clock `timed`, then for a MAX graph its replay
+    and device figures, for a peer under `--timer device` its GPU busy time
+    in place of wall clock. A figure that cannot be had gets a note."""
+
+    def rate(secs: float) -> float:
+        return p.transfers * nbytes / secs / 1e9
+
+    row = Row(p.name, base.rows, base.n, base.dtype, base.device, ok=True, note=timed.note)
+    row.extra = {"k": k, "timer": "wall", "graph": p.graph}
+    if timed.ok:
+        row.set_figure("exec", timed.secs, rate(timed.secs))
+    else:
+        row.ok = None
+        row.extra["rough"] = {"exec": rate(timed.rough)}
+    if args.device_timer if p.graph else args.timer == "device":
+        try:
+            dev = measure_device(p, k, min(args.reps, DEVICE_REPS))
+        except Exception as err:  # a figure lost, not the row
+            dev, row.notes["device"] = None, f"device n/a: {type(err).__name__}: {err}"[:240]
+        if dev is None:
+            row.notes.setdefault("device", "device n/a: the device timer saw no GPU work")
+        else:
+            row.set_figure("device", dev, rate(dev))
+    elif p.graph:
+        row.notes["device"] = "device n/a: CUPTI busy time needs a GPU and torch with CUDA"
+    else:
+        row.notes["device"] = "peer: one figure, wall clock (--timer wall)"
+    if not p.graph:
+        row.notes["replay"] = "peer: no MAX graph to replay; one figure"
+        if args.timer == "device" and row.device_us is not None:
+            row.extra.update(timer="device", wall_us=row.us, wall_gbps=row.gbps)
+            row.us, row.gbps, row.ok, row.note = row.device_us, row.device_gbps, True, ""
+        elif args.timer == "device":
+            why = "the device timer saw no GPU work: wall clock"
+            row.note = f"{row.note}; {why}" if row.note else why
+        return row
+    assert isinstance(p, MaxGraphProvider)
+    secs, why = measure_replay(p, k, args.reps)
+    if secs is None:
+        row.notes["replay"] = why[:240]
+    else:
+        row.set_figure("replay", secs, rate(secs))
+    return row
+
+
+def flag_impossible(rows: list[Row]) -> None:
+    """Un-time figures over 3x the copy roof of their shape: no provider
+    moves its bytes that much faster than a copy (a backward, reading more
+    than it writes, reaches ~1.1x), so such a number is a timing artefact
+    (e.g. T(1) inflated by allocation), not a speed. The value is kept in
+    `extra["rough"]` (plotted hollow). The headline is held against the
+    copy's headline; replay and device figures against the copy's GPU time
+    when it was timed on the device (a wall-clock copy at a tiny shape is
+    launch-bound, and a replay can legitimately beat it)."""
+    copy = next((r for r in rows if r.provider == "copy" and r.gbps), None)
+    if copy is None:
+        return
+    roofs = {"exec": copy.gbps, "replay": copy.device_gbps, "device": copy.device_gbps}
+    for r in rows:
+        for which in FIGURES:
+            gbps, roof = r.figure(which)[1], roofs[which]
+            if gbps and roof and gbps > IMPOSSIBLE_VS_COPY * roof:
+                why = f"unreliable: {gbps:.0f} GB/s is over 3x the copy roof"
+                r.extra.setdefault("rough", {})[which] = gbps
+                r.set_figure(which, None, None)
+                if which == "exec":
+                    r.note, r.ok = why, None
+                else:
+                    r.notes[which] = why
+
+
+_flag_impossible = flag_impossible  # the name older code and tests use
+
+
+def release_torch_cache() -> None:
+    """Give torch's cached GPU memory back so the next provider can use it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def summary(row: Row) -> str:
+    """One line of a row's figures for the progress output."""
+    if row.ok is False or (row.gbps is None and row.note and not row.is_graph):
+        return row.note
+    parts = []
+    for which in FIGURES if row.is_graph else ("exec",):
+        gbps = row.figure(which)[1]
+        label = which if row.is_graph else row.extra.get("timer", "wall")
+        parts.append(f"{label} {gbps_text(gbps)} GB/s" if gbps else f"{label} n/a")
+    return ", ".join(parts)

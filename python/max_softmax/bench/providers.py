@@ -1,0 +1,314 @@
+"""Everything the bench times: our op and MAX's built-in as K-op MAX graphs,
+and the peers (torch, the Triton tutorial kernel, JAX, NumPy/SciPy, copies).
+
+A provider is prepared with K input tuples, then `run(k)` computes the
+workload for the first k of them and waits for the results. MAX providers
+also expose their K-op graph and its input buffers, for graph replay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..devices import device as max_device
+from ..dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
+from ..models import build_graph, compiled, device_ref
+from ..registry import OPS
+from .progress import say
+from .workloads import WORKLOADS
+
+# JAX grabs 75% of GPU memory on first use unless told not to, which starves
+# MAX's allocator for the large shapes measured after it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+class Provider:
+    """Something that computes a workload along the last axis of a batch."""
+
+    name = "?"
+    transfers = 2  # tensor-sized transfers a call makes (copy: always 2)
+    graph = False  # a MAX graph provider (three figures) or a peer (one)
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Move the K input tuples to where the provider computes (untimed)."""
+
+    def run(self, k: int) -> None:
+        """Compute the workload for the first k inputs and wait for the results."""
+
+    def output0(self) -> np.ndarray:
+        """The result for input 0, as numpy."""
+        raise NotImplementedError
+
+
+_announced: set[tuple] = set()
+
+
+class MaxGraphProvider(Provider):
+    """Our op (any variant) or MAX's built-in ops.softmax, K ops per graph.
+
+    The dims are symbolic, so one graph per (provider, op, dtype, device, K)
+    serves the whole sweep; `models.compiled` caches it."""
+
+    graph = True
+
+    def __init__(
+        self, kind: str, dtype: str, ours: bool, variant: str = "auto", op: str = "softmax"
+    ) -> None:
+        self.kind, self.dtype, self.ours, self.variant, self.op = kind, dtype, ours, variant, op
+        self.name = (
+            ("ours" if variant == "auto" else f"ours:{variant}") if ours else "max.ops.softmax"
+        )
+        self.transfers = WORKLOADS[op].transfers
+        self.arity = WORKLOADS[op].arity
+        self.bufs: list[Any] = []
+        self.last: list[Any] = []
+
+    def model(self, k: int) -> Any:
+        """The compiled K-op graph (compiled on first use, then cached)."""
+        key = ("bench", self.name, self.op, self.dtype, self.kind, k)
+        if key not in _announced:
+            _announced.add(key)
+            say(
+                f"loading {self.name}'s {k}-op {self.op} graph ({self.dtype}) for {self.kind} "
+                "(a first compile can take ~30 s)..."
+            )
+        spec, variant, ours, arity = OPS[self.op], self.variant, self.ours, self.arity
+
+        def body(*xs: Any) -> list[Any]:
+            from max.graph import ops as max_ops
+
+            groups = [xs[i * arity : (i + 1) * arity] for i in range(k)]
+            if not ours:
+                return [max_ops.softmax(g[0], axis=-1) for g in groups]
+            kw = {"variant": variant} if spec.has_variants and variant != "auto" else {}
+            return [spec.graph(*g, axis=-1, **kw) for g in groups]
+
+        def build() -> Any:
+            from max.graph import TensorType
+
+            t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], device_ref(self.kind))
+            name = f"bench_{self.name.replace(':', '_').replace('.', '_')}_{self.op}_{k}"
+            return build_graph(name, [t] * (k * arity), body)
+
+        what = f"{self.name} {self.op} {self.dtype} ({k}-op bench graph)"
+        return compiled(key, self.kind, build, what)
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Copy every input to the device, once."""
+        dev = max_device(self.kind)
+        self.bufs = [to_buffer(np.ascontiguousarray(a)).to(dev) for case in xs for a in case]
+
+    def inputs(self, k: int) -> list[Any]:
+        """The input buffers of the K-op graph (the very ones a capture needs)."""
+        return self.bufs[: k * self.arity]
+
+    def sync(self) -> None:
+        """Wait for the device (no-op on the CPU)."""
+        if self.kind == "gpu":
+            max_device("gpu").synchronize()
+
+    def run(self, k: int) -> None:
+        """Execute the K-op graph on the first k inputs and wait."""
+        self.last = self.model(k).execute(*self.inputs(k))
+        self.sync()
+
+    def output0(self) -> np.ndarray:
+        """Output 0 of the last execution, as numpy."""
+        return to_numpy(self.last[0])
+
+
+class TorchProvider(Provider):
+    """torch: the device-copy roof (copy=True), torch.softmax, its backward,
+    or a forward + backward step through autograd."""
+
+    def __init__(self, kind: str, copy: bool = False, op: str = "softmax") -> None:
+        import torch
+
+        self.torch, self.kind, self.copy, self.op = torch, kind, copy, op
+        self.name = "copy" if copy else "torch"
+        self.transfers = 2 if copy else WORKLOADS[op].transfers
+        self.dev = torch.device("cuda" if kind == "gpu" else "cpu")
+
+    def softmax(self, x: Any) -> Any:
+        """The forward this provider differentiates (torch's own here)."""
+        return self.torch.softmax(x, dim=-1)
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Copy the inputs into torch tensors on the device."""
+        t = self.torch
+        self.xs = [tuple(to_torch(t, a, self.dev) for a in case) for case in xs]
+        self.ys = [t.empty_like(case[0]) for case in self.xs]
+
+    def run(self, k: int) -> None:
+        """Compute the first k cases and wait."""
+        t = self.torch
+        for i, case in enumerate(self.xs[:k]):
+            if self.copy:
+                self.ys[i].copy_(case[0])
+            elif self.op == "softmax":
+                self.ys[i] = self.softmax(case[0])
+            elif self.op == "softmax_backward":
+                y, dy = case
+                self.ys[i] = t._softmax_backward_data(dy, y, -1, y.dtype)
+            else:  # a training step's softmax: forward, then backward to x
+                x = case[0].detach().requires_grad_()
+                self.softmax(x).backward(case[1])
+                self.ys[i] = x.grad
+        if self.kind == "gpu":
+            t.cuda.synchronize()
+
+    def output0(self) -> np.ndarray:
+        """The result of case 0, as numpy."""
+        return from_torch(self.ys[0])
+
+
+class BridgeProvider(TorchProvider):
+    """Our op called from torch through `max_softmax.torch` (bridge
+    overhead included): its forward, or forward + backward via autograd."""
+
+    def __init__(self, kind: str, op: str = "softmax") -> None:
+        super().__init__(kind, op=op)
+        from .. import torch as bridge
+
+        self.bridge = bridge
+        self.name = "ours:torch"
+
+    def softmax(self, x: Any) -> Any:
+        """Our softmax, through the torch bridge."""
+        return self.bridge.softmax(x, dim=-1)
+
+
+class TritonProvider(TorchProvider):
+    """The Triton tutorial's fused softmax (a program per row, row in SRAM)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        from .triton_softmax import triton_softmax
+
+        self.fn = triton_softmax
+        self.name = "triton"
+
+    def run(self, k: int) -> None:
+        """Launch the kernel on the first k cases and wait."""
+        for (x,), y in zip(self.xs[:k], self.ys[:k]):
+            self.fn(x, y)
+        self.torch.cuda.synchronize()
+
+
+class JaxProvider(Provider):
+    """jax.nn.softmax, jitted."""
+
+    def __init__(self, kind: str) -> None:
+        import jax
+
+        self.jax = jax
+        self.name = "jax"
+        self.dev = jax.devices("gpu" if kind == "gpu" else "cpu")[0]
+        self.fn = jax.jit(lambda x: jax.nn.softmax(x, axis=-1))
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Put the inputs on the JAX device."""
+        self.xs = [self.jax.device_put(case[0], self.dev) for case in xs]
+
+    def run(self, k: int) -> None:
+        """Compute the first k cases and block until ready."""
+        self.ys = [self.fn(x) for x in self.xs[:k]]
+        for y in self.ys:
+            y.block_until_ready()
+
+    def output0(self) -> np.ndarray:
+        """The result of case 0, as numpy."""
+        return np.asarray(self.ys[0])
+
+
+class NumpyProvider(Provider):
+    """CPU peers: scipy.special.softmax, a plain numpy softmax, and np.copyto."""
+
+    def __init__(self, which: str) -> None:
+        self.name = which
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Keep the inputs; allocate the outputs."""
+        self.xs = [case[0] for case in xs]
+        self.ys = [np.empty_like(x) for x in self.xs]
+
+    def run(self, k: int) -> None:
+        """Compute the first k cases."""
+        import scipy.special
+
+        for x, y in zip(self.xs[:k], self.ys[:k]):
+            if self.name == "copy":
+                np.copyto(y, x)
+            elif self.name == "scipy":
+                y[...] = scipy.special.softmax(x, axis=-1)
+            else:
+                e = np.exp(x - x.max(axis=-1, keepdims=True))
+                np.divide(e, e.sum(axis=-1, keepdims=True), out=y)
+
+    def output0(self) -> np.ndarray:
+        """The result of case 0."""
+        return self.ys[0]
+
+
+def to_torch(torch: Any, x: np.ndarray, dev: Any) -> Any:
+    """A torch tensor on `dev` with the values of `x` (bfloat16 included)."""
+    if x.dtype == DTYPE_NAMES["bfloat16"]:
+        return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).to(dev)
+    return torch.from_numpy(x).to(dev)
+
+
+def from_torch(y: Any) -> np.ndarray:
+    """A numpy copy of torch tensor `y` (bfloat16 as ml_dtypes.bfloat16)."""
+    import torch
+
+    y = y.detach().cpu()
+    if y.dtype == torch.bfloat16:
+        return y.view(torch.uint16).numpy().view(DTYPE_NAMES["bfloat16"])
+    return y.numpy()
+
+
+def installed() -> set[str]:
+    """Which optional peers are importable here: a subset of torch, triton, jax."""
+    return {m for m in ("torch", "triton", "jax") if importlib.util.find_spec(m)}
+
+
+def make_providers(
+    kind: str, dtype: str, variants: Sequence[str], op: str = "softmax", bridge: bool = False
+) -> list[Callable[[], Provider]]:
+    """Factories for every provider of `op` available on this machine, the
+    copy roof first."""
+    out: list[Callable[[], Provider]] = []
+    have = installed()
+    if kind == "gpu" and "torch" in have:
+        out.append(lambda: TorchProvider(kind, copy=True))
+    if kind == "cpu":
+        out.append(lambda: NumpyProvider("copy"))
+    if op == "torch_fwd_bwd":
+        if "torch" in have:
+            out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
+        return out
+    out.append(lambda: MaxGraphProvider(kind, dtype, ours=True, op=op))
+    if op == "softmax_backward":
+        if "torch" in have:
+            out.append(lambda: TorchProvider(kind, op=op))
+        return out
+    for v in variants:
+        out.append(lambda v=v: MaxGraphProvider(kind, dtype, ours=True, variant=v))
+    if bridge and "torch" in have:
+        out.append(lambda: BridgeProvider(kind))
+    out.append(lambda: MaxGraphProvider(kind, dtype, ours=False))
+    if "torch" in have:
+        out.append(lambda: TorchProvider(kind))
+    if kind == "gpu" and "triton" in have and "torch" in have:
+        out.append(lambda: TritonProvider(kind))
+    if "jax" in have and dtype != "float16":
+        out.append(lambda: JaxProvider(kind))
+    if kind == "cpu" and dtype in ("float32", "float64"):
+        out.append(lambda: NumpyProvider("scipy"))
+        out.append(lambda: NumpyProvider("numpy"))
+    return out

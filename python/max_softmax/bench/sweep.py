@@ -1,0 +1,173 @@
+"""The sweep: every provider at every shape and dtype, checked then timed.
+
+On the CPU every provider of a shape is checked first, then those that
+passed are timed together, round by round (a burst of noise hits them all).
+On the GPU each is timed right after its check and then freed: all of them
+at once would not fit at 8192 x 50257 with variants, and the device timer is
+per provider anyway. An error in one provider becomes a note in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import numpy as np
+
+from ..devices import resolve_device
+from ..dtypes import DTYPE_NAMES
+from .measure import (
+    check_provider,
+    flag_impossible,
+    measure_interleaved,
+    release_torch_cache,
+    summary,
+    timed_row,
+)
+from .progress import progress, say
+from .providers import Provider, make_providers
+from .workloads import ISSUE_SHAPES_GPU, SHAPES_CPU, SWEEP_GPU, WORKLOADS, Row, Workload
+
+
+def default_shapes(kind: str) -> list[tuple[int, int]]:
+    """The shapes swept when `--shape` is not given."""
+    return ISSUE_SHAPES_GPU + SWEEP_GPU if kind == "gpu" else list(SHAPES_CPU)
+
+
+def run_sweep(
+    args: argparse.Namespace, save: Callable[[list[Row]], None] | None = None
+) -> list[Row]:
+    """Measure every provider at every shape and dtype; return the rows.
+
+    `save` is called with the rows so far after each shape, so a sweep cut
+    short (a time limit, Ctrl-C) still leaves its data."""
+    kind = resolve_device(args.device)
+    workload = WORKLOADS[args.op]
+    shapes = args.shapes or default_shapes(kind)
+    rng = np.random.default_rng(args.seed)
+    results: list[Row] = []
+    jobs = [(d, s) for d in args.dtype for s in shapes]
+    say(f"{len(jobs)} case(s) on {kind}: each provider is checked against SciPy, then timed")
+    with progress(len(jobs)) as bar:
+        for dtype, (rows, n) in jobs:
+            here = sweep_shape(kind, workload, dtype, rows, n, rng, args)
+            flag_impossible(here)
+            results.extend(here)
+            bar.step(f"{dtype} {rows}x{n}")
+            if save:
+                save(results)
+    return results
+
+
+def sweep_shape(
+    kind: str,
+    workload: Workload,
+    dtype: str,
+    rows: int,
+    n: int,
+    rng: np.random.Generator,
+    args: argparse.Namespace,
+) -> list[Row]:
+    """Every provider's row at one shape and dtype."""
+    nbytes = rows * n * DTYPE_NAMES[dtype].itemsize
+    k = workload.rotations(nbytes, args.max_k)
+    label = f"{dtype} {rows}x{n}"
+    say(f"{label}: making {k} random input sets ({k * workload.arity * nbytes / 1e6:.0f} MB)")
+    xs = [workload.make_inputs(rng, rows, n, dtype) for _ in range(k)]
+    base = Row("?", rows, n, dtype, kind)
+    factories = make_providers(kind, dtype, args.variants, args.op, args.bridge)
+    if kind == "cpu":
+        return _together(factories, xs, workload, base, k, nbytes, args)
+    return _each(factories, xs, workload, base, k, nbytes, args)
+
+
+def _label(base: Row) -> str:
+    return f"{base.dtype} {base.rows}x{base.n}"
+
+
+def _error_row(name: str, base: Row, err: BaseException) -> Row:
+    note = f"error: {type(err).__name__}: {str(err)[:160]}"
+    return Row(name, base.rows, base.n, base.dtype, base.device, None, None, None, note)
+
+
+def _checked(
+    factory: Callable[[], Provider], xs: list, workload: Workload, base: Row
+) -> tuple[Provider | None, Row]:
+    """Make and check one provider: (it, its row so far); (None, its row) if
+    it failed the check or could not run."""
+    p = None
+    try:
+        p = factory()
+        say(f"{_label(base)} {p.name}: checking against the float64 reference...")
+        why = check_provider(p, xs, workload)
+    except Exception as err:  # a peer that cannot run this case
+        row = _error_row(getattr(p, "name", "?"), base, err)
+        say(f"{_label(base)} {row.provider}: {row.note}")
+        return None, row
+    row = Row(p.name, base.rows, base.n, base.dtype, base.device, extra={"graph": p.graph})
+    if why:
+        row.ok, row.note = False, why
+        say(f"{_label(base)} {p.name}: {why}")
+        return None, row
+    return p, row
+
+
+def _each(
+    factories: list[Callable[[], Provider]],
+    xs: list,
+    workload: Workload,
+    base: Row,
+    k: int,
+    nbytes: int,
+    args: argparse.Namespace,
+) -> list[Row]:
+    """GPU: check and time one provider at a time, freeing each after."""
+    out = []
+    for factory in factories:
+        p, row = _checked(factory, xs, workload, base)
+        if p is not None:
+            try:
+                row = timed_row(p, measure_interleaved([p], k, args.reps)[0], row, k, nbytes, args)
+            except Exception as err:
+                row = _error_row(p.name, base, err)
+            say(f"{_label(base)} {row.provider}: {summary(row)}")
+        out.append(row)
+        p = None
+        release_torch_cache()
+    return out
+
+
+def _together(
+    factories: list[Callable[[], Provider]],
+    xs: list,
+    workload: Workload,
+    base: Row,
+    k: int,
+    nbytes: int,
+    args: argparse.Namespace,
+) -> list[Row]:
+    """CPU: check every provider, then time those that passed round by round."""
+    out: list[Row] = []
+    live: list[tuple[int, Provider]] = []
+    for factory in factories:
+        p, row = _checked(factory, xs, workload, base)
+        if p is not None:
+            live.append((len(out), p))
+        out.append(row)
+    if not live:
+        return out
+    say(f"{_label(base)}: timing {len(live)} providers together, {args.reps} rounds...")
+    try:
+        timed = measure_interleaved([p for _, p in live], k, args.reps)
+    except Exception as err:  # as when each is timed alone: rows, no crash
+        for i, p in live:
+            out[i] = _error_row(p.name, base, err)
+        return out
+    for (i, p), t in zip(live, timed, strict=True):
+        try:
+            out[i] = timed_row(p, t, out[i], k, nbytes, args)
+        except Exception as err:
+            out[i] = _error_row(p.name, base, err)
+        say(f"{_label(base)} {p.name}: {summary(out[i])}")
+    release_torch_cache()
+    return out

@@ -1,0 +1,181 @@
+"""What the benchmark times (workloads, shapes) and what one measurement is (`Row`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DTYPE_NAMES
+from ..reference import compare, compare_backward, reference
+
+ISSUE_SHAPES_GPU: list[tuple[int, int]] = [
+    (4096, 1024),
+    (4096, 4096),
+    (4096, 16384),
+    (4096, 65536),
+    (8192, 50257),
+    (32, 1 << 20),
+]
+"""The shapes the issue names (GPU)."""
+
+SWEEP_GPU: list[tuple[int, int]] = [
+    (16384, 32),
+    (16384, 128),
+    (16384, 512),
+    (8192, 2048),
+    (2048, 8192),
+    (1024, 32768),
+    (256, 131072),
+    (64, 524288),
+    (1, 1 << 20),
+    (16, 1 << 20),
+]
+"""More row lengths on the GPU, from tiny rows to one row of a million."""
+
+SHAPES_CPU: list[tuple[int, int]] = [
+    (4096, 1024),
+    (1024, 16384),
+    (256, 65536),
+    (16, 1 << 20),
+    (2048, 128),
+]
+"""The CPU's default shapes (each >= 1 MB; most >= 16 MB)."""
+
+L2_BYTES = 50 << 20
+"""The H100's L2: the K rotating inputs together must exceed it (4x)."""
+
+CHECK_ROWS = 64
+"""Rows of each provider's output checked against the float64 reference."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one timed call computes: its inputs and how many tensor-sized
+    transfers it must make (GB/s = transfers x tensor bytes / time)."""
+
+    op: str
+    transfers: int
+    arity: int
+
+    def make_inputs(self, rng: np.random.Generator, rows: int, n: int, dtype: str) -> tuple:
+        """Fresh random inputs of one call: (x,), (y, dy) or (x, dy)."""
+        x = (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
+        if self.op == "softmax":
+            return (x,)
+        dy = rng.standard_normal((rows, n), dtype=np.float32).astype(DTYPE_NAMES[dtype])
+        if self.op == "softmax_backward":  # y = softmax(x), in float32 to stay quick
+            e = np.exp(x.astype(np.float32) - x.max(axis=-1, keepdims=True).astype(np.float32))
+            return ((e / e.sum(axis=-1, keepdims=True)).astype(x.dtype), dy)
+        return (x, dy)
+
+    def check(self, got: np.ndarray, inputs: tuple) -> tuple[bool, str]:
+        """Whether `got` (first CHECK_ROWS rows) matches the float64 reference."""
+        first = [a[:CHECK_ROWS] for a in inputs]
+        if self.op == "softmax":
+            c = compare("softmax", got, first[0], -1)
+        else:
+            y, dy = first
+            if self.op == "torch_fwd_bwd":  # the y torch differentiates
+                y = reference("softmax", y, -1).astype(dy.dtype)
+            c = compare_backward("softmax_backward", got, y, dy, -1)
+        return c.ok, f"max_rel_err={c.max_rel_err:.2g}"
+
+    def rotations(self, nbytes: int, max_k: int) -> int:
+        """K, the distinct input sets rotated per timing: `max_k` small
+        cases or 3 large ones, always well over 4x the L2 in total (two K
+        values only: each K is a graph to compile)."""
+        return max_k if 3 * self.arity * nbytes < 4 * L2_BYTES else 3
+
+
+WORKLOADS: dict[str, Workload] = {
+    "softmax": Workload("softmax", 2, 1),
+    "softmax_backward": Workload("softmax_backward", 3, 2),
+    "torch_fwd_bwd": Workload("torch_fwd_bwd", 5, 2),
+}
+"""Every `--op`, by name."""
+
+FIGURES: tuple[str, ...] = ("exec", "replay", "device")
+"""The three figures of a MAX provider: its K-op graph executed (`us`), the
+same graph captured and replayed (`replay_us`), and GPU busy time (`device_us`)."""
+
+
+@dataclass
+class Row:
+    """One provider at one shape and dtype.
+
+    `us`/`gbps` is the headline: for a MAX provider its K-op graph executed
+    (wall clock, marginal); for a peer its one figure (see `extra["timer"]`).
+    `replay_*` and `device_*` are the other two figures, None where not
+    measured, with the reason in `notes["replay"]` / `notes["device"]`.
+    `ok`: True checked and timed, False a wrong answer, None not timed
+    (an error, or a timing judged unreliable: `note` says which).
+    """
+
+    provider: str
+    rows: int
+    n: int
+    dtype: str
+    device: str
+    us: float | None = None
+    gbps: float | None = None
+    ok: bool | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+    replay_us: float | None = None
+    replay_gbps: float | None = None
+    device_us: float | None = None
+    device_gbps: float | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Row:
+        """A Row from its JSON form (older files, lacking newer fields, too)."""
+        names = {f.name for f in fields(cls)}
+        row = cls(**{k: v for k, v in data.items() if k in names})
+        if "device_us" not in data and row.is_graph:  # before replay: one figure
+            if row.extra.get("timer") == "device":  # it was GPU time, wall in extra
+                row.device_us, row.device_gbps = row.us, row.gbps
+                row.us, row.gbps = row.extra.get("wall_us"), row.extra.get("wall_gbps")
+            for which in ("replay", "device"):
+                if row.figure(which)[1] is None:
+                    row.notes.setdefault(which, f"{which}: not measured (older bench)")
+        return row
+
+    @property
+    def shape_key(self) -> tuple[str, int, int]:
+        """(dtype, rows, n): which table line the row belongs to."""
+        return (self.dtype, self.rows, self.n)
+
+    @property
+    def is_graph(self) -> bool:
+        """Whether this is a MAX graph provider (three figures) rather than a peer."""
+        if "graph" in self.extra:
+            return bool(self.extra["graph"])
+        return self.provider == "max.ops.softmax" or (
+            self.provider.startswith("ours") and self.provider != "ours:torch"
+        )
+
+    def figure(self, which: str) -> tuple[float | None, float | None]:
+        """(µs, GB/s) of figure "exec", "replay" or "device"."""
+        if which == "exec":
+            return self.us, self.gbps
+        return getattr(self, f"{which}_us"), getattr(self, f"{which}_gbps")
+
+    def set_figure(self, which: str, secs: float | None, gbps: float | None) -> None:
+        """Store figure `which` from seconds per call and GB/s (None: clear it)."""
+        us = secs * 1e6 if secs is not None else None
+        if which == "exec":
+            self.us, self.gbps = us, gbps
+        else:
+            setattr(self, f"{which}_us", us)
+            setattr(self, f"{which}_gbps", gbps)
+
+    def why_missing(self, which: str) -> str:
+        """The reason figure `which` has no value ("" if it has one)."""
+        if self.figure(which)[1] is not None:
+            return ""
+        if which == "exec":
+            return self.note or "not measured"
+        return self.notes.get(which) or self.note or "not measured"
