@@ -2,7 +2,7 @@
 
 softmax                          # GPT-2 logits batch + the classic 128-vector
 softmax --shape 4,1000 --axis 0 --dtype bfloat16 --device cpu
-softmax bench ...                # the benchmark sweep (see bench.py)
+softmax bench ...                # the benchmark sweep (see max_softmax/bench)
 """
 
 from __future__ import annotations

@@ -122,5 +122,7 @@ def is_kernel_library(path: Path) -> bool:
     """Whether `path` is our kernel package, as sources or precompiled."""
     path = Path(path)
     return path == KERNEL_SOURCES or (
-        path.suffix == ".mojoc" and path.name.startswith("max_softmax_kernels_") and path.parent == cache_dir()
+        path.suffix == ".mojoc"
+        and path.name.startswith("max_softmax_kernels_")
+        and path.parent == cache_dir()
     )
