@@ -15,7 +15,8 @@ from std.sys import argv
 
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
-from op.dispatch import launch_split_stream, softmax_rows
+from op.dispatch import softmax_rows
+from op.gpu_split_stream_rows import launch_split_stream
 
 comptime ITERS = 20
 comptime REPS = 7

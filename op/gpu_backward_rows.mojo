@@ -3,27 +3,37 @@
 They read two tensors and write one, with one row reduction in between.
 Rows that fit the forward's register plans at 32 registers of values a
 tensor are held in registers, both tensors, with the forward's chunk
-loaders (gpu_register_rows), so each is read once. Longer rows: a block per row sums dy * y (or dy), then re-reads
-the row (mostly from L2) to write the gradient. Rows along another axis use
-a thread per column, as gpu_strided_rows does.
+loaders and plan launcher (gpu_register_rows), so each is read once.
+Longer rows: a block per row sums dy * y (or dy), then re-reads the row
+(mostly from L2) to write the gradient. Rows along another axis use a
+thread per column, as gpu_strided_rows does.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu.host import DeviceContext
+from std.math import ceildiv
 from std.utils import StaticTuple
 
+from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
+    MAX_PLAN_THREADS,
+    RegisterPlanKernel,
     block_threads,
     chunk_registers,
+    launch_register_plan,
     load_row_chunks,
+    register_plan,
     store_row_chunks,
 )
-from .row_math import accum_dtype, backward_out, backward_term
+from .row_math import accum_dtype, backward_out, backward_term, vector_width
 
 comptime BACKWARD_STRIDED_THREADS = 256
 # 32-bit registers of each tensor's row values a thread holds: the two
 # tensors share the forward's budget (MAX_ROW_REGISTERS).
 comptime BACKWARD_ROW_REGISTERS = 32
+# Backward rows too long for the register plans: a block per row.
+comptime BACKWARD_BLOCK_THREADS = 512
 
 
 @__llvm_metadata(
@@ -187,3 +197,109 @@ def backward_strided_kernel[
         dx[unsafe_offset=at] = backward_out[log_in, acc, 1](
             a[unsafe_offset=at].cast[acc](), dy[unsafe_offset=at].cast[acc](), s
         ).cast[dtype]()
+
+
+@fieldwise_init
+struct BackwardRegisterRows[dtype: DType, log_in: Bool](RegisterPlanKernel):
+    """`backward_register_kernel` with its arguments: the gradient of
+    `rows` rows of `n` into `dx`."""
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient rows."""
+    var a: HeldRows[Self.dtype]
+    """Forward output rows (y or log p)."""
+    var dy: HeldRows[Self.dtype]
+    """Incoming gradient rows."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var vector_flag: Int32
+    """`vector_flag` of the buffers and `n`."""
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue `backward_register_kernel` for T threads a row, K chunks
+        of each tensor a thread."""
+        comptime V = vector_width[Self.dtype]()
+        comptime kernel = backward_register_kernel[
+            Self.dtype, Self.log_in, T, V, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dx),
+            kernel_arg(self.a),
+            kernel_arg(self.dy),
+            Int64(self.rows),
+            Int64(self.n),
+            self.vector_flag,
+            grid_dim=grid,
+            block_dim=block,
+        )
+
+
+def launch_backward_rows[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch the backward kernel for `rows` contiguous rows of `n`: both
+    tensors in registers where a register plan holds them at
+    `BACKWARD_ROW_REGISTERS` registers each, else a block per row."""
+    comptime V = vector_width[dtype]()
+    var flag = vector_flag_of(aligned, n, V)
+    var plan = register_plan(n, V, 0, BACKWARD_ROW_REGISTERS)
+    if plan >= 0:
+        launch_register_plan[V, BACKWARD_ROW_REGISTERS, 0, MAX_PLAN_THREADS](
+            ctx,
+            BackwardRegisterRows[dtype, log_in](
+                held(dx), held(a), held(dy), rows, n, flag
+            ),
+            plan,
+            rows,
+        )
+        return
+    comptime kernel = backward_rows_kernel[
+        dtype, log_in, BACKWARD_BLOCK_THREADS, V
+    ]
+    ctx.enqueue_function[kernel](
+        dx,
+        a,
+        dy,
+        Int64(n),
+        flag,
+        grid_dim=rows,
+        block_dim=BACKWARD_BLOCK_THREADS,
+    )
+
+
+def launch_backward_strided[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int,
+    n: Int,
+    inner: Int,
+) raises:
+    """Launch `backward_strided_kernel`: a thread per column of the
+    (outer, n, inner) view."""
+    comptime kernel = backward_strided_kernel[dtype, log_in]
+    ctx.enqueue_function[kernel](
+        dx,
+        a,
+        dy,
+        Int64(outer),
+        Int64(n),
+        Int64(inner),
+        grid_dim=ceildiv(outer * inner, BACKWARD_STRIDED_THREADS),
+        block_dim=BACKWARD_STRIDED_THREADS,
+    )

@@ -14,6 +14,12 @@ Rows whose length is a multiple of `V` (and whose base is 16-byte aligned)
 use 16-byte vector loads: thread t's chunk k is elements
 [(k*threads + t)*V, +V). Other rows use the same registers with scalar,
 still coalesced, loads: element (k*V + v)*threads + t.
+
+The register plans (threads a row, chunks a thread) are listed here;
+`register_plan` picks one for a row length, and `launch_register_plan`
+enqueues the compiled instance of a plan for this forward kernel
+(`launch_register_rows`) and for the backward one (gpu_backward_rows)
+alike.
 """
 
 from max.gpu import (
@@ -22,13 +28,19 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
+from max.gpu.host import DeviceContext
+from std.math import ceildiv
 from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
+from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, epilogue, exp_nan, row_scale
+from .row_math import accum_dtype, epilogue, exp_nan, row_scale, vector_width
 
+comptime WARP_THREADS = 32
+# Most threads a row: the last plans' 512.
+comptime MAX_PLAN_THREADS = 512
 comptime MIN_BLOCK_THREADS = 128
 # 32-bit registers of row values one thread may hold. With launch bounds of
 # 512 threads the compiler may use 128 registers a thread; 64 for the row
@@ -50,7 +62,7 @@ def chunk_registers(V: Int) -> Int:
     return max(V, 4)
 
 
-# (threads per row, chunks per thread) in the order dispatch tries them:
+# (threads per row, chunks per thread) in the order `register_plan` tries them:
 # short rows get 8 or 16 threads (several rows a warp, shuffles within each
 # group) holding up to 4 chunks each, then a warp, then more threads with 4
 # chunks (16 fp32 values) each, so short rows keep many rows and bytes in
@@ -76,6 +88,36 @@ def plan_chunks(i: Int) -> Int:
     if i < 9:
         return 4
     return 4 << (i - 8)
+
+
+def register_plan(
+    n: Int, V: Int, min_threads: Int, max_registers: Int = MAX_ROW_REGISTERS
+) -> Int:
+    """First register plan that holds a row of `n` with at least
+    `min_threads` threads per row and at most `max_registers` 32-bit
+    registers of row values a thread, else -1."""
+    for i in range(NUM_PLANS):
+        var threads = plan_threads(i)
+        var k = plan_chunks(i)
+        if threads < min_threads or chunk_registers(V) * k > max_registers:
+            continue
+        if n <= threads * V * k:
+            return i
+    return -1
+
+
+def register_capacity(V: Int, min_threads: Int, max_threads: Int) -> Int:
+    """Longest row a register plan with threads in the range can hold."""
+    var best = 0
+    for i in range(NUM_PLANS):
+        var threads = plan_threads(i)
+        var k = plan_chunks(i)
+        if (
+            min_threads <= threads <= max_threads
+            and chunk_registers(V) * k <= MAX_ROW_REGISTERS
+        ):
+            best = max(best, threads * V * k)
+    return best
 
 
 def block_threads[threads: Int]() -> Int:
@@ -237,3 +279,114 @@ def store_row_chunks[
                 var e = (k * V + v) * threads + t
                 if e < len:
                     y[unsafe_offset=e] = chunk[v]
+
+
+trait RegisterPlanKernel:
+    """A kernel over rows held in registers, with its arguments: what
+    `launch_register_plan` enqueues once it knows the plan."""
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue the kernel's instance for T threads a row and K chunks a
+        thread, on `grid` blocks of `block` threads."""
+        ...
+
+
+def launch_register_plan[
+    V: Int,
+    max_registers: Int,
+    min_threads: Int,
+    max_threads: Int,
+    L: RegisterPlanKernel,
+](ctx: DeviceContext, kernel: L, plan: Int, rows: Int) raises:
+    """Enqueue `kernel` over `rows` rows for register plan `plan` (from
+    `register_plan`): the one place that turns a run-time plan into its
+    compiled instance, for the forward and the backward kernel alike.
+
+    Only plans of `min_threads` to `max_threads` threads a row and at most
+    `max_registers` registers of row values a thread are compiled; `plan`
+    must be one of them.
+    """
+    comptime for i in range(NUM_PLANS):
+        comptime T = plan_threads(i)
+        comptime K = plan_chunks(i)
+        comptime if (
+            chunk_registers(V) * K <= max_registers
+            and min_threads <= T <= max_threads
+        ):
+            if plan == i:
+                comptime block = block_threads[T]()
+                kernel.enqueue[T, K](ctx, ceildiv(rows, block // T), block)
+
+
+@fieldwise_init
+struct RegisterRows[dtype: DType, log_out: Bool](RegisterPlanKernel):
+    """`register_rows_kernel` with its arguments: softmax (or log-softmax)
+    of `rows` rows of `n` from `src` into `dst`."""
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var vector_flag: Int32
+    """`vector_flag` of the buffers and `n`."""
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue `register_rows_kernel` for T threads a row, K chunks a
+        thread."""
+        comptime V = vector_width[Self.dtype]()
+        comptime kernel = register_rows_kernel[
+            Self.dtype, Self.log_out, T, V, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dst),
+            kernel_arg(self.src),
+            Int64(self.rows),
+            Int64(self.n),
+            self.vector_flag,
+            grid_dim=grid,
+            block_dim=block,
+        )
+
+
+def launch_register_rows[
+    dtype: DType, log_out: Bool, block_rows: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `register_rows_kernel` on `rows` rows of `n`: variant "warp"
+    (8 to 32 threads a row) or, with `block_rows`, "block" (64 to 512).
+    Raises if no plan of those threads holds a row of `n`."""
+    comptime V = vector_width[dtype]()
+    comptime min_threads = 2 * WARP_THREADS if block_rows else 1
+    comptime max_threads = MAX_PLAN_THREADS if block_rows else WARP_THREADS
+    var plan = register_plan(n, V, min_threads)
+    if plan < 0 or plan_threads(plan) > max_threads:
+        raise Error(
+            "max_softmax: variant '"
+            + ("block" if block_rows else "warp")
+            + "' handles rows up to "
+            + String(register_capacity(V, min_threads, max_threads))
+            + " elements, got "
+            + String(n)
+        )
+    launch_register_plan[V, MAX_ROW_REGISTERS, min_threads, max_threads](
+        ctx,
+        RegisterRows[dtype, log_out](
+            held(dst), held(src), rows, n, vector_flag_of(aligned, n, V)
+        ),
+        plan,
+        rows,
+    )

@@ -20,6 +20,7 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
+from max.gpu.host import DeviceContext, FuncAttribute
 from max.gpu.memory import (
     AddressSpace,
     async_copy,
@@ -30,8 +31,9 @@ from max.gpu.memory import (
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
+from .gpu_launch import aligned_flag_of
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, epilogue, exp_nan, row_scale
+from .row_math import accum_dtype, epilogue, exp_nan, row_scale, vector_width
 
 # Threads per row: 1024 for rows that need most of an SM's shared memory;
 # rows that leave room for two blocks an SM get 512, so one block's exp and
@@ -197,3 +199,42 @@ def smem_rows_kernel[
         y[unsafe_offset=e] = epilogue[log_out, acc, 1](
             x[unsafe_offset=e].cast[acc](), row_max, scale
         ).cast[dtype]()
+
+
+def launch_smem_rows[
+    dtype: DType, log_out: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `smem_rows_kernel` on `rows` rows of `n`, a block a row with
+    the shared memory the row needs. Raises past `smem_capacity`."""
+    comptime V = vector_width[dtype]()
+    if n > smem_capacity(V):
+        raise Error(
+            "max_softmax: variant 'smem' handles rows up to "
+            + String(smem_capacity(V))
+            + " elements, got "
+            + String(n)
+        )
+    var threads = smem_threads_for(n, V)
+    var smem_bytes = smem_bytes_for(n, V, threads)
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = smem_rows_kernel[dtype, log_out, V, T]
+            ctx.enqueue_function[kernel](
+                dst,
+                src,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=rows,
+                block_dim=T,
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )

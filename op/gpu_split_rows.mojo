@@ -24,16 +24,21 @@ any share of the GPU is safe, no co-residency is needed.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
-from max.gpu.memory import AddressSpace
-from max.gpu.sync import barrier
-from std.atomic import Atomic, Ordering
-from std.memory import stack_allocation
+from max.gpu.host import DeviceContext
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
-from .gpu_online_rows import normalize_range, online_pair
+from .gpu_launch import vector_flag_of
 from .gpu_reductions import block_max_sum
-from .row_math import accum_dtype, fold_pair, online_sum_guard, row_scale
+from .gpu_split_workspace import (
+    publish_pair,
+    row_max_scale,
+    split_counters,
+    take_ticket,
+    wait_for_row,
+)
+from .row_math import accum_dtype, epilogue, online_add, vector_width
 
 comptime SPLIT_THREADS = 512
 comptime SPLIT_CHUNK = 16384
@@ -41,102 +46,82 @@ comptime SPLIT_CHUNK = 16384
 # input read meanwhile (this window) plus the output written meanwhile
 # (about as much) stay inside the 50 MB L2. The blocks resident on an H100
 # hold more than that in flight (4 x 132 blocks x 64 KB = 33 MB), so some
-# normalize blocks wait for their row's partials (RESULTS: 65% of copy at
-# 32 x 1M).
+# normalize blocks wait for their row's partials: this kernel measured about
+# two thirds of a device copy at 32 x 1M (see benchmarks/RESULTS.md, 'Long
+# rows'), which is why rows up to 8 MB go to the streaming split.
 comptime L2_WINDOW_BYTES = 16 << 20
 
 
-# The pieces both split kernels share: tickets, per-chunk pairs, arrivals.
-# counters[0] is the ticket counter, counters[1 + r] row r's arrivals;
-# partials holds a (max, sum) per chunk, row-major.
-comptime DeviceCounter = Atomic[Int32, scope="device"]
+# The two sweeps over a range of a row (the online baseline runs them over
+# whole rows).
 
 
 @always_inline
-def take_ticket(counters: Pointer[Int32, MutAnyOrigin]) -> Int:
-    """The block's ticket: blocks start work in ticket order, which block
-    indices do not promise."""
-    var slot = stack_allocation[1, Int32, address_space=AddressSpace.SHARED]()
-    if thread_idx.x == 0:
-        slot[] = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](counters, 1)
-    barrier()
-    return Int(slot[])
-
-
-@always_inline
-def publish_pair[
-    acc: DType
+def online_pair[
+    dtype: DType, V: Int, threads: Int
 ](
-    counters: Pointer[Int32, MutAnyOrigin],
-    partials: Pointer[Scalar[acc], MutAnyOrigin],
-    r: Int,
-    chunks: Int,
-    c: Int,
-    chunk_max: Scalar[acc],
-    chunk_sum: Scalar[acc],
-):
-    """Store chunk c's pair, then count it in row r's arrivals."""
-    if thread_idx.x == 0:
-        partials[unsafe_offset=(r * chunks + c) * 2] = chunk_max
-        partials[unsafe_offset=(r * chunks + c) * 2 + 1] = chunk_sum
-        # Release: the pair is visible before the count announcing it.
-        _ = DeviceCounter.fetch_add[ordering=Ordering.RELEASE](
-            counters.unsafe_offset(1 + r), 1
-        )
-
-
-@always_inline
-def wait_for_row(counters: Pointer[Int32, MutAnyOrigin], r: Int, chunks: Int):
-    """Block until all `chunks` pairs of row r are published."""
-    if thread_idx.x == 0:
-        var arrivals = counters.unsafe_offset(1 + r)
-        while (
-            Int(DeviceCounter.load[ordering=Ordering.ACQUIRE](arrivals))
-            < chunks
-        ):
-            continue
-    barrier()
-
-
-@always_inline
-def block_row_terms[
-    acc: DType, T: Int, log_out: Bool
-](m: Scalar[acc], s: Scalar[acc]) -> Tuple[Scalar[acc], Scalar[acc]]:
-    """A row's max and `row_scale` (NaN where the three-pass algorithm gives
-    NaN) from each of a block of T threads' share of the row's pairs."""
-    var total = block_max_sum[acc, T](m, s)
-    return (
-        total[0],
-        row_scale[log_out, acc](online_sum_guard[acc](total[0], total[1])),
-    )
-
-
-@always_inline
-def row_max_scale[
-    acc: DType, T: Int, log_out: Bool
-](partials: Pointer[Scalar[acc], MutAnyOrigin], r: Int, chunks: Int) -> Tuple[
-    Scalar[acc], Scalar[acc]
-]:
-    """Row r's max and `row_scale` (NaN where the three-pass algorithm gives
-    NaN), folded from its chunks' pairs by a block of T threads (after
-    `wait_for_row`)."""
-    # Pairs are read at device scope, past L1: this SM's L1 may hold a
-    # stale line of them from an earlier block of a neighbouring row.
-    comptime shared = Atomic[Scalar[acc], scope="device"]
-    var t = Int(thread_idx.x)
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    begin: Int,
+    end: Int,
+    t: Int,
+    vector_loads: Bool,
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """This thread's online (max, sum) over x[begin:end], strided by block."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
     var m = -inf[acc]()
     var s = Scalar[acc](0)
-    for i in range(t, chunks, T):
-        var at = partials.unsafe_offset((r * chunks + i) * 2)
-        var folded = fold_pair[acc](
-            m,
-            s,
-            shared.load[ordering=Ordering.RELAXED](at),
-            shared.load[ordering=Ordering.RELAXED](at.unsafe_offset(1)),
-        )
-        m = folded[0]
-        s = folded[1]
-    return block_row_terms[acc, T, log_out](m, s)
+    if vector_loads:
+        for e in range(begin + t * V, end, threads * V):
+            var v = (
+                x.unsafe_offset(e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+            var pair = online_add[acc, V](m, s, v)
+            m = pair[0]
+            s = pair[1]
+    else:
+        for e in range(begin + t, end, threads):
+            var v = x[unsafe_offset=e].cast[acc]()
+            var pair = online_add[acc, 1](m, s, v)
+            m = pair[0]
+            s = pair[1]
+    return (m, s)
+
+
+@always_inline
+def normalize_range[
+    dtype: DType, log_out: Bool, V: Int, threads: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    begin: Int,
+    end: Int,
+    t: Int,
+    vector_loads: Bool,
+    row_max: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+):
+    """Write the epilogue for x[begin:end], strided by block."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    if vector_loads:
+        for e in range(begin + t * V, end, threads * V):
+            var v = (
+                x.unsafe_offset(e)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+            y.unsafe_offset(e).unsafe_store[alignment=16](
+                epilogue[log_out, acc, V](v, row_max, scale).cast[dtype]()
+            )
+    else:
+        for e in range(begin + t, end, threads):
+            var v = x[unsafe_offset=e].cast[acc]()
+            y[unsafe_offset=e] = epilogue[log_out, acc, 1](
+                v, row_max, scale
+            ).cast[dtype]()
 
 
 @always_inline
@@ -239,3 +224,39 @@ def split_rows_kernel[
         terms[0],
         terms[1],
     )
+
+
+def launch_split_rows[
+    dtype: DType, log_out: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `split_rows_kernel` on `rows` rows of `n` (any length, any
+    GPU): two items a chunk, after zeroing its counters."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime V = vector_width[dtype]()
+    var chunks = split_chunks(n)
+    var counters = split_counters(ctx, rows)
+    var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
+    comptime kernel = split_rows_kernel[dtype, log_out, V]
+    ctx.enqueue_function[kernel](
+        dst,
+        src,
+        rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
+        rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
+        Int64(rows),
+        Int64(n),
+        Int64(split_lag(rows, n * size_of[dtype]())),
+        vector_flag_of(aligned, n, V),
+        grid_dim=2 * rows * chunks,
+        block_dim=SPLIT_THREADS,
+    )
+    # The buffers are freed in stream order, after the kernel.
+    _ = counters^
+    _ = partials^

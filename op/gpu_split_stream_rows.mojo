@@ -2,11 +2,11 @@
 chunk, two chunk buffers each: a chunk loads while the one before waits for
 its row and is written.
 
-In gpu_split_smem_rows a block holds one chunk: it loads it, then waits for
-the rest of its row, then writes it and exits, so an SM whose blocks are
-all waiting has no loads in flight. At 32 x 1M bfloat16 (2.3 waves of
-blocks) Nsight Compute put a quarter of the warp stalls at that wait and
-DRAM at 57% of peak (RESULTS, session 6). Here a few blocks an SM loop:
+A block that holds one chunk (the split_smem baseline) loads it, then waits
+for the rest of its row, then writes it and exits, so an SM whose blocks
+are all waiting has no loads in flight: at 32 x 1M bfloat16 Nsight Compute
+put a quarter of its warp stalls at that wait and DRAM at 57% of peak (see
+benchmarks/RESULTS.md, 'Long rows'). Here a few blocks an SM loop:
 
 1. take the next chunk's ticket, learn whether the held chunk's row is
    complete, and start the new chunk's cp.async copy into the free buffer;
@@ -18,12 +18,12 @@ DRAM at 57% of peak (RESULTS, session 6). Here a few blocks an SM loop:
 A block never waits for a row while holding an unpublished chunk of that
 row or an earlier one (step 2 publishes first unless the row is already
 complete), and tickets go in row order, so a row can block progress only
-if its chunks outnumber two per resident block: `SPLIT_SMEM_MAX_ROW_BYTES`
-(8 MB) bounds rows as in gpu_split_smem_rows, and the launcher checks the
-GPU holds that many blocks. Blocks that never start hold no tickets.
+if its chunks outnumber two per resident block: `ON_CHIP_SPLIT_MAX_ROW_BYTES`
+(8 MB) bounds rows, and the launcher checks the GPU holds that many blocks
+(`check_on_chip_split`). Blocks that never start hold no tickets.
 
-Each chunk costs a block two round trips to L2 besides its data (RESULTS,
-session 8, where three more round trips measured 3-4% slower at 32 x 1M):
+Each chunk costs a block two round trips to L2 besides its data (three more
+round trips measured 3-4% slower at 32 x 1M):
 
 - the ticket (an atomic add) and the held row's arrival count go out
   together (`ticket_and_row_ready`);
@@ -32,13 +32,13 @@ session 8, where three more round trips measured 3-4% slower at 32 x 1M):
   pair at once (`wait_row_terms`), instead of polling a counter and then
   reading the pairs.
 
-At 32 x 1M (RESULTS, session 8, the bench's device timer) this reaches 94%
-of a device copy in fp32 and 88% in bf16. Session 7's version (three more
-round trips a chunk, 2 x 512-thread blocks for every dtype) reached 91% and
-81%.
+At 32 x 1M (the bench's device timer) this reaches 94% of a device copy in
+fp32 and 88% in bf16; the version with three more round trips a chunk and
+2 x 512-thread blocks for every dtype reached 91% and 81%.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
+from max.gpu.host import DeviceContext, FuncAttribute
 from max.gpu.memory import AddressSpace, external_memory
 from max.gpu.sync import barrier
 from std.atomic import Atomic, Ordering
@@ -47,18 +47,26 @@ from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
-from .gpu_split_rows import DeviceCounter, block_row_terms
-from .gpu_split_smem_rows import (
+from .gpu_launch import aligned_flag_of
+from .gpu_split_chunks import (
     SharedBuffer,
     SmemChunk,
+    chunk_bytes,
     chunk_pair,
+    chunk_shared_bytes,
     load_chunk,
     smem_chunk,
-    split_smem_chunk_bytes,
-    split_smem_shared_bytes,
     write_chunk,
 )
-from .row_math import accum_dtype, fold_pair
+from .gpu_split_workspace import (
+    DeviceCounter,
+    block_row_terms,
+    check_on_chip_split,
+    pairs_offset,
+    split_counters,
+    split_stream_room,
+)
+from .row_math import accum_dtype, fold_pair, vector_width
 
 
 # Threads a block, 16-byte vectors a thread in each of a block's two
@@ -67,7 +75,7 @@ from .row_math import accum_dtype, fold_pair
 # 227 KB) beat 2 of 512 with 56 KB buffers by 3% at 32 x 1M, 4% at
 # 128 x 65536 and 9% at 4 x 1M (about even at 64 x 50257): more blocks hide
 # each other's waits. Float32 keeps 2 x 512 x 56 KB, 3% faster at 16 x 2M
-# and 11% at 64 x 50257 (RESULTS, session 8).
+# and 11% at 64 x 50257 (see benchmarks/RESULTS.md, 'Long rows').
 def split_stream_threads[dtype: DType]() -> Int:
     """Threads a block."""
     return 256 if size_of[dtype]() == 2 else 512
@@ -86,7 +94,7 @@ def split_stream_blocks[dtype: DType]() -> Int:
 def split_stream_shared_bytes(threads: Int, vectors: Int) -> Int:
     """Dynamic shared memory a block needs: two chunk buffers, each with
     its vector of padding (see `SmemChunk`)."""
-    return 2 * split_smem_shared_bytes(threads, vectors)
+    return 2 * chunk_shared_bytes(threads, vectors)
 
 
 @always_inline
@@ -246,7 +254,7 @@ def split_stream_rows_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """Chunks of `split_smem_chunk_bytes(T, K)`, taken by ticket until all
+    """Chunks of `chunk_bytes(T, K)`, taken by ticket until all
     `rows * chunks` are written; any grid size works.
 
     Parameters:
@@ -269,7 +277,7 @@ def split_stream_rows_kernel[
         aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned.
     """
     comptime acc = accum_dtype[dtype]()
-    comptime C = split_smem_chunk_bytes(T, K) // size_of[dtype]()
+    comptime C = chunk_bytes(T, K) // size_of[dtype]()
     var len = Int(n)
     var chunks = (len + C - 1) // C
     var total = Int(rows) * chunks
@@ -318,3 +326,67 @@ def split_stream_rows_kernel[
         var swap = held_buf
         held_buf = free_buf
         free_buf = swap
+
+
+def split_stream_fits[dtype: DType](ctx: DeviceContext, n: Int) raises -> Bool:
+    """Whether this GPU holds all chunks of a row of `n` at once in the
+    table's split_stream blocks (a MIG slice may not)."""
+    var room = split_stream_room[
+        dtype,
+        split_stream_threads[dtype](),
+        split_stream_vectors[dtype](),
+        split_stream_blocks[dtype](),
+    ](ctx, n)
+    return room[0] <= room[1]
+
+
+def launch_split_stream[
+    dtype: DType,
+    log_out: Bool,
+    T: Int = split_stream_threads[dtype](),
+    K: Int = split_stream_vectors[dtype](),
+    B: Int = split_stream_blocks[dtype](),
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `split_stream_rows_kernel` on `rows` rows of `n` after zeroing
+    its counters and pairs: blocks of T threads, B resident an SM, each with
+    two buffers of K 16-byte vectors a thread. The defaults are the table's
+    (`split_stream_threads`/`_vectors`/`_blocks`);
+    benchmarks/split_stream_sweep.mojo times others. Raises unless the row
+    fits (`check_on_chip_split`)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime V = vector_width[dtype]()
+    var room = split_stream_room[dtype, T, K, B](ctx, n)
+    var chunks = room[0]
+    check_on_chip_split[dtype](ctx, "split_stream", n, chunks, room[1])
+    var counters = split_counters(ctx, rows, rows * chunks * pair_words[acc]())
+    var base = counters.unsafe_ptr()
+    var smem_bytes = split_stream_shared_bytes(T, K)
+    comptime kernel = split_stream_rows_kernel[dtype, log_out, V, T, K, B]
+    ctx.enqueue_function[kernel](
+        dst,
+        src,
+        rebind[Pointer[Int32, MutAnyOrigin]](base),
+        rebind[Pointer[UInt64, MutAnyOrigin]](
+            base.unsafe_offset(pairs_offset(rows)).unsafe_bitcast[UInt64]()
+        ),
+        Int64(rows),
+        Int64(n),
+        aligned_flag_of(aligned),
+        # Every block resident at once: half the chunk slots.
+        grid_dim=min(rows * chunks, room[1] // 2),
+        block_dim=T,
+        shared_mem_bytes=smem_bytes,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+            UInt32(smem_bytes)
+        ),
+    )
+    # The buffer is freed in stream order, after the kernel.
+    _ = counters^

@@ -7,6 +7,8 @@ warp. One online sweep gives (max, sum); a second writes the result.
 """
 
 from max.gpu import block_idx, thread_idx
+from max.gpu.host import DeviceContext
+from std.math import ceildiv
 from std.utils.numerics import inf
 
 from .row_math import (
@@ -72,3 +74,27 @@ def strided_rows_kernel[
         dst[unsafe_offset=at] = epilogue[log_out, acc, 1](v, m, scale).cast[
             dtype
         ]()
+
+
+def launch_strided_rows[
+    dtype: DType, log_out: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    outer: Int,
+    n: Int,
+    inner: Int,
+) raises:
+    """Launch `strided_rows_kernel`: a thread per column of the (outer, n,
+    inner) view."""
+    comptime kernel = strided_rows_kernel[dtype, log_out]
+    ctx.enqueue_function[kernel](
+        dst,
+        src,
+        Int64(outer),
+        Int64(n),
+        Int64(inner),
+        grid_dim=ceildiv(outer * inner, STRIDED_THREADS),
+        block_dim=STRIDED_THREADS,
+    )

@@ -1,0 +1,47 @@
+"""Launch arguments every GPU family shares: whether 16-byte vector loads
+are safe.
+
+A torch view may start anywhere, so the launchers check the buffers'
+addresses at run time and pass the answer to the kernels as an Int32 flag
+(Bool is not DevicePassable).
+"""
+
+
+def aligned16(a: Int, b: Int, c: Int = 0) -> Bool:
+    """Whether every address given is 16-byte aligned: vector loads need it,
+    and a torch view may start anywhere."""
+    return (a | b | c) % 16 == 0
+
+
+def aligned_flag_of(aligned: Bool) -> Int32:
+    """1 where the buffers start 16-byte aligned, else 0: kernels that find
+    each row's aligned body themselves take this."""
+    return Int32(1) if aligned else Int32(0)
+
+
+def vector_flag_of(aligned: Bool, n: Int, V: Int) -> Int32:
+    """1 where every row starts 16-byte aligned (buffers aligned, n % V ==
+    0), else 0: kernels that load whole rows in vectors or not at all take
+    this."""
+    return Int32(1) if aligned and n % V == 0 else Int32(0)
+
+
+# A struct that carries a kernel's arguments to where it is enqueued (see
+# `RegisterPlanKernel`) may not hold MutAnyOrigin pointers: it holds them
+# untracked (the buffers outlive the launch) and gives them back as they
+# were.
+comptime HeldRows[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin]
+
+
+def held[
+    dtype: DType
+](p: Pointer[Scalar[dtype], MutAnyOrigin]) -> HeldRows[dtype]:
+    """`p` as a struct field may hold it."""
+    return rebind[HeldRows[dtype]](p)
+
+
+def kernel_arg[
+    dtype: DType
+](p: HeldRows[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
+    """A held pointer as the kernels take it."""
+    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](p)
