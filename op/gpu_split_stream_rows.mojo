@@ -6,7 +6,8 @@ A block that holds one chunk (the split_smem baseline) loads it, then waits
 for the rest of its row, then writes it and exits, so an SM whose blocks
 are all waiting has no loads in flight: at 32 x 1M bfloat16 Nsight Compute
 put a quarter of its warp stalls at that wait and DRAM at 57% of peak (see
-benchmarks/RESULTS.md, 'Long rows'). Here a few blocks an SM loop:
+benchmarks/RESULTS.md, 'GPU few long rows'). Here a few blocks an SM
+loop:
 
 1. take the next chunk's ticket, learn whether the held chunk's row is
    complete, and start the new chunk's cp.async copy into the free buffer;
@@ -75,7 +76,8 @@ from .row_math import accum_dtype, fold_pair, vector_width
 # 227 KB) beat 2 of 512 with 56 KB buffers by 3% at 32 x 1M, 4% at
 # 128 x 65536 and 9% at 4 x 1M (about even at 64 x 50257): more blocks hide
 # each other's waits. Float32 keeps 2 x 512 x 56 KB, 3% faster at 16 x 2M
-# and 11% at 64 x 50257 (see benchmarks/RESULTS.md, 'Long rows').
+# and 11% at 64 x 50257 (see benchmarks/RESULTS.md, 'GPU few long
+# rows').
 def split_stream_threads[dtype: DType]() -> Int:
     """Threads a block."""
     return 256 if size_of[dtype]() == 2 else 512

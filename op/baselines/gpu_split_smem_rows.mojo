@@ -60,13 +60,14 @@ from ..row_math import accum_dtype, vector_width
 # Threads of the blocks resident on an SM: their registers (40 each) and,
 # with 9 vectors of 16 bytes a thread, their chunks (216 of the SM's 227 KB)
 # fill it. 9 vectors (72 KB chunks) measured 1-5% faster than 8 at 32 x 1M:
-# more of the rows on chip at once (see benchmarks/RESULTS.md, 'Long rows').
+# more of the rows on chip at once (see benchmarks/RESULTS.md, 'GPU few
+# long rows').
 comptime SPLIT_SMEM_SM_THREADS = 1536
 comptime SPLIT_SMEM_VECTORS = 9
 # Threads a block: 512 (3 blocks an SM). 256-thread blocks (6 an SM, half
 # the chunk) end sooner, which was to shorten the last wave, but measured
 # slower at 32 x 1M: fp32 2389 vs 2527 GB/s (see benchmarks/RESULTS.md,
-# 'Long rows').
+# 'GPU few long rows').
 comptime SPLIT_SMEM_THREADS = 512
 
 
