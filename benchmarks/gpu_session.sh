@@ -8,6 +8,8 @@
 #                                                      # to $OUT/results.jsonl (--record)
 #   bash benchmarks/gpu_session.sh ncu DTYPE ROWS N [VARIANT]  # Nsight Compute counters
 #   bash benchmarks/gpu_session.sh sweep [once]         # split_stream block shapes (A/B)
+#   bash benchmarks/gpu_session.sh compile OLD_OP_DIR   # cold compile of an auto model: OLD_OP_DIR
+#                                                       # (an older op/, carried) vs op/, alternating
 # `sweep` runs ./split_stream_sweep, built on the machine without a GPU
 # (`mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo
 # -o split_stream_sweep`, git-ignored) and sent along with `carry`.
@@ -31,6 +33,11 @@ case "$stage" in
             --section LaunchStats python3 benchmarks/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
   bench)  python3 -m max_softmax bench --out "$OUT" --record "$OUT/results.jsonl" "$@" 2>&1 \
             | tee "$log" | grep -v "^bench:" ;;
+  compile) for i in 1 2; do
+            for tree in "$1" op; do
+              python3 benchmarks/compile_time.py --kernels "$tree" --device gpu --label "$tree"
+            done
+          done 2>&1 | tee "$log" ;;
   sweep)  LD_LIBRARY_PATH=$HOME/site/modular/lib:${LD_LIBRARY_PATH:-} ./split_stream_sweep "$@" \
             2>&1 | tee "$log" ;;
 esac
