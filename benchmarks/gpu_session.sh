@@ -6,6 +6,10 @@
 #   bash benchmarks/gpu_session.sh report               # the softmax command on the GPU
 #   bash benchmarks/gpu_session.sh bench [bench args...]  # tables to $OUT, rows appended
 #                                                      # to $OUT/results.jsonl (--record)
+#   bash benchmarks/gpu_session.sh bench-each SHAPES [bench args...]  # one process per shape
+#                                                      # (MAX keeps its device memory pool, so a
+#                                                      # GB-sized shape after others runs out)
+#   bash benchmarks/gpu_session.sh host_cost [args]     # benchmarks/host_cost: per-op host cost
 #   bash benchmarks/gpu_session.sh ncu DTYPE ROWS N [VARIANT]  # Nsight Compute counters
 #   bash benchmarks/gpu_session.sh sweep [once]         # split_stream block shapes (A/B)
 #   bash benchmarks/gpu_session.sh compile OLD_OP_DIR   # cold compile of an auto model: OLD_OP_DIR
@@ -33,6 +37,13 @@ case "$stage" in
             --section LaunchStats python3 benchmarks/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
   bench)  python3 -m max_softmax bench --out "$OUT" --record "$OUT/results.jsonl" "$@" 2>&1 \
             | tee "$log" | grep -v "^bench:" ;;
+  bench-each) shapes=$1; shift
+          for s in ${shapes//,/ }; do
+            python3 -m max_softmax bench --shape "$s" --tag "$s" --out "$OUT" \
+              --record "$OUT/results.jsonl" "$@" 2>&1 | grep -v "^bench:"
+          done | tee "$log" ;;
+  host_cost) python3 benchmarks/host_cost/host_cost.py --device gpu --out "$OUT/host_cost.jsonl" \
+            "$@" 2>&1 | tee "$log" ;;
   compile) for i in 1 2; do
             for tree in "$1" op; do
               python3 benchmarks/compile_time.py --kernels "$tree" --device gpu --label "$tree"

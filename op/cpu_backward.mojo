@@ -5,7 +5,7 @@ tasks of whole rows with two SIMD sweeps (row sum; gradient); other axes are
 processed W columns at a time along the contiguous inner dimension.
 """
 
-from max.algorithm import sync_parallelize
+from .cpu_tasks import run_tasks
 from std.math import ceildiv
 from std.sys import simd_width_of
 
@@ -41,7 +41,9 @@ def softmax_backward_cpu[
     comptime assert acc.is_floating_point()
     comptime W = simd_width_of[acc]()
     var col_blocks = ceildiv(inner, W) if inner > 1 else 1
-    var rows_per_task = max(1, TASK_ELEMENTS // max(n * inner, 1))
+    # An item is a row, or W columns of n when inner > 1.
+    var item_elements = n * W if inner > 1 else n
+    var rows_per_task = max(1, TASK_ELEMENTS // max(item_elements, 1))
     var items = outer * col_blocks
     var tasks = ceildiv(items, rows_per_task)
 
@@ -62,7 +64,7 @@ def softmax_backward_cpu[
                         dx, a, dy, base + i - i0, n, inner
                     )
 
-    sync_parallelize(task, tasks)
+    run_tasks(task, tasks)
 
 
 @always_inline

@@ -8,7 +8,7 @@ core, when long, are cut into chunks that run in parallel instead, their
 along the contiguous inner dimension and every load is still a vector load.
 """
 
-from max.algorithm import sync_parallelize
+from .cpu_tasks import run_tasks
 from std.sys.info import num_logical_cores
 from std.math import ceildiv
 from std.sys import simd_width_of, size_of
@@ -107,7 +107,7 @@ def _contiguous_rows[
             )
         _ = scratch_row^
 
-    sync_parallelize(task, tasks)
+    run_tasks(task, tasks)
 
 
 def _split_rows[
@@ -155,7 +155,7 @@ def _split_rows[
         pairs[unsafe_offset=2 * t] = m
         pairs[unsafe_offset=2 * t + 1] = s
 
-    sync_parallelize(chunk_pair, tasks)
+    run_tasks(chunk_pair, tasks)
 
     # Each row's max and scale, folded once from its chunks' pairs.
     for r in range(rows):
@@ -197,7 +197,7 @@ def _split_rows[
             scale,
         )
 
-    sync_parallelize(write_chunk, tasks)
+    run_tasks(write_chunk, tasks)
     _ = pairs_list^
     _ = row_pairs_list^
     _ = empty^
@@ -348,20 +348,25 @@ def _strided_rows[
     comptime assert acc.is_floating_point()
     comptime W = simd_width_of[acc]()
     var col_blocks = ceildiv(inner, W)
+    var items = outer * col_blocks
+    var items_per_task = max(1, TASK_ELEMENTS // max(n * W, 1))
 
     def task(t: Int) raises {imm}:
-        var o = t // col_blocks
-        var i0 = (t % col_blocks) * W
-        var base = o * n * inner + i0
-        if i0 + W <= inner:
-            _column_block[dtype, log_out, W](dst, src, base, n, inner)
-        else:
-            for i in range(i0, inner):
-                _column_block[dtype, log_out, 1](
-                    dst, src, base + i - i0, n, inner
-                )
+        for item in range(
+            t * items_per_task, min(items, (t + 1) * items_per_task)
+        ):
+            var o = item // col_blocks
+            var i0 = (item % col_blocks) * W
+            var base = o * n * inner + i0
+            if i0 + W <= inner:
+                _column_block[dtype, log_out, W](dst, src, base, n, inner)
+            else:
+                for i in range(i0, inner):
+                    _column_block[dtype, log_out, 1](
+                        dst, src, base + i - i0, n, inner
+                    )
 
-    sync_parallelize(task, outer * col_blocks)
+    run_tasks(task, ceildiv(items, items_per_task))
 
 
 @always_inline

@@ -64,6 +64,21 @@ def test_impossible_speeds_are_not_reported():
     assert "[^3]: unreliable: 5283 GB/s is over 3x the copy roof" in text
 
 
+@pytest.mark.parametrize(("n", "flagged"), [(1 << 20, True), (1024, False)])
+def test_gpu_figures_above_a_bandwidth_bound_copy_are_flagged(n, flagged):
+    """At 16 MB and more a GPU copy is bound by memory bandwidth: a figure
+    1.29x over it (seen once at 32 x 1M) is an artefact; on a small,
+    launch-bound copy it may be real."""
+    rows = [
+        Row("copy", 32, n, "float32", "gpu", 100.0, 3009.0, True),
+        Row("ours", 32, n, "float32", "gpu", 80.0, 3869.0, True),
+    ]
+    flag_impossible(rows)
+    assert (rows[1].gbps is None) == flagged
+    if flagged:
+        assert rows[1].note == "unreliable: 3869 GB/s is over 1.15x the copy roof"
+
+
 def test_table_footnotes_say_why_a_cell_is_empty():
     """Unreliable, wrong and failed cells get a marker and their reason
     below the table, one footnote per distinct reason; never a bare `?`."""

@@ -22,6 +22,13 @@ from .workloads import CHECK_ROWS, FIGURES, Row, Workload
 IMPOSSIBLE_VS_COPY = 3.0
 """A figure over this many times its shape's copy roof is a timing artefact."""
 
+IMPOSSIBLE_VS_BANDWIDTH_COPY = 1.15
+"""The same limit where a GPU copy is bound by memory bandwidth (tensors of
+`BANDWIDTH_BOUND_BYTES` or more): nothing moves its bytes faster than the
+copy there, bar the ~1.1x of a backward that reads more than it writes."""
+
+BANDWIDTH_BOUND_BYTES = 16 << 20
+
 DEVICE_REPS = 5
 """Profiled runs per provider and shape (each exports a trace to parse)."""
 
@@ -210,10 +217,11 @@ def timed_row(
 
 
 def flag_impossible(rows: list[Row]) -> None:
-    """Un-time figures over 3x the copy roof of their shape: no provider
-    moves its bytes that much faster than a copy (a backward, reading more
-    than it writes, reaches ~1.1x), so such a number is a timing artefact
-    (e.g. T(1) inflated by allocation), not a speed. The value is kept in
+    """Un-time figures over 3x the copy roof of their shape (1.15x for a
+    GPU tensor of 16 MB or more): no provider moves its bytes that much
+    faster than a copy (a backward, reading more than it writes, reaches
+    ~1.1x), so such a number is a timing artefact (e.g. T(1) inflated by
+    allocation), not a speed. The value is kept in
     `extra["rough"]` (plotted hollow). The headline is held against the
     copy's headline; replay and device figures against the copy's GPU time
     when it was timed on the device (a wall-clock copy at a tiny shape is
@@ -222,11 +230,14 @@ def flag_impossible(rows: list[Row]) -> None:
     if copy is None:
         return
     roofs = {"exec": copy.gbps, "replay": copy.device_gbps, "device": copy.device_gbps}
+    nbytes = copy.rows * copy.n * DTYPE_NAMES[copy.dtype].itemsize
+    bound = copy.device == "gpu" and nbytes >= BANDWIDTH_BOUND_BYTES
+    limit = IMPOSSIBLE_VS_BANDWIDTH_COPY if bound else IMPOSSIBLE_VS_COPY
     for r in rows:
         for which in FIGURES:
             gbps, roof = r.figure(which)[1], roofs[which]
-            if gbps and roof and gbps > IMPOSSIBLE_VS_COPY * roof:
-                why = f"unreliable: {gbps:.0f} GB/s is over 3x the copy roof"
+            if gbps and roof and gbps > limit * roof:
+                why = f"unreliable: {gbps:.0f} GB/s is over {limit:g}x the copy roof"
                 r.extra.setdefault("rough", {})[which] = gbps
                 r.set_figure(which, None, None)
                 if which == "exec":

@@ -1,0 +1,168 @@
+"""Where a graph op's time goes on the host: our softmax against MAX's built-in
+and against custom ops that do no work, K ops in one graph.
+
+    python benchmarks/host_cost/host_cost.py [--device gpu] [--k 16] [--reps 50]
+
+For each provider and shape it prints (and writes as JSON lines with --out)
+three per-op figures, medians over `reps`:
+  enqueue  wall time of `model.execute(...)` alone / K (host work; the GPU
+           runs behind it),
+  exec     execute + device sync / K (what a graph user waits for),
+  replay   the same graph captured once and replayed, + sync / K.
+Providers: MAX's ops.softmax and ops.negate (an elementwise op), our
+softmax through max_softmax.ops (reshapes around the custom op) and on a
+rank-3 input (no reshape), and the two probes of
+probe_ops/: `probe_launch` (one empty kernel) and `probe_nothing`. The
+differences split our per-op cost into MAX's custom-op floor, a launch, and
+our own dispatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def probe_library() -> Path:
+    """probe_ops/ precompiled into a temporary .mojoc."""
+    out = Path(tempfile.mkdtemp()) / "probe_ops.mojoc"
+    subprocess.run(["mojo", "precompile", str(HERE / "probe_ops"), "-o", str(out)], check=True)
+    return out
+
+
+def provider_bodies(ms_ops, max_ops):
+    """name -> (rank of the input, per-op graph function)."""
+
+    def custom(name):
+        def body(x):
+            from max.graph import TensorType
+
+            (y,) = max_ops.custom(
+                name=name,
+                device=x.device,
+                values=[x],
+                out_types=[TensorType(x.dtype, x.shape, x.device)],
+            )
+            return y.tensor
+
+        return body
+
+    return {
+        "max.ops.softmax": (2, lambda x: max_ops.softmax(x, axis=-1)),
+        "max.ops.negate": (2, max_ops.negate),
+        "ours (rank 2, reshapes)": (2, lambda x: ms_ops.softmax(x, axis=-1)),
+        "ours (rank 3)": (3, lambda x: ms_ops.softmax(x, axis=1)),
+        "probe_launch": (3, custom("probe_launch")),
+        "probe_nothing": (3, custom("probe_nothing")),
+    }
+
+
+def main() -> int:
+    """Build each provider's K-op graph, time it on each shape, print a table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
+    p.add_argument("--k", type=int, default=16)
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--shapes", default="64x128,16384x128")
+    p.add_argument("--only", default="", help="providers whose name contains this")
+    p.add_argument("--out", type=Path, help="append JSON lines here")
+    args = p.parse_args()
+
+    from max.driver import Buffer
+    from max.dtype import DType
+    from max.graph import Graph, TensorType
+    from max.graph import ops as max_ops
+
+    from max_softmax import ops as ms_ops
+    from max_softmax.devices import device
+    from max_softmax.kernels import kernel_library
+    from max_softmax.models import device_ref, session
+
+    dev = device(args.device)
+    libs = [kernel_library(), probe_library()]
+    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+    sync = dev.synchronize if args.device == "gpu" else (lambda: None)
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for name, (rank, fn) in provider_bodies(ms_ops, max_ops).items():
+        if args.only not in name:
+            continue
+        dims = ["rows", "n"] + (["one"] if rank == 3 else [])
+        t = TensorType(DType.float32, dims, device_ref(args.device))
+        with Graph(
+            f"host_cost_{len(rows_out)}", input_types=[t] * args.k, custom_extensions=libs
+        ) as g:
+            g.output(*[fn(v.tensor) for v in g.inputs])
+        t0 = time.perf_counter()
+        model = session(args.device).load(g)
+        load_s = time.perf_counter() - t0
+        for rows, n in shapes:
+            shape = (rows, n) + ((1,) if rank == 3 else ())
+            bufs = [
+                Buffer.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dev)
+                for _ in range(args.k)
+            ]
+            for _ in range(5):
+                model.execute(*bufs)
+            sync()
+            enq, ex = [], []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                outs = model.execute(*bufs)
+                t1 = time.perf_counter()
+                sync()
+                t2 = time.perf_counter()
+                enq.append((t1 - t0) / args.k)
+                ex.append((t2 - t0) / args.k)
+                del outs
+            rep = None
+            if args.device == "gpu":
+                outs = model.capture(1, *bufs)
+                model.replay(1, *bufs)
+                sync()
+                times = []
+                for _ in range(args.reps):
+                    t0 = time.perf_counter()
+                    model.replay(1, *bufs)
+                    sync()
+                    times.append((time.perf_counter() - t0) / args.k)
+                rep = statistics.median(times)
+                del outs
+                model.release_captured_graph(1)
+            row = {
+                "provider": name,
+                "shape": f"{rows}x{n}",
+                "k": args.k,
+                "enqueue_us": round(statistics.median(enq) * 1e6, 2),
+                "exec_us": round(statistics.median(ex) * 1e6, 2),
+                "replay_us": None if rep is None else round(rep * 1e6, 2),
+                "load_s": round(load_s, 2),
+            }
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+            del bufs
+    print(
+        "\n| provider | shape | enqueue µs/op | exec µs/op | replay µs/op |\n|---|---|---|---|---|"
+    )
+    for r in rows_out:
+        cells = [r[c] for c in ("provider", "shape", "enqueue_us", "exec_us", "replay_us")]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    if args.out:
+        with args.out.open("a") as f:
+            for r in rows_out:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
