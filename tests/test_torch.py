@@ -40,6 +40,18 @@ def test_values_and_gradients_match_torch(device, dtype, shape, dim, name):
     torch.testing.assert_close(ours_x.grad.double(), ref_x.grad, rtol=4 * tol, atol=4 * tol)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("grad", ["requires_grad", "no_grad", "plain"])
+def test_autograd_records_only_when_a_gradient_is_wanted(name, grad):
+    """Inference calls skip the autograd Function; a call that needs a
+    gradient still gets one, and every call computes the same values."""
+    x = torch.randn(5, 9, dtype=torch.float64, requires_grad=grad != "plain")
+    with torch.set_grad_enabled(grad != "no_grad"):
+        y = getattr(mst, name)(x, dim=-1)
+    assert (y.grad_fn is not None) == (grad == "requires_grad")
+    torch.testing.assert_close(y.detach(), getattr(torch, name)(x.detach(), dim=-1))
+
+
 def test_gradcheck_float64():
     for fn in (mst.softmax, mst.log_softmax):
         x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)

@@ -72,19 +72,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
     p.add_argument("--k", type=int, default=16)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--shapes", default="64x128,16384x128")
     p.add_argument("--only", default="", help="providers whose name contains this")
     p.add_argument("--out", type=Path, help="append JSON lines here")
     args = p.parse_args()
 
-    from max.driver import Buffer
     from max.dtype import DType
     from max.graph import Graph, TensorType
     from max.graph import ops as max_ops
 
     from max_softmax import ops as ms_ops
     from max_softmax.devices import device
+    from max_softmax.dtypes import DTYPE_NAMES, to_buffer
     from max_softmax.kernels import kernel_library
     from max_softmax.models import device_ref, session
 
@@ -98,7 +99,7 @@ def main() -> int:
         if args.only not in name:
             continue
         dims = ["rows", "n"] + (["one"] if rank == 3 else [])
-        t = TensorType(DType.float32, dims, device_ref(args.device))
+        t = TensorType(getattr(DType, args.dtype), dims, device_ref(args.device))
         with Graph(
             f"host_cost_{len(rows_out)}", input_types=[t] * args.k, custom_extensions=libs
         ) as g:
@@ -109,7 +110,7 @@ def main() -> int:
         for rows, n in shapes:
             shape = (rows, n) + ((1,) if rank == 3 else ())
             bufs = [
-                Buffer.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dev)
+                to_buffer(rng.standard_normal(shape).astype(DTYPE_NAMES[args.dtype])).to(dev)
                 for _ in range(args.k)
             ]
             for _ in range(5):
@@ -142,6 +143,7 @@ def main() -> int:
             row = {
                 "provider": name,
                 "shape": f"{rows}x{n}",
+                "dtype": args.dtype,
                 "k": args.k,
                 "enqueue_us": round(statistics.median(enq) * 1e6, 2),
                 "exec_us": round(statistics.median(ex) * 1e6, 2),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -277,6 +278,12 @@ def installed() -> set[str]:
     return {m for m in ("torch", "triton", "jax") if importlib.util.find_spec(m)}
 
 
+def is_max_graph(factory: Callable[[], Provider]) -> bool:
+    """Whether `factory` makes a MAX graph provider (whose device memory
+    stays in MAX's pool after it is freed)."""
+    return isinstance(factory, partial) and factory.func is MaxGraphProvider
+
+
 def make_providers(
     kind: str, dtype: str, variants: Sequence[str], op: str = "softmax", bridge: bool = False
 ) -> list[Callable[[], Provider]]:
@@ -292,16 +299,16 @@ def make_providers(
         if "torch" in have:
             out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
         return out
-    out.append(lambda: MaxGraphProvider(kind, dtype, ours=True, op=op))
+    out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
     if op == "softmax_backward":
         if "torch" in have:
             out.append(lambda: TorchProvider(kind, op=op))
         return out
     for v in variants:
-        out.append(lambda v=v: MaxGraphProvider(kind, dtype, ours=True, variant=v))
+        out.append(partial(MaxGraphProvider, kind, dtype, ours=True, variant=v))
     if bridge and "torch" in have:
         out.append(lambda: BridgeProvider(kind))
-    out.append(lambda: MaxGraphProvider(kind, dtype, ours=False))
+    out.append(partial(MaxGraphProvider, kind, dtype, ours=False))
     if "torch" in have:
         out.append(lambda: TorchProvider(kind))
     if kind == "gpu" and "triton" in have and "torch" in have:
