@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,9 +77,8 @@ def sweep_shape(
     xs = [workload.make_inputs(rng, rows, n, dtype) for _ in range(k)]
     base = Row("?", rows, n, dtype, kind)
     factories = make_providers(kind, dtype, args.variants, args.op, args.bridge)
-    if kind == "cpu":
-        return _together(factories, xs, workload, base, k, nbytes, args)
-    return _each(factories, xs, workload, base, k, nbytes, args)
+    case = Case(xs, workload, base, k, nbytes, args)
+    return _together(factories, case) if kind == "cpu" else _each(factories, case)
 
 
 def _label(base: Row) -> str:
@@ -112,19 +112,23 @@ def _checked(
     return p, row
 
 
-def _each(
-    factories: list[Callable[[], Provider]],
-    xs: list,
-    workload: Workload,
-    base: Row,
-    k: int,
-    nbytes: int,
-    args: argparse.Namespace,
-) -> list[Row]:
+class Case(NamedTuple):
+    """One shape and dtype of the sweep: the K input sets and what timing them needs."""
+
+    xs: list
+    workload: Workload
+    base: Row
+    k: int
+    nbytes: int
+    args: argparse.Namespace
+
+
+def _each(factories: list[Callable[[], Provider]], case: Case) -> list[Row]:
     """GPU: check and time one provider at a time, freeing each after. The
     MAX graphs go last: the device memory they free stays in MAX's pool, out
     of torch's and JAX's reach (at 8192 x 50257 the peers after them ran out
     of memory). The rows keep the factories' order."""
+    xs, workload, base, k, nbytes, args = case
     out: dict[int, Row] = {}
     order = sorted(range(len(factories)), key=lambda i: is_max_graph(factories[i]))
     for i in order:
@@ -142,16 +146,9 @@ def _each(
     return [out[i] for i in range(len(factories))]
 
 
-def _together(
-    factories: list[Callable[[], Provider]],
-    xs: list,
-    workload: Workload,
-    base: Row,
-    k: int,
-    nbytes: int,
-    args: argparse.Namespace,
-) -> list[Row]:
+def _together(factories: list[Callable[[], Provider]], case: Case) -> list[Row]:
     """CPU: check every provider, then time those that passed round by round."""
+    xs, workload, base, k, nbytes, args = case
     out: list[Row] = []
     live: list[tuple[int, Provider]] = []
     for factory in factories:
