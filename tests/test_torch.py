@@ -79,3 +79,35 @@ def test_unaligned_storage(device, n):
     flat = torch.randn(4 * n + 1, device=device)
     x = flat[1:].view(4, n)
     torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))
+
+
+# --- CUDA: replaying captured graphs when torch hands back the same memory ---
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@cuda_only
+def test_cuda_replay_follows_in_place_updates():
+    """The same input memory, rewritten in place between calls: replays
+    (which start from the third call) must read the new values."""
+    from max_softmax import torch_replay
+
+    before = torch_replay.CACHE.captures
+    x = torch.randn(64, 128, device="cuda")
+    for _ in range(6):
+        x.mul_(0.5).add_(torch.randn_like(x))
+        y = mst.softmax(x, dim=-1)
+        torch.testing.assert_close(y, torch.softmax(x, dim=-1))
+    assert torch_replay.CACHE.captures > before
+
+
+@cuda_only
+def test_cuda_replay_waits_for_torch_stream():
+    """A replay right after long torch work that writes its input: it must
+    wait for torch's stream, as an execute does."""
+    a = torch.randn(4096, 4096, device="cuda")
+    x = torch.empty(64, 4096, device="cuda")
+    for i in range(5):
+        x.copy_((a @ a)[:64] * ((i + 1) / 4096))
+        y = mst.softmax(x, dim=-1)
+        torch.testing.assert_close(y, torch.softmax(x, dim=-1))

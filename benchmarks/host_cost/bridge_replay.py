@@ -14,10 +14,12 @@ replay on the captured objects. Prints JSON lines.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import sys
 import time
+import weakref
 
 
 def main() -> int:
@@ -89,6 +91,16 @@ def probe(torch, model, _buffer, rows: int, n: int) -> None:
     for what, us in timings.items():
         print(json.dumps({"shape": f"{rows}x{n}", "timing": what, "us_sync": us}), flush=True)
     model.release_captured_graph(key)
+    # Does a capture keep the torch tensors of its buffers alive?
+    x2 = torch.randn(rows, n, 1, device="cuda")
+    o2 = torch.empty_like(x2)
+    model.capture(key + 1, _buffer(o2), _buffer(x2))
+    alive = weakref.ref(x2)
+    del x2, o2
+    gc.collect()
+    pins = alive() is not None
+    print(json.dumps({"shape": f"{rows}x{n}", "capture keeps its input tensor alive": pins}))
+    model.release_captured_graph(key + 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""The torch bridge's replay policy (python/max_softmax/torch_replay.py)
+with a stand-in model: runs without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
+
+from max_softmax.torch_replay import ReplayCache  # noqa: E402
+
+
+class FakeTensor:
+    def __init__(self, ptr: int, shape=(4, 8, 1), dtype="float32") -> None:
+        self.ptr, self.shape, self.dtype = ptr, shape, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class FakeModel:
+    """Records what the cache asks of a MAX model."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def execute(self, *bufs):
+        self.calls.append(("execute", bufs))
+
+    def capture(self, key, *bufs):
+        self.calls.append(("capture", key, bufs))
+
+    def replay(self, key, *bufs):
+        self.calls.append(("replay", key, bufs))
+
+    def release_captured_graph(self, key):
+        self.calls.append(("release", key))
+
+
+def kinds(model: FakeModel) -> list[str]:
+    return [c[0] for c in model.calls]
+
+
+def test_executes_first_captures_second_replays_after():
+    cache, model = ReplayCache(), FakeModel()
+    call = [FakeTensor(100), FakeTensor(200)]
+    for _ in range(3):
+        cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
+    assert kinds(model) == ["execute", "capture", "replay", "replay"]
+    assert model.calls[0][1] == (100, 200)  # buffers in order, output first
+    assert cache.captures == 1
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        [FakeTensor(101), FakeTensor(200)],  # another output address
+        [FakeTensor(100), FakeTensor(200, shape=(8, 4, 1))],  # another shape
+        [FakeTensor(100, dtype="bfloat16"), FakeTensor(200, dtype="bfloat16")],
+    ],
+)
+def test_a_different_signature_is_not_replayed(other):
+    cache, model = ReplayCache(), FakeModel()
+    call = [FakeTensor(100), FakeTensor(200)]
+    for _ in range(2):
+        cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
+    model.calls.clear()
+    cache.run(model, "softmax", other, buffer=lambda t: t.ptr)
+    assert kinds(model) == ["execute"]
+    cache.run(model, "log_softmax", call, buffer=lambda t: t.ptr)
+    assert kinds(model) == ["execute", "execute"]
+
+
+def test_captures_are_bounded_least_recently_used_first():
+    cache, model = ReplayCache(limit=2), FakeModel()
+    calls = [[FakeTensor(10 * i), FakeTensor(10 * i + 1)] for i in range(3)]
+    for call in calls:
+        for _ in range(2):
+            cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
+    assert len(cache.live) == 2
+    released = [c[1] for c in model.calls if c[0] == "release"]
+    first_key = next(c[1] for c in model.calls if c[0] == "capture")
+    assert released == [first_key]
+    cache.clear()
+    assert not cache.live and kinds(model)[-2:] == ["release", "release"]
