@@ -41,12 +41,12 @@ def kinds(model: FakeModel) -> list[str]:
     return [c[0] for c in model.calls]
 
 
-def test_executes_first_captures_second_replays_after():
+def test_executes_twice_captures_third_replays_after():
     cache, model = ReplayCache(), FakeModel()
     call = [FakeTensor(100), FakeTensor(200)]
-    for _ in range(3):
+    for _ in range(4):
         cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
-    assert kinds(model) == ["execute", "capture", "replay", "replay"]
+    assert kinds(model) == ["execute", "execute", "capture", "replay", "replay"]
     assert model.calls[0][1] == (100, 200)  # buffers in order, output first
     assert cache.captures == 1
 
@@ -62,7 +62,7 @@ def test_executes_first_captures_second_replays_after():
 def test_a_different_signature_is_not_replayed(other):
     cache, model = ReplayCache(), FakeModel()
     call = [FakeTensor(100), FakeTensor(200)]
-    for _ in range(2):
+    for _ in range(3):
         cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
     model.calls.clear()
     cache.run(model, "softmax", other, buffer=lambda t: t.ptr)
@@ -75,7 +75,7 @@ def test_captures_are_bounded_least_recently_used_first():
     cache, model = ReplayCache(limit=2), FakeModel()
     calls = [[FakeTensor(10 * i), FakeTensor(10 * i + 1)] for i in range(3)]
     for call in calls:
-        for _ in range(2):
+        for _ in range(3):
             cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
     assert len(cache.live) == 2
     released = [c[1] for c in model.calls if c[0] == "release"]
@@ -83,3 +83,17 @@ def test_captures_are_bounded_least_recently_used_first():
     assert released == [first_key]
     cache.clear()
     assert not cache.live and kinds(model)[-2:] == ["release", "release"]
+
+
+def test_capturing_stops_when_addresses_churn():
+    """Signatures seen three times, then never again: every capture is
+    released unreplayed, and after `wasted_limit` of them the cache stops
+    capturing (replay cannot pay there) but keeps executing correctly."""
+    cache, model = ReplayCache(limit=1, wasted_limit=4), FakeModel()
+    for i in range(20):
+        call = [FakeTensor(1000 + i), FakeTensor(2000 + i)]
+        for _ in range(3):
+            cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
+    assert not cache.capturing and cache.wasted == 4
+    assert cache.captures == 5  # the fifth is live when the fourth waste stops it
+    assert kinds(model).count("execute") == 20 * 3 - 5

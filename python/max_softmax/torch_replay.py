@@ -3,14 +3,17 @@
 In a training or inference loop torch's caching allocator hands the bridge
 the same addresses call after call, and MAX replays a captured graph on
 fresh DLPack buffers of the same memory (it keys a capture by the buffers'
-addresses and shapes, and refuses others). Replaying skips most of MAX's
-per-call host work: ~46 µs a call instead of ~77 for an execute at 64 x 128
-on the H100 (benchmarks/RESULTS.md, "Replaying the bridge's graph").
+addresses and shapes, refuses others, and does not keep the tensors alive).
+A replay skips much of MAX's per-call host work: on the H100 a 1 x 128
+bridge call took 98 µs instead of 125 (benchmarks/RESULTS.md, "Replaying
+the bridge's graph").
 
-A call signature (op, dtype, shape, addresses) is captured the second time
-it is seen, so one-off calls never pay for a capture; at most `limit`
-captures live at once, the least recently used released first.
-`MAX_SOFTMAX_TORCH_REPLAY=0` turns it off.
+A capture costs far more than a call, so a call signature (op, dtype,
+shapes, addresses) is captured only on its third sight, at most `limit`
+captures live at once (least recently used released first), and capturing
+stops for the process when most captures were released without ever being
+replayed: where addresses churn (many live results, rotating inputs),
+replay cannot pay. `MAX_SOFTMAX_TORCH_REPLAY=0` turns it off.
 """
 
 from __future__ import annotations
@@ -28,22 +31,36 @@ ENABLED = os.environ.get("MAX_SOFTMAX_TORCH_REPLAY", "1") != "0"
 """Whether the bridge replays on CUDA (env MAX_SOFTMAX_TORCH_REPLAY=0: never)."""
 
 
+class _Capture:
+    """A live capture: its model, its key, and how often it was replayed."""
+
+    __slots__ = ("model", "key", "replays")
+
+    def __init__(self, model: Model, key: int) -> None:
+        self.model, self.key, self.replays = model, key, 0
+
+
 class ReplayCache:
     """Captured graphs of the bridge's destination-passing models, keyed by
-    the call's op, dtype, shape and buffer addresses."""
+    the call's op, dtype, shapes and buffer addresses."""
 
-    def __init__(self, limit: int = 32) -> None:
-        self.limit = limit
-        self.seen: set[tuple] = set()
-        self.live: OrderedDict[tuple, tuple[Model, int]] = OrderedDict()
-        self.captures = 0
+    def __init__(self, limit: int = 32, sights: int = 3, wasted_limit: int = 8) -> None:
+        self.limit, self.sights, self.wasted_limit = limit, sights, wasted_limit
+        self.seen: dict[tuple, int] = {}
+        self.live: OrderedDict[tuple, _Capture] = OrderedDict()
+        self.captures = self.wasted = self.useful = 0
         self._keys = itertools.count(1)
         self._lock = threading.Lock()
 
+    @property
+    def capturing(self) -> bool:
+        """False once most released captures were never replayed."""
+        return not (self.wasted >= self.wasted_limit and self.wasted > 2 * self.useful)
+
     def run(self, model: Model, name: str, tensors: Sequence[Any], buffer: Callable) -> None:
         """Run `model` on `tensors` (output first) through `buffer` (torch
-        tensor -> MAX buffer): replay a capture of the same signature, or
-        capture on a second sight, or execute."""
+        tensor -> MAX buffer): replay a capture of the same signature,
+        capture on a third sight, or execute."""
         first = tensors[0]
         sig = (name, first.dtype, *((t.data_ptr(), tuple(t.shape)) for t in tensors))
         bufs = [buffer(t) for t in tensors]
@@ -51,29 +68,38 @@ class ReplayCache:
             hit = self.live.get(sig)
             if hit is not None:
                 self.live.move_to_end(sig)
-                hit[0].replay(hit[1], *bufs)
+                hit.replays += 1
+                hit.model.replay(hit.key, *bufs)
                 return
-            if sig not in self.seen:
-                self.seen.add(sig)
-                if len(self.seen) > 64 * self.limit:  # forget old one-offs
+            count = self.seen.get(sig, 0) + 1
+            if count < self.sights or not self.capturing:
+                if len(self.seen) >= 64 * self.limit:  # forget old one-offs
                     self.seen.clear()
+                self.seen[sig] = count
                 model.execute(*bufs)
                 return
-            key = next(self._keys)
-            model.capture(key, *bufs)
+            self.seen.pop(sig, None)
+            capture = _Capture(model, next(self._keys))
+            model.capture(capture.key, *bufs)
             self.captures += 1
-            self.live[sig] = (model, key)
+            self.live[sig] = capture
             # A capture may only record the work: run it once for this call.
-            model.replay(key, *bufs)
+            model.replay(capture.key, *bufs)
             while len(self.live) > self.limit:
-                _, (old_model, old_key) = self.live.popitem(last=False)
-                old_model.release_captured_graph(old_key)
+                self._release(self.live.popitem(last=False)[1])
+
+    def _release(self, capture: _Capture) -> None:
+        if capture.replays:
+            self.useful += 1
+        else:
+            self.wasted += 1
+        capture.model.release_captured_graph(capture.key)
 
     def clear(self) -> None:
-        """Release every capture."""
+        """Release every capture and forget every signature."""
         with self._lock:
-            for model, key in self.live.values():
-                model.release_captured_graph(key)
+            for capture in self.live.values():
+                capture.model.release_captured_graph(capture.key)
             self.live.clear()
             self.seen.clear()
 
