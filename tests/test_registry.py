@@ -44,3 +44,19 @@ def test_kernel_library_is_precompiled_and_cached():
 def test_sources_stay_the_fallback(monkeypatch):
     monkeypatch.setenv("MAX_SOFTMAX_PRECOMPILE", "0")
     assert kernel_library() == KERNEL_SOURCES
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "view"),
+    [
+        ((64, 256), -1, (64, 256, 1)),
+        ((64, 256), 1, (64, 256, 1)),
+        ((8, 100, 3), -2, (8, 100, 3)),
+        ((2, 3, 4, 5), 0, (1, 2, 60)),
+        ((7,), -1, (1, 7, 1)),
+    ],
+)
+def test_canonical_shape_counts_negative_axes_from_the_end(shape, axis, view):
+    from max_softmax.validation import canonical_shape
+
+    assert canonical_shape(shape, axis) == view

@@ -24,9 +24,6 @@ class FakeModel:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def execute(self, *bufs):
-        self.calls.append(("execute", bufs))
-
     def capture(self, key, *bufs):
         self.calls.append(("capture", key, bufs))
 
@@ -41,13 +38,13 @@ def kinds(model: FakeModel) -> list[str]:
     return [c[0] for c in model.calls]
 
 
-def test_executes_twice_captures_third_replays_after():
+def test_declines_twice_captures_third_replays_after():
     cache, model = ReplayCache(), FakeModel()
     call = [FakeTensor(100), FakeTensor(200)]
-    for _ in range(4):
-        cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
-    assert kinds(model) == ["execute", "execute", "capture", "replay", "replay"]
-    assert model.calls[0][1] == (100, 200)  # buffers in order, output first
+    ran = [cache.run(model, "softmax", call, buffer=lambda t: t.ptr) for _ in range(4)]
+    assert ran == [False, False, True, True]  # False: the bridge computes it itself
+    assert kinds(model) == ["capture", "replay", "replay"]
+    assert model.calls[0][2] == (100, 200)  # buffers in order, output first
     assert cache.captures == 1
 
 
@@ -65,10 +62,9 @@ def test_a_different_signature_is_not_replayed(other):
     for _ in range(3):
         cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
     model.calls.clear()
-    cache.run(model, "softmax", other, buffer=lambda t: t.ptr)
-    assert kinds(model) == ["execute"]
-    cache.run(model, "log_softmax", call, buffer=lambda t: t.ptr)
-    assert kinds(model) == ["execute", "execute"]
+    assert not cache.run(model, "softmax", other, buffer=lambda t: t.ptr)
+    assert not cache.run(model, "log_softmax", call, buffer=lambda t: t.ptr)
+    assert model.calls == []
 
 
 def test_captures_are_bounded_least_recently_used_first():
@@ -88,12 +84,13 @@ def test_captures_are_bounded_least_recently_used_first():
 def test_capturing_stops_when_addresses_churn():
     """Signatures seen three times, then never again: every capture is
     released unreplayed, and after `wasted_limit` of them the cache stops
-    capturing (replay cannot pay there) but keeps executing correctly."""
+    capturing (replay cannot pay there) and declines every call."""
     cache, model = ReplayCache(limit=1, wasted_limit=4), FakeModel()
     for i in range(20):
         call = [FakeTensor(1000 + i), FakeTensor(2000 + i)]
         for _ in range(3):
             cache.run(model, "softmax", call, buffer=lambda t: t.ptr)
-    assert not cache.capturing and cache.wasted == 4
+    assert not cache.capturing
+    assert not cache.run(model, "softmax", call, buffer=lambda t: t.ptr) and cache.wasted == 4
     assert cache.captures == 5  # the fifth is live when the fourth waste stops it
-    assert kinds(model).count("execute") == 20 * 3 - 5
+    assert kinds(model).count("capture") == 5

@@ -68,18 +68,19 @@ _eager_models: dict[tuple[str, torch.dtype, str], Model] = {}
 
 
 def _eager(name: str, *inputs: torch.Tensor) -> torch.Tensor:
-    """Run op `name` on (outer, n, inner) tensors eagerly. On CUDA torch
-    allocates the result and the op writes into it, replaying a captured
-    graph when the same memory comes back (torch_replay). On the CPU (no
-    device graphs there) MAX allocates the result and torch takes it over
-    through DLPack: ~50 µs a call cheaper than wrapping a torch-made output
-    (each buffer MAX gets from DLPack costs it ~50 µs at execute)."""
+    """Run op `name` on (outer, n, inner) tensors eagerly: MAX allocates the
+    result and torch takes it over through DLPack, no copy (~50 µs a call
+    cheaper on the CPU than wrapping a torch-made output: each buffer MAX
+    gets from DLPack costs it ~50 µs at execute). On CUDA, when the same
+    memory comes back, a captured graph writing into a torch-made output is
+    replayed instead (torch_replay)."""
     first = inputs[0]
     if first.is_cuda and torch_replay.ENABLED:
         out = torch.empty_like(first)
         model = into_model(name, _DTYPES[first.dtype], "gpu")
-        torch_replay.CACHE.run(model, name, [out, *inputs], _buffer)
-        return out
+        if torch_replay.CACHE.run(model, name, [out, *inputs], _buffer):
+            return out
+        del out
     key = (name, first.dtype, first.device.type)
     model = _eager_models.get(key)
     if model is None:

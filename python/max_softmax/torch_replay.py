@@ -9,11 +9,12 @@ bridge call took 98 µs instead of 125 (benchmarks/RESULTS.md, "Replaying
 the bridge's graph").
 
 A capture costs far more than a call, so a call signature (op, dtype,
-shapes, addresses) is captured only on its third sight, at most `limit`
-captures live at once (least recently used released first), and capturing
-stops for the process when most captures were released without ever being
-replayed: where addresses churn (many live results, rotating inputs),
-replay cannot pay. `MAX_SOFTMAX_TORCH_REPLAY=0` turns it off.
+shapes, addresses, the output's included) is captured only on its third
+sight; until then the bridge computes the call its usual way. At most
+`limit` captures live at once (least recently used released first), and
+capturing stops for the process when most captures were released without
+ever being replayed: where addresses churn (many live results, rotating
+inputs), replay cannot pay. `MAX_SOFTMAX_TORCH_REPLAY=0` turns it off.
 """
 
 from __future__ import annotations
@@ -57,28 +58,30 @@ class ReplayCache:
         """False once most released captures were never replayed."""
         return not (self.wasted >= self.wasted_limit and self.wasted > 2 * self.useful)
 
-    def run(self, model: Model, name: str, tensors: Sequence[Any], buffer: Callable) -> None:
-        """Run `model` on `tensors` (output first) through `buffer` (torch
-        tensor -> MAX buffer): replay a capture of the same signature,
-        capture on a third sight, or execute."""
+    def run(self, model: Model, name: str, tensors: Sequence[Any], buffer: Callable) -> bool:
+        """Replay `model` on `tensors` (output first; `buffer` turns a torch
+        tensor into a MAX buffer) if this signature was captured, or capture
+        it on its third sight. False: nothing ran, the caller computes the
+        call its own way (and pays no DLPack conversion here)."""
         first = tensors[0]
         sig = (name, first.dtype, *((t.data_ptr(), tuple(t.shape)) for t in tensors))
-        bufs = [buffer(t) for t in tensors]
         with self._lock:
             hit = self.live.get(sig)
             if hit is not None:
                 self.live.move_to_end(sig)
                 hit.replays += 1
-                hit.model.replay(hit.key, *bufs)
-                return
+                hit.model.replay(hit.key, *(buffer(t) for t in tensors))
+                return True
+            if not self.capturing:
+                return False
             count = self.seen.get(sig, 0) + 1
-            if count < self.sights or not self.capturing:
+            if count < self.sights:
                 if len(self.seen) >= 64 * self.limit:  # forget old one-offs
                     self.seen.clear()
                 self.seen[sig] = count
-                model.execute(*bufs)
-                return
+                return False
             self.seen.pop(sig, None)
+            bufs = [buffer(t) for t in tensors]
             capture = _Capture(model, next(self._keys))
             model.capture(capture.key, *bufs)
             self.captures += 1
@@ -87,6 +90,7 @@ class ReplayCache:
             model.replay(capture.key, *bufs)
             while len(self.live) > self.limit:
                 self._release(self.live.popitem(last=False)[1])
+            return True
 
     def _release(self, capture: _Capture) -> None:
         if capture.replays:

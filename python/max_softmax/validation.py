@@ -94,7 +94,9 @@ def normalize_axis(axis: int, rank: int) -> int:
 
 
 def canonical_shape(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
-    """The (outer, n, inner) view the kernels work on, for a concrete shape."""
+    """The (outer, n, inner) view the kernels work on, for a concrete shape
+    and an axis (negative counts from the end)."""
+    axis = normalize_axis(axis, len(shape))
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
     return outer, int(shape[axis]), inner
