@@ -88,12 +88,13 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA de
 
 @pytest.fixture
 def replay_cache(monkeypatch):
-    """A fresh replay cache for the test (the process's one may have stopped
-    capturing after other tests' churn)."""
+    """Replay turned on, with a fresh cache (the process's one may have
+    stopped capturing after other tests' churn)."""
     from max_softmax import torch_replay
 
     cache = torch_replay.ReplayCache()
     monkeypatch.setattr(torch_replay, "CACHE", cache)
+    monkeypatch.setattr(torch_replay, "ENABLED", True)  # opt-in (MAX_SOFTMAX_TORCH_REPLAY=1)
     yield cache
     cache.clear()
 

@@ -11,8 +11,8 @@ works without torch.
 
 A call is lean: the op's cached model (one per (op, dtype, device), every
 shape) runs on the tensors through DLPack, with no copy and no dispatcher
-between; on CUDA a call that recurs on the same memory replays a captured
-device graph (`torch_replay`). Under `torch.compile` the op is a
+between; on CUDA, with `MAX_SOFTMAX_TORCH_REPLAY=1`, a call that recurs on
+the same memory replays a captured device graph (`torch_replay`). Under `torch.compile` the op is a
 registered torch custom op (`max_softmax::<op>`, opaque to the compiler)
 whose destination-passing twin (`models.into_model`) writes into the output
 torch allocates.
@@ -71,9 +71,9 @@ def _eager(name: str, *inputs: torch.Tensor) -> torch.Tensor:
     """Run op `name` on (outer, n, inner) tensors eagerly: MAX allocates the
     result and torch takes it over through DLPack, no copy (~50 µs a call
     cheaper on the CPU than wrapping a torch-made output: each buffer MAX
-    gets from DLPack costs it ~50 µs at execute). On CUDA, when the same
-    memory comes back, a captured graph writing into a torch-made output is
-    replayed instead (torch_replay)."""
+    gets from DLPack costs it ~50 µs at execute). On CUDA with replay on,
+    when the same memory comes back, a captured graph writing into a
+    torch-made output is replayed instead (torch_replay)."""
     first = inputs[0]
     if first.is_cuda and torch_replay.ENABLED:
         out = torch.empty_like(first)
