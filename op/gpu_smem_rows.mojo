@@ -83,21 +83,10 @@ def smem_rows_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """Softmax of one row of `n <= smem_capacity(V)` per block.
-
-    Parameters:
-        dtype: Element type.
-        log_out: Write log-softmax instead of softmax.
-        V: Elements per 16-byte vector of `dtype`.
-        T: Threads per block (`smem_threads_for`).
-
-    Args:
-        dst: Output rows.
-        src: Input rows, `grid_dim.x` rows of `n` elements.
-        n: Row length.
-        aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned,
-            so element offsets alone decide which loads are aligned.
-    """
+    """Softmax (log-softmax with `log_out`) of `grid_dim.x` rows of `n <=
+    smem_capacity(V)` from `src` into `dst`, a row per block of `T` threads
+    (`smem_threads_for`), V elements a 16-byte vector; `aligned_flag` is
+    nonzero when both buffers start 16-byte aligned."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var t = Int(thread_idx.x)
