@@ -5,11 +5,11 @@ tasks of whole rows with two SIMD sweeps (row sum; gradient); other axes are
 processed W columns at a time along the contiguous inner dimension.
 """
 
-from .cpu_tasks import run_tasks
+from .cpu_tasks import items_per_task, run_tasks
 from std.math import ceildiv
 from std.sys import simd_width_of
 
-from .cpu_rows import SUM_BLOCK, TASK_ELEMENTS
+from .cpu_rows import SUM_BLOCK
 from .row_math import accum_dtype, backward_out, backward_term
 
 
@@ -42,8 +42,7 @@ def softmax_backward_cpu[
     comptime W = simd_width_of[acc]()
     var col_blocks = ceildiv(inner, W) if inner > 1 else 1
     # An item is a row, or W columns of n when inner > 1.
-    var item_elements = n * W if inner > 1 else n
-    var rows_per_task = max(1, TASK_ELEMENTS // max(item_elements, 1))
+    var rows_per_task = items_per_task(n * W if inner > 1 else n)
     var items = outer * col_blocks
     var tasks = ceildiv(items, rows_per_task)
 

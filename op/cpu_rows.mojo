@@ -8,7 +8,7 @@ core, when long, are cut into chunks that run in parallel instead, their
 along the contiguous inner dimension and every load is still a vector load.
 """
 
-from .cpu_tasks import run_tasks
+from .cpu_tasks import items_per_task, run_tasks
 from std.sys.info import num_logical_cores
 from std.math import ceildiv
 from std.sys import simd_width_of, size_of
@@ -25,9 +25,6 @@ from .row_math import (
     sum_shift,
 )
 
-# Enough elements per task that thread start-up is noise, few enough tasks
-# that both cores stay busy on small batches.
-comptime TASK_ELEMENTS = 1 << 15
 # Terms summed in one accumulator before it is folded into the total.
 comptime SUM_BLOCK = 1024
 # Elements of a row a task takes when few long rows are split across cores
@@ -77,7 +74,7 @@ def _contiguous_rows[
     if n >= 2 * ROW_CHUNK and rows < 4 * num_logical_cores():
         _split_rows[dtype, log_out](dst, src, rows, n)
         return
-    var rows_per_task = max(1, TASK_ELEMENTS // max(n, 1))
+    var rows_per_task = items_per_task(n)
     var tasks = ceildiv(rows, rows_per_task)
 
     # Softmax parks the exps and rescales them in the last sweep instead of
@@ -349,12 +346,10 @@ def _strided_rows[
     comptime W = simd_width_of[acc]()
     var col_blocks = ceildiv(inner, W)
     var items = outer * col_blocks
-    var items_per_task = max(1, TASK_ELEMENTS // max(n * W, 1))
+    var per_task = items_per_task(n * W)
 
     def task(t: Int) raises {imm}:
-        for item in range(
-            t * items_per_task, min(items, (t + 1) * items_per_task)
-        ):
+        for item in range(t * per_task, min(items, (t + 1) * per_task)):
             var o = item // col_blocks
             var i0 = (item % col_blocks) * W
             var base = o * n * inner + i0
@@ -366,7 +361,7 @@ def _strided_rows[
                         dst, src, base + i - i0, n, inner
                     )
 
-    run_tasks(task, ceildiv(items, items_per_task))
+    run_tasks(task, ceildiv(items, per_task))
 
 
 @always_inline

@@ -1,5 +1,6 @@
-"""How the CPU kernels run their tasks: in parallel when there are several,
-inline when there is one.
+"""How the CPU kernels cut their work into tasks and run them: whole items
+(rows, or column blocks) grouped to `TASK_ELEMENTS` a task, in parallel when
+there are several tasks, inline when there is one.
 
 MAX's `sync_parallelize` hands even a single task to its thread pool, which
 costs ~25 µs a call on a 2-core machine (benchmarks/host_cost): four times
@@ -7,6 +8,16 @@ the work of a small batch, and more than MAX's own softmax pays per op.
 """
 
 from max.algorithm import sync_parallelize
+
+# Enough elements per task that thread start-up is noise, few enough tasks
+# that both cores stay busy on small batches.
+comptime TASK_ELEMENTS = 1 << 15
+
+
+def items_per_task(item_elements: Int) -> Int:
+    """How many whole items of `item_elements` elements one task takes: at
+    least one, else as many as fit `TASK_ELEMENTS`."""
+    return max(1, TASK_ELEMENTS // max(item_elements, 1))
 
 
 @always_inline
