@@ -94,3 +94,6 @@ def test_capturing_stops_when_addresses_churn():
     assert not cache.run(model, "softmax", call, buffer=lambda t: t.ptr) and cache.wasted == 4
     assert cache.captures == 5  # the fifth is live when the fourth waste stops it
     assert kinds(model).count("capture") == 5
+    assert cache.active  # the fifth capture is still live: it may replay
+    cache.clear()
+    assert not cache.active  # nothing to replay, nothing to capture

@@ -153,9 +153,8 @@ def main() -> int:
             rows_out.append(row)
             print(json.dumps(row), flush=True)
             del bufs
-    print(
-        "\n| provider | shape | enqueue µs/op | exec µs/op | replay µs/op |\n|---|---|---|---|---|"
-    )
+    print("\n| provider | shape | enqueue µs/op | exec µs/op | replay µs/op |")
+    print("|---|---|---|---|---|")
     for r in rows_out:
         cells = [r[c] for c in ("provider", "shape", "enqueue_us", "exec_us", "replay_us")]
         print("| " + " | ".join(str(c) for c in cells) + " |")

@@ -75,7 +75,7 @@ def _eager(name: str, *inputs: torch.Tensor) -> torch.Tensor:
     when the same memory comes back, a captured graph writing into a
     torch-made output is replayed instead (torch_replay)."""
     first = inputs[0]
-    if first.is_cuda and torch_replay.ENABLED:
+    if first.is_cuda and torch_replay.ENABLED and torch_replay.CACHE.active:
         out = torch.empty_like(first)
         model = into_model(name, _DTYPES[first.dtype], "gpu")
         if torch_replay.CACHE.run(model, name, [out, *inputs], _buffer):

@@ -61,6 +61,12 @@ class ReplayCache:
         """False once most released captures were never replayed."""
         return not (self.wasted >= self.wasted_limit and self.wasted > 2 * self.useful)
 
+    @property
+    def active(self) -> bool:
+        """Whether a call may still replay or capture (else the bridge need
+        not make an output for it to look at)."""
+        return self.capturing or bool(self.live)
+
     def run(self, model: Model, name: str, tensors: Sequence[Any], buffer: Callable) -> bool:
         """Replay `model` on `tensors` (output first; `buffer` turns a torch
         tensor into a MAX buffer) if this signature was captured, or capture
