@@ -4,6 +4,8 @@
 #   mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo -o sweep
 #   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
 #   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
+#   ./sweep smem       # gpu_smem_rows against a copy at its shapes (a kernel
+#                      # A/B: build once with -I . and once with an older tree)
 # GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches
 # (each with its counter memset), inputs rotated over 3 buffers larger than
 # L2. Row 0 of each output is checked against a float64 softmax first.
@@ -15,7 +17,8 @@ from std.sys import argv
 
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
-from op.dispatch import softmax_rows
+from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
+from op.gpu_smem_rows import launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
 
 comptime ITERS = 20
@@ -53,9 +56,11 @@ def launch[
 ) raises:
     comptime if T == 0:
         ctx.enqueue_copy(dst, src)
+    elif K == -1:
+        launch_smem_rows[dtype, False](ctx, ptr(dst), ptr(src), rows, n, True)
     elif K == 0:
-        softmax_rows["gpu", dtype, False, "split_smem"](
-            ctx, ptr(dst), ptr(src), rows, n, 1
+        launch_split_smem_rows[dtype, False](
+            ctx, ptr(dst), ptr(src), rows, n, True
         )
     else:
         launch_split_stream[dtype, False, T, K, B](
@@ -133,7 +138,13 @@ def time_config[
 
 def sweep_shape[
     dtype: DType
-](ctx: DeviceContext, rows: Int, n: Int, once: Bool = False) raises:
+](
+    ctx: DeviceContext,
+    rows: Int,
+    n: Int,
+    once: Bool = False,
+    smem: Bool = False,
+) raises:
     var dsts = List[DeviceBuffer[dtype]]()
     var srcs = List[DeviceBuffer[dtype]]()
     var host0 = ctx.enqueue_create_host_buffer[dtype](rows * n)
@@ -153,6 +164,9 @@ def sweep_shape[
         d.append(dsts[(k + last) % INPUTS])
         s.append(srcs[(k + last) % INPUTS])
     time_config[dtype, 0, 0, 0](ctx, "copy", d, s, host0, rows, n, once)
+    if smem:
+        time_config[dtype, 1, -1, 0](ctx, "smem", d, s, host0, rows, n, once)
+        return
     time_config[dtype, 512, 0, 0](ctx, "split_smem", d, s, host0, rows, n, once)
     # The table's configs first (see split_stream_threads/_vectors/_blocks),
     # then others worth a look.
@@ -166,6 +180,13 @@ def main() raises:
     var ctx = DeviceContext()
     if len(argv()) > 1 and argv()[1] == "once":
         sweep_shape[DType.bfloat16](ctx, 32, 1 << 20, True)
+        return
+    if len(argv()) > 1 and argv()[1] == "smem":
+        comptime for dtype in [DType.bfloat16, DType.float32]:
+            sweep_shape[dtype](ctx, 4096, 65536, smem=True)
+            sweep_shape[dtype](ctx, 8192, 50257, smem=True)
+            sweep_shape[dtype](ctx, 4096, 16384, smem=True)
+            sweep_shape[dtype](ctx, 1024, 30000, smem=True)
         return
     comptime for dtype in [DType.bfloat16, DType.float32]:
         sweep_shape[dtype](ctx, 32, 1 << 20)

@@ -6,8 +6,8 @@
 #                           twins that write into a given buffer (torch bridge)
 #   dispatch.mojo           the one table choosing a kernel family from (rows,
 #                           n, dtype), and the routing to its launcher
-#   variants.mojo           forced families (`variant=`) for benchmarks and
-#                           tests; the only live file that imports baselines/
+#   variants.mojo           the launcher `variant=` names: "auto" (the table)
+#                           or a forced live family, for benchmarks and tests
 #   row_math.mojo           numerics shared by every kernel (accumulator type,
 #                           guarded exp-differences, the softmax/log-softmax epilogue)
 #
@@ -37,7 +37,9 @@
 #                           row limit and room checks
 #
 # baselines/ (designs the live kernels replaced, kept to measure against;
-# nothing live imports them):
+# nothing live imports them, and deleting the folder removes only their ops):
+#   registered_ops.mojo     softmax_baseline / log_softmax_baseline, the ops
+#                           `variant=` "tree", "online", "split_smem" run
 #   gpu_tree_rows.mojo      the reference design: block per row, shared-memory
 #                           tree reduction
 #   gpu_online_rows.mojo    long rows: online max/sum pass, then a normalising

@@ -16,11 +16,11 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 The backward ops hold both tensors' rows in registers where a register plan
 fits them, else take a block per row (gpu_backward_rows).
 
-`variant` forces one family ("tree", "warp", "block", "smem", "online",
-"split_smem", "split_stream", "split") so benchmarks and tests can run
-each: see variants.mojo. It is a compile-time parameter: "auto" compiles
-the families of the table only, a forced variant its own family only. Each
-family's launcher (grid, workspace, capacity check) sits beside its kernel.
+`softmax_rows` takes the launcher of contiguous rows as a compile-time
+parameter: `launch_auto` (this table) for "auto", or a forced family
+(variants.mojo, and the baselines' own ops in baselines/), so a model
+compiles only the families it can run. Each family's launcher (grid,
+workspace, capacity check) sits beside its kernel.
 """
 
 from max.gpu.host import DeviceContext
@@ -41,7 +41,16 @@ from .gpu_split_stream_rows import launch_split_stream, split_stream_fits
 from .gpu_split_workspace import on_chip_split_capacity
 from .gpu_strided_rows import launch_strided_rows
 from .row_math import vector_width
-from .variants import launch_variant
+
+comptime RowsLauncher[dtype: DType] = def(
+    DeviceContext,
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Int,
+    Int,
+    Bool,
+) raises thin -> None
+"""Launches one family on (ctx, dst, src, rows, n, aligned): contiguous rows."""
 
 # Fewer rows than this (two per H100 SM) cannot fill the GPU one block per
 # row, so long rows are split across blocks instead.
@@ -64,7 +73,7 @@ def softmax_rows[
     target: StaticString,
     dtype: DType,
     log_out: Bool,
-    variant: StaticString,
+    launch_rows: RowsLauncher[dtype],
 ](
     ctx: DeviceContext,
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -73,43 +82,23 @@ def softmax_rows[
     n: Int,
     inner: Int,
 ) raises:
-    """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`.
-    """
+    """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`:
+    on the GPU along a non-last axis by columns, contiguous rows by
+    `launch_rows` (`launch_auto`, or a forced family)."""
     if outer * n * inner == 0:
         return
     comptime if target == "cpu":
         softmax_cpu[dtype, log_out](dst, src, outer, n, inner)
     elif target == "gpu":
-        _launch_gpu[dtype, log_out, variant](ctx, dst, src, outer, n, inner)
+        if inner != 1:
+            launch_strided_rows[dtype, log_out](ctx, dst, src, outer, n, inner)
+        else:
+            launch_rows(ctx, dst, src, outer, n, aligned16(Int(src), Int(dst)))
     else:
         raise Error("max_softmax: unsupported target " + String(target))
 
 
-def _launch_gpu[
-    dtype: DType, log_out: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    """Softmax on the GPU: along a non-last axis by columns, whatever the
-    variant; contiguous rows by the table ("auto") or the forced family."""
-    if inner != 1:
-        launch_strided_rows[dtype, log_out](ctx, dst, src, outer, n, inner)
-        return
-    var aligned = aligned16(Int(src), Int(dst))
-    comptime if variant == "auto":
-        _launch_auto[dtype, log_out](ctx, dst, src, outer, n, aligned)
-    else:
-        launch_variant[dtype, log_out, variant](
-            ctx, dst, src, outer, n, aligned
-        )
-
-
-def _launch_auto[
+def launch_auto[
     dtype: DType, log_out: Bool
 ](
     ctx: DeviceContext,

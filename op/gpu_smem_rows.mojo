@@ -71,6 +71,53 @@ def smem_capacity(V: Int) -> Int:
     return V * (REG_CHUNKS * SMEM_THREADS + SMEM_MAX_BYTES // 16)
 
 
+@always_inline
+def _load_row[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 1 of `smem_rows_kernel`: thread `t`'s vectors of the row's
+    aligned part (from `x + head`) into `regs` and `smem`, and their max.
+    The shared-memory part goes first, by cp.async: all of it in flight at
+    once without holding registers, while the register part loads. Each
+    thread reads back only the vectors it copied, so waiting for its own
+    copies is enough (no barrier)."""
+    comptime acc = accum_dtype[dtype]()
+    var gx = x.unsafe_offset(head).unsafe_address_space_cast[
+        AddressSpace.GLOBAL
+    ]()
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        async_copy[16](
+            gx.unsafe_offset(i * V),
+            smem.unsafe_offset((i - REG_CHUNKS * T) * V),
+        )
+    async_copy_commit_group()
+    var m = -inf[acc]()
+    comptime for k in range(REG_CHUNKS):
+        var i = k * T + t
+        if i < nvec:
+            var v = x.unsafe_offset(head + i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            regs = regs.insert[offset=k * V](v)
+            m = max(m, v.cast[acc]().reduce_max())
+    async_copy_wait_all()
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        m = max(m, v.cast[acc]().reduce_max())
+    return m
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
@@ -103,36 +150,8 @@ def smem_rows_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
 
-    # Sweep 1: global -> registers / shared memory, and the row max. The
-    # shared-memory part goes first, by cp.async: all of it in flight at
-    # once without holding registers, while the register part loads. Each
-    # thread reads back only the vectors it copied, so waiting for its own
-    # copies is enough (no barrier).
-    var gx = x.unsafe_offset(head).unsafe_address_space_cast[
-        AddressSpace.GLOBAL
-    ]()
-    for i in range(REG_CHUNKS * T + t, nvec, T):
-        async_copy[16](
-            gx.unsafe_offset(i * V),
-            smem.unsafe_offset((i - REG_CHUNKS * T) * V),
-        )
-    async_copy_commit_group()
-    var m = -inf[acc]()
     var regs = SIMD[dtype, V * REG_CHUNKS](0)
-    comptime for k in range(REG_CHUNKS):
-        var i = k * T + t
-        if i < nvec:
-            var v = x.unsafe_offset(head + i * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            regs = regs.insert[offset=k * V](v)
-            m = max(m, v.cast[acc]().reduce_max())
-    async_copy_wait_all()
-    for i in range(REG_CHUNKS * T + t, nvec, T):
-        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
-            width=V, alignment=16
-        ]()
-        m = max(m, v.cast[acc]().reduce_max())
+    var m = _load_row[dtype, V, T](x, smem, t, head, nvec, regs)
     # Head and tail: fewer than V elements each, unless the row is scalar.
     var edge = SIMD[acc, 2](-inf[acc]())
     if t < head and head < V:

@@ -21,10 +21,11 @@ from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
 from .dispatch import softmax_backward_rows, softmax_rows
+from .variants import launch_variant
 
 
 @always_inline
-def _rows_ptr[
+def rows_ptr[
     dtype: DType
 ](t: ManagedTensorSlice[dtype=dtype, rank=3, ...]) -> Pointer[
     Scalar[dtype], MutAnyOrigin
@@ -41,10 +42,12 @@ def _forward[
     input: InputTensor[dtype=dtype, rank=3, static_spec=_],
 ) raises:
     """Softmax (or log-softmax) of `input` into `output`, along axis 1."""
-    softmax_rows[target, dtype, log_out, variant](
+    softmax_rows[
+        target, dtype, log_out, launch_variant[dtype, log_out, variant]
+    ](
         ctx,
-        _rows_ptr(output),
-        _rows_ptr(input),
+        rows_ptr(output),
+        rows_ptr(input),
         input.dim_size(0),
         input.dim_size(1),
         input.dim_size(2),
@@ -63,9 +66,9 @@ def _backward[
     `dx`, along axis 1."""
     softmax_backward_rows[target, dtype, log_in](
         ctx,
-        _rows_ptr(dx),
-        _rows_ptr(a),
-        _rows_ptr(dy),
+        rows_ptr(dx),
+        rows_ptr(a),
+        rows_ptr(dy),
         a.dim_size(0),
         a.dim_size(1),
         a.dim_size(2),

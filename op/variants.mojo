@@ -1,15 +1,14 @@
-"""Forced kernel families: `variant=` other than "auto".
+"""The launcher `variant=` names: "auto" (the table) or a forced live family.
 
 Benchmarks and tests run each family on shapes the table would not give it.
 The variant is a compile-time parameter, so a forced variant compiles its
-own family only. This is the only live file that imports op/baselines.
+own family only. The baselines ("tree", "online", "split_smem") are ops of
+their own in baselines/registered_ops.mojo: nothing here imports them.
 """
 
 from max.gpu.host import DeviceContext
 
-from .baselines.gpu_online_rows import launch_online_rows
-from .baselines.gpu_split_smem_rows import launch_split_smem_rows
-from .baselines.gpu_tree_rows import launch_tree_rows
+from .dispatch import launch_auto
 from .gpu_register_rows import launch_register_rows
 from .gpu_smem_rows import launch_smem_rows
 from .gpu_split_rows import launch_split_rows
@@ -26,12 +25,12 @@ def launch_variant[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch the family `variant` names on `rows` contiguous rows of `n`,
-    whatever the table would pick. Raises for a name that is none of
-    "tree", "warp", "block", "smem", "online", "split", "split_smem",
-    "split_stream", and where the family cannot take rows of `n`."""
-    comptime if variant == "tree":
-        launch_tree_rows[dtype, log_out](ctx, dst, src, rows, n)
+    """Launch the family `variant` names on `rows` contiguous rows of `n`
+    ("auto": the one the table picks). Raises for a name that is none of
+    "auto", "warp", "block", "smem", "split", "split_stream", and where the
+    family cannot take rows of `n`."""
+    comptime if variant == "auto":
+        launch_auto[dtype, log_out](ctx, dst, src, rows, n, aligned)
     elif variant == "warp":
         launch_register_rows[dtype, log_out, False](
             ctx, dst, src, rows, n, aligned
@@ -42,12 +41,8 @@ def launch_variant[
         )
     elif variant == "smem":
         launch_smem_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
-    elif variant == "online":
-        launch_online_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
     elif variant == "split":
         launch_split_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
-    elif variant == "split_smem":
-        launch_split_smem_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
     elif variant == "split_stream":
         launch_split_stream[dtype, log_out](ctx, dst, src, rows, n, aligned)
     else:

@@ -113,13 +113,64 @@ def test_cuda_replay_follows_in_place_updates(replay_cache):
 
 
 @cuda_only
-def test_cuda_replay_waits_for_torch_stream(replay_cache):
-    """A replay right after long torch work that writes its input: it must
-    wait for torch's stream, as an execute does."""
+@pytest.mark.parametrize("replay", [False, True])
+def test_cuda_bridge_waits_for_torch_stream(monkeypatch, replay):
+    """A call right after long torch work that writes its input: MAX's queue
+    must wait for torch's stream, executed or replayed."""
+    from max_softmax import torch_replay
+
+    cache = torch_replay.ReplayCache()
+    monkeypatch.setattr(torch_replay, "CACHE", cache)
+    monkeypatch.setattr(torch_replay, "ENABLED", replay)
     a = torch.randn(4096, 4096, device="cuda")
     x = torch.empty(64, 4096, device="cuda")
     for i in range(10):
         x.copy_((a @ a)[:64] * ((i + 1) / 4096))
         y = mst.softmax(x, dim=-1)
         torch.testing.assert_close(y, torch.softmax(x, dim=-1))
-    assert sum(c.replays for c in replay_cache.live.values()) >= 1
+    assert sum(c.replays for c in cache.live.values()) >= (1 if replay else 0)
+    cache.clear()
+
+
+@cuda_only
+def test_cuda_torch_waits_for_the_bridge():
+    """Torch work queued right after a call reads the finished output, even
+    when MAX's queue is held up (the output is torch's memory, written on
+    MAX's queue)."""
+    from max_softmax import torch_buffers
+
+    x = torch.randn(2048, 4096, device="cuda")
+    expected = torch.softmax(x, dim=-1)
+    mst.softmax(x, dim=-1)  # compiled and warm
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch_buffers._max_stream()):
+        torch.cuda._sleep(100_000_000)  # tens of ms of MAX's queue
+    got = mst.softmax(x, dim=-1) * 1.0  # queued on torch's stream at once
+    torch.testing.assert_close(got, expected)
+
+
+@cuda_only
+def test_cuda_buffer_views_keep_no_memory_alive():
+    """The bridge's reused buffer views own nothing: freed tensors' memory
+    goes back to torch's allocator."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    for n in (1000, 4096, 50257):
+        x = torch.randn(64, n, device="cuda")
+        y = mst.log_softmax(x, dim=-1)
+        del x, y
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
+
+
+def test_bridge_reuses_buffer_views_and_rewrites_in_place_results():
+    """The same memory comes back with new values: a reused view must read
+    the new values, and results land in the tensor returned."""
+    from max_softmax import torch_buffers
+
+    x = torch.randn(16, 300, dtype=torch.float64)
+    for _ in range(4):
+        x.mul_(0.5).add_(torch.randn_like(x))
+        torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))
+    key = (x.data_ptr(), torch.Size([16, 300, 1]), x.dtype, x.device)
+    assert key in torch_buffers._views

@@ -21,8 +21,14 @@ from max.graph.dim import Dim
 
 from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
+from .validation import (
+    BASELINE_VARIANTS,
+    check_dtype,
+    check_dy_like,
+    check_variant,
+    normalize_axis,
+)
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
-from .validation import check_dtype, check_dy_like, check_variant, normalize_axis
 
 
 def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
@@ -103,8 +109,11 @@ def _row_op(
     parameters: dict[str, str | bool | int | float] = {}
     if variant != "auto":
         parameters["variant"] = variant
+    # The baselines are ops of their own (op/baselines/registered_ops.mojo),
+    # so the live package never imports them.
+    kernel = f"{name}_baseline" if variant in BASELINE_VARIANTS else name
     (y3,) = ops.custom(
-        name=name,
+        name=kernel,
         device=x.device,
         values=values,
         out_types=[TensorType(x.dtype, x3.shape, x.device)],

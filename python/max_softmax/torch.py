@@ -9,85 +9,42 @@ Runs on CPU and CUDA tensors; dtype and device follow the input, like
 `log_softmax_backward` ops. Needs the `[torch]` extra; `import max_softmax`
 works without torch.
 
-A call is lean: the op's cached model (one per (op, dtype, device), every
-shape) runs on the tensors through DLPack, with no copy and no dispatcher
-between; on CUDA, with `MAX_SOFTMAX_TORCH_REPLAY=1`, a call that recurs on
-the same memory replays a captured device graph (`torch_replay`). Under `torch.compile` the op is a
-registered torch custom op (`max_softmax::<op>`, opaque to the compiler)
-whose destination-passing twin (`models.into_model`) writes into the output
-torch allocates.
+A call is lean: torch allocates the output, and the op's destination-passing
+model (`models.into_model`, one per (op, dtype, device), every shape) writes
+into it through MAX buffer views of the tensors' memory that are made once
+and reused (`torch_buffers`), with no copy, no host synchronisation and no
+dispatcher between. On CUDA, with `MAX_SOFTMAX_TORCH_REPLAY=1`, a call that
+recurs on the same memory replays a captured device graph (`torch_replay`).
+Under `torch.compile` the op is a registered torch custom op
+(`max_softmax::<op>`, opaque to the compiler) around the same call.
 """
 
 from __future__ import annotations
 
 import torch
-from max.driver import Buffer
-from max.dtype import DType
-from max.engine import Model
 
-from . import torch_replay
-from .models import ModelKey, into_model, row_op_model
+from . import torch_buffers, torch_replay
+from .models import into_model
 from .registry import OPS, op_spec
+from .torch_buffers import DTYPES
 from .validation import normalize_axis
 
-_DTYPES = {
-    torch.float32: DType.float32,
-    torch.float16: DType.float16,
-    torch.bfloat16: DType.bfloat16,
-    torch.float64: DType.float64,
-}
 
-
-def _buffer(t: torch.Tensor) -> Buffer:
-    """A MAX buffer sharing `t`'s memory. On CUDA the stream is handed over
-    directly: torch's `__dlpack__(stream=...)` negotiation costs ~60 µs a
-    tensor, this ~15 (as MAX's own torch bridge does)."""
-    if t.device.type == "cuda":
-        from max.experimental.torch.torch import max_device
-
-        try:
-            stream = torch.cuda.current_stream(t.device).cuda_stream
-            return Buffer._from_dlpack(t.__dlpack__(), max_device(t.device), stream)
-        except Exception:  # e.g. a tensor made on another thread: torch syncs
-            return Buffer.from_dlpack(t)
-    return Buffer.from_dlpack(t)
-
-
-def _kind(t: torch.Tensor) -> str:
-    return "gpu" if t.device.type == "cuda" else "cpu"
-
-
-def _execute(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
-    """Run op `name` on (outer, n, inner) tensors, writing into `out` (the
-    torch.compile path, where torch owns every buffer)."""
-    model = into_model(name, _DTYPES[out.dtype], _kind(out))
-    model.execute(_buffer(out), *(_buffer(t) for t in inputs))
-
-
-_eager_models: dict[tuple[str, torch.dtype, str], Model] = {}
-
-
-def _eager(name: str, *inputs: torch.Tensor) -> torch.Tensor:
-    """Run op `name` on (outer, n, inner) tensors eagerly: MAX allocates the
-    result and torch takes it over through DLPack, no copy (~50 µs a call
-    cheaper on the CPU than wrapping a torch-made output: each buffer MAX
-    gets from DLPack costs it ~50 µs at execute). On CUDA with replay on,
-    when the same memory comes back, a captured graph writing into a
-    torch-made output is replayed instead (torch_replay)."""
-    first = inputs[0]
-    if first.is_cuda and torch_replay.ENABLED and torch_replay.CACHE.active:
-        out = torch.empty_like(first)
-        model = into_model(name, _DTYPES[first.dtype], "gpu")
-        if torch_replay.CACHE.run(model, name, [out, *inputs], _buffer):
-            return out
-        del out
-    key = (name, first.dtype, first.device.type)
-    model = _eager_models.get(key)
-    if model is None:
-        model = row_op_model(ModelKey(name, _DTYPES[first.dtype], _kind(first)))
-        _eager_models[key] = model
-    (out,) = model.execute(*(_buffer(t) for t in inputs))
-    return torch.from_dlpack(out)
+def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
+    """Write op `name` of (outer, n, inner) tensors `inputs` into `out`:
+    its destination-passing model on reused buffer views of the tensors
+    (torch_buffers), or a replay of its captured graph; on CUDA ordered
+    against torch's stream on the device."""
+    model = into_model(name, DTYPES[out.dtype], "gpu" if out.is_cuda else "cpu")
+    tensors = (out, *inputs)
+    if not out.is_cuda:
+        model.execute(*(torch_buffers.view(t) for t in tensors))
+        return
+    torch_buffers.max_waits_for_torch()
+    replay = torch_replay.ENABLED and torch_replay.CACHE.active
+    if not (replay and torch_replay.CACHE.run(model, name, tensors, torch_buffers.view)):
+        model.execute(*(torch_buffers.view(t) for t in tensors))
+    torch_buffers.torch_waits_for_max()
 
 
 def _register(name: str) -> object:
@@ -97,13 +54,13 @@ def _register(name: str) -> object:
     if op_spec(name).arity == 1:
 
         def run1(out: torch.Tensor, x: torch.Tensor) -> None:
-            _execute(name, out, x)
+            _call(name, out, x)
 
         fn = run1
     else:
 
         def run2(out: torch.Tensor, a: torch.Tensor, dy: torch.Tensor) -> None:
-            _execute(name, out, a, dy)
+            _call(name, out, a, dy)
 
         fn = run2
     return torch.library.custom_op(f"max_softmax::{name}", fn, mutates_args=("out",))
@@ -128,7 +85,7 @@ def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     first = tensors[0]
-    if first.dtype not in _DTYPES:
+    if first.dtype not in DTYPES:
         raise TypeError(f"max_softmax: softmax needs a floating-point tensor, got {first.dtype}")
     dim = normalize_axis(dim, first.dim())
     for t in tensors[1:]:
@@ -140,13 +97,17 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
             )
     if first.device.type not in ("cpu", "cuda"):
         raise ValueError(f"max_softmax: no {name} for tensors on {first.device}")
-    if first.numel() == 0:
-        return torch.empty_like(first, memory_format=torch.contiguous_format)
-    views = [_canonical(t.detach(), dim) for t in tensors]
-    if not torch.compiler.is_compiling():  # eager: no dispatcher, no extra buffer
-        return _eager(name, *views).view(first.shape)
+    if first.is_cuda:
+        torch_buffers.check_cuda_device(first)
     out = torch.empty_like(first, memory_format=torch.contiguous_format)
-    _TORCH_OPS[name](out.view(views[0].shape), *views)
+    if first.numel() == 0:
+        return out
+    views = [_canonical(t.detach(), dim) for t in tensors]
+    out3 = out.view(views[0].shape)
+    if torch.compiler.is_compiling():  # the tracer sees a torch custom op
+        _TORCH_OPS[name](out3, *views)
+    else:  # eager: no dispatcher between
+        _call(name, out3, *views)
     return out
 
 

@@ -2,8 +2,8 @@
 
 In a training or inference loop torch's caching allocator hands the bridge
 the same addresses call after call, and MAX replays a captured graph on
-fresh DLPack buffers of the same memory (it keys a capture by the buffers'
-addresses and shapes, refuses others, and does not keep the tensors alive).
+the bridge's buffer views of the same memory (it keys a capture by the
+buffers' addresses and shapes, refuses others, and keeps no tensor alive).
 
 Off by default (`MAX_SOFTMAX_TORCH_REPLAY=1` turns it on): on the H100 it
 cut a repeated 1 x 128 bridge call from 125-131 µs to 81-98 in two runs,
@@ -68,10 +68,10 @@ class ReplayCache:
         return self.capturing or bool(self.live)
 
     def run(self, model: Model, name: str, tensors: Sequence[Any], buffer: Callable) -> bool:
-        """Replay `model` on `tensors` (output first; `buffer` turns a torch
-        tensor into a MAX buffer) if this signature was captured, or capture
-        it on its third sight. False: nothing ran, the caller computes the
-        call its own way (and pays no DLPack conversion here)."""
+        """Replay `model` on `tensors` (output first; `buffer` gives a
+        tensor's MAX buffer) if this signature was captured, or capture it on
+        its third sight. False: nothing ran, the caller computes the call
+        its own way."""
         first = tensors[0]
         sig = (name, first.dtype, *((t.data_ptr(), tuple(t.shape)) for t in tensors))
         with self._lock:

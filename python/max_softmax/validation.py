@@ -21,16 +21,17 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (
 """Element types every op accepts (16-bit types compute in float32)."""
 
 
+BASELINE_VARIANTS: tuple[str, ...] = ("tree", "online", "split_smem")
+"""Replaced designs kept to measure against: ops of their own in op/baselines/."""
+
 VARIANTS: tuple[str, ...] = (
     "auto",
-    "tree",
     "warp",
     "block",
     "smem",
-    "online",
     "split",
-    "split_smem",
     "split_stream",
+    *BASELINE_VARIANTS,
 )
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
