@@ -40,11 +40,12 @@ def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
     if not out.is_cuda:
         model.execute(*(torch_buffers.view(t) for t in tensors))
         return
-    torch_buffers.max_waits_for_torch()
+    stream = torch.cuda.current_stream(out.device)
+    torch_buffers.max_waits_for(stream)
     replay = torch_replay.ENABLED and torch_replay.CACHE.active
     if not (replay and torch_replay.CACHE.run(model, name, tensors, torch_buffers.view)):
         model.execute(*(torch_buffers.view(t) for t in tensors))
-    torch_buffers.torch_waits_for_max()
+    torch_buffers.waits_for_max(stream)
 
 
 def _register(name: str) -> object:

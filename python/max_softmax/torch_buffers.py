@@ -111,18 +111,18 @@ def _event(which: str) -> torch.cuda.Event:
     return event
 
 
-def max_waits_for_torch() -> None:
-    """MAX's queue waits, on the device, for what torch's current stream queued so far."""
+def max_waits_for(stream: torch.cuda.Stream) -> None:
+    """MAX's queue waits, on the device, for what torch's `stream` queued so far."""
     event = _event("torch_done")
-    event.record(torch.cuda.current_stream(0))
+    event.record(stream)
     _max_stream().wait_event(event)
 
 
-def torch_waits_for_max() -> None:
-    """Torch's current stream waits, on the device, for what MAX queued so far."""
+def waits_for_max(stream: torch.cuda.Stream) -> None:
+    """Torch's `stream` waits, on the device, for what MAX queued so far."""
     event = _event("max_done")
     event.record(_max_stream())
-    torch.cuda.current_stream(0).wait_event(event)
+    stream.wait_event(event)
 
 
 def check_cuda_device(t: torch.Tensor) -> None:

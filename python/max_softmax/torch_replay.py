@@ -31,8 +31,8 @@ from typing import Any
 
 from max.engine import Model
 
-ENABLED = os.environ.get("MAX_SOFTMAX_TORCH_REPLAY", "0") == "1"
-"""Whether the bridge replays on CUDA (env MAX_SOFTMAX_TORCH_REPLAY=1; off by default)."""
+ENABLED = os.environ.get("MAX_SOFTMAX_TORCH_REPLAY", "1") != "0"
+"""Whether the bridge replays on CUDA (on unless env MAX_SOFTMAX_TORCH_REPLAY=0)."""
 
 
 class _Capture:
