@@ -97,3 +97,18 @@ def test_capturing_stops_when_addresses_churn():
     assert cache.active  # the fifth capture is still live: it may replay
     cache.clear()
     assert not cache.active  # nothing to replay, nothing to capture
+
+
+class FailingModel(FakeModel):
+    def capture(self, key, *bufs):
+        raise RuntimeError("Failed to capture graph: CUDA_ERROR_OUT_OF_MEMORY")
+
+
+def test_a_failed_capture_falls_back_and_stops_capturing():
+    """MAX reserves device memory to capture into; where torch holds it all
+    the capture fails: the call runs its usual way, and no capture is tried again."""
+    cache, model = ReplayCache(), FailingModel()
+    call = [FakeTensor(100), FakeTensor(200)]
+    ran = [cache.run(model, "softmax", call, buffer=lambda t: t.ptr) for _ in range(5)]
+    assert ran == [False] * 5
+    assert not cache.capturing and not cache.active and cache.captures == 0

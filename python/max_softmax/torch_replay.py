@@ -5,11 +5,12 @@ the same addresses call after call, and MAX replays a captured graph on
 the bridge's buffer views of the same memory (it keys a capture by the
 buffers' addresses and shapes, refuses others, and keeps no tensor alive).
 
-Off by default (`MAX_SOFTMAX_TORCH_REPLAY=1` turns it on): on the H100 it
-cut a repeated 1 x 128 bridge call from 125-131 µs to 81-98 in two runs,
-but a third run measured the opposite and a parallel GPU test run had
-failures not yet explained (benchmarks/RESULTS.md, "Replaying the bridge's
-graph").
+Off by default (`MAX_SOFTMAX_TORCH_REPLAY=1` turns it on). On the H100 it
+cuts a repeated 1 x 128 bridge call from ~125 to ~45 µs, but where
+addresses churn (each new result allocated while the old one lives, many
+inputs in turn) the captures cost more than the replays win: a rotating
+4096 x 4096 forward fell from 1673 to 1012 GB/s, forward + backward to 0.30x
+torch (benchmarks/RESULTS.md, "The torch bridge").
 
 A capture costs far more than a call, so a call signature (op, dtype,
 shapes, addresses, the output's included) is captured only on its third
@@ -31,8 +32,8 @@ from typing import Any
 
 from max.engine import Model
 
-ENABLED = os.environ.get("MAX_SOFTMAX_TORCH_REPLAY", "1") != "0"
-"""Whether the bridge replays on CUDA (on unless env MAX_SOFTMAX_TORCH_REPLAY=0)."""
+ENABLED = os.environ.get("MAX_SOFTMAX_TORCH_REPLAY", "0") == "1"
+"""Whether the bridge replays on CUDA (env MAX_SOFTMAX_TORCH_REPLAY=1; off by default)."""
 
 
 class _Capture:
@@ -53,13 +54,16 @@ class ReplayCache:
         self.seen: dict[tuple, int] = {}
         self.live: OrderedDict[tuple, _Capture] = OrderedDict()
         self.captures = self.wasted = self.useful = 0
+        self.failed = False
         self._keys = itertools.count(1)
         self._lock = threading.Lock()
 
     @property
     def capturing(self) -> bool:
-        """False once most released captures were never replayed."""
-        return not (self.wasted >= self.wasted_limit and self.wasted > 2 * self.useful)
+        """False once most released captures were never replayed, or a
+        capture failed (MAX reserves device memory for one; torch may hold it all)."""
+        churn = self.wasted >= self.wasted_limit and self.wasted > 2 * self.useful
+        return not (churn or self.failed)
 
     @property
     def active(self) -> bool:
@@ -92,7 +96,11 @@ class ReplayCache:
             self.seen.pop(sig, None)
             bufs = [buffer(t) for t in tensors]
             capture = _Capture(model, next(self._keys))
-            model.capture(capture.key, *bufs)
+            try:
+                model.capture(capture.key, *bufs)
+            except RuntimeError:  # e.g. no device memory left to capture into
+                self.failed = True
+                return False
             self.captures += 1
             self.live[sig] = capture
             # A capture may only record the work: run it once for this call.
