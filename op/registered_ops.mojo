@@ -20,7 +20,7 @@ from extensibility import InputTensor, ManagedTensorSlice, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
-from .dispatch import softmax_backward_rows, softmax_rows
+from .dispatch import RowsLauncher, softmax_backward_rows, softmax_rows
 from .variants import launch_variant
 
 
@@ -34,17 +34,19 @@ def rows_ptr[
     return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](t.unsafe_ptr())
 
 
-def _forward[
-    target: StaticString, dtype: DType, log_out: Bool, variant: StaticString
+def forward_rows[
+    target: StaticString,
+    dtype: DType,
+    log_out: Bool,
+    launch_rows: RowsLauncher[dtype],
 ](
     ctx: DeviceContext,
     output: ManagedTensorSlice[dtype=dtype, rank=3, ...],
     input: InputTensor[dtype=dtype, rank=3, static_spec=_],
 ) raises:
-    """Softmax (or log-softmax) of `input` into `output`, along axis 1."""
-    softmax_rows[
-        target, dtype, log_out, launch_variant[dtype, log_out, variant]
-    ](
+    """Softmax (or log-softmax) of `input` into `output`, along axis 1,
+    contiguous GPU rows by `launch_rows` (see `softmax_rows`)."""
+    softmax_rows[target, dtype, log_out, launch_rows](
         ctx,
         rows_ptr(output),
         rows_ptr(input),
@@ -52,6 +54,20 @@ def _forward[
         input.dim_size(1),
         input.dim_size(2),
     )
+
+
+def _forward[
+    target: StaticString, dtype: DType, log_out: Bool, variant: StaticString
+](
+    ctx: DeviceContext,
+    output: ManagedTensorSlice[dtype=dtype, rank=3, ...],
+    input: InputTensor[dtype=dtype, rank=3, static_spec=_],
+) raises:
+    """Softmax (or log-softmax) of `input` into `output` by the live family
+    `variant` names ("auto": the table)."""
+    forward_rows[
+        target, dtype, log_out, launch_variant[dtype, log_out, variant]
+    ](ctx, output, input)
 
 
 def _backward[

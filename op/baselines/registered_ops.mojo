@@ -8,8 +8,7 @@ import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 
-from ..dispatch import softmax_rows
-from ..registered_ops import rows_ptr
+from ..registered_ops import forward_rows
 from .gpu_online_rows import launch_online_rows
 from .gpu_split_smem_rows import launch_split_smem_rows
 from .gpu_tree_rows import launch_tree_rows
@@ -46,16 +45,9 @@ def _baseline_forward[
 ) raises:
     """Softmax (or log-softmax) of `input` along axis 1 by the baseline
     `variant`: the live path for everything but contiguous GPU rows."""
-    softmax_rows[
+    forward_rows[
         target, dtype, log_out, launch_baseline[dtype, log_out, variant]
-    ](
-        ctx,
-        rows_ptr(output),
-        rows_ptr(input),
-        input.dim_size(0),
-        input.dim_size(1),
-        input.dim_size(2),
-    )
+    ](ctx, output, input)
 
 
 @extensibility.register("softmax_baseline")

@@ -10,7 +10,7 @@ cuts a repeated 1 x 128 bridge call from ~125 to ~45 µs, but where
 addresses churn (each new result allocated while the old one lives, many
 inputs in turn) the captures cost more than the replays win: a rotating
 4096 x 4096 forward fell from 1673 to 1012 GB/s, forward + backward to 0.30x
-torch (benchmarks/RESULTS.md, "The torch bridge").
+torch (benchmarks/RESULTS.md, "The torch bridge on reused buffer views").
 
 A capture costs far more than a call, so a call signature (op, dtype,
 shapes, addresses, the output's included) is captured only on its third
@@ -67,8 +67,8 @@ class ReplayCache:
 
     @property
     def active(self) -> bool:
-        """Whether a call may still replay or capture (else the bridge need
-        not make an output for it to look at)."""
+        """Whether a call may still replay or capture (else the bridge
+        skips building the call's signature)."""
         return self.capturing or bool(self.live)
 
     def run(self, model: Model, name: str, tensors: Sequence[Any], buffer: Callable) -> bool:
