@@ -32,9 +32,11 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
     assert len(inputs) == w.arity
     if op == "softmax":
         right = reference("softmax", inputs[0], -1)
-    else:
-        y = inputs[0] if op == "softmax_backward" else reference("softmax", inputs[0], -1)
+    elif op == "torch_fwd_bwd":
+        y = reference("softmax", inputs[0], -1)
         right = backward_reference("softmax_backward", y, inputs[1], -1)
+    else:
+        right = backward_reference(op, inputs[0], inputs[1], -1)
     right = right.astype(np.float32)
     assert w.check(right, inputs)[0]
     wrong = right.copy()

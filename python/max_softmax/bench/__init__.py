@@ -45,8 +45,9 @@ like: ours' device figure when the peers were timed on the device, ours'
 exec figure when they were timed by wall clock.
 
 `--op` picks what is timed: `softmax` (default; our graph op and every
-peer), `softmax_backward` (reads y and dy, writes dx: 3 tensors a call; peer
-torch's softmax backward), or `torch_fwd_bwd` (a torch training step's
+peer), `softmax_backward` / `log_softmax_backward` (read y or log y and dy,
+write dx: 3 tensors a call; peers torch's backward and, for softmax, QuACK's
+where importable), or `torch_fwd_bwd` (a torch training step's
 softmax, forward + backward through autograd: 5 tensors a call; our op
 through the `max_softmax.torch` bridge, its overhead included, against
 `torch.softmax`). With `--bridge` the softmax sweep also times our op called
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--op",
         choices=list(WORKLOADS),
         default="softmax",
-        help="what a call computes (softmax_backward: 3 tensors; torch_fwd_bwd: 5)",
+        help="what a call computes (the backward ops: 3 tensors; torch_fwd_bwd: 5)",
     )
     p.add_argument(
         "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"

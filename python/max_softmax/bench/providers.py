@@ -21,7 +21,7 @@ from ..dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from ..models import build_graph, compiled, device_ref
 from ..registry import OPS
 from .progress import say
-from .workloads import WORKLOADS
+from .workloads import BACKWARD_OPS, WORKLOADS
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves
 # MAX's allocator for the large shapes measured after it.
@@ -156,6 +156,9 @@ class TorchProvider(Provider):
             elif self.op == "softmax_backward":
                 y, dy = case
                 self.ys[i] = t._softmax_backward_data(dy, y, -1, y.dtype)
+            elif self.op == "log_softmax_backward":
+                logp, dy = case
+                self.ys[i] = t._log_softmax_backward_data(dy, logp, -1, logp.dtype)
             else:  # a training step's softmax: forward, then backward to x
                 x = case[0].detach().requires_grad_()
                 self.softmax(x).backward(case[1])
@@ -198,6 +201,29 @@ class TritonProvider(TorchProvider):
         """Launch the kernel on the first k cases and wait."""
         for (x,), y in zip(self.xs[:k], self.ys[:k]):
             self.fn(x, y)
+        self.torch.cuda.synchronize()
+
+
+class QuackProvider(TorchProvider):
+    """QuACK's CuTe-DSL softmax and softmax backward (Dao-AILab's
+    quack-kernels; 2-D, N a multiple of the 16-byte vector), into
+    preallocated outputs as ours runs."""
+
+    def __init__(self, kind: str, op: str = "softmax") -> None:
+        super().__init__(kind, op=op)
+        from quack import softmax as quack_softmax
+
+        self.q = quack_softmax
+        self.name = "quack"
+
+    def run(self, k: int) -> None:
+        """Launch QuACK's kernel on the first k cases and wait."""
+        for case, out in zip(self.xs[:k], self.ys[:k]):
+            if self.op == "softmax":
+                self.q._softmax_fwd(case[0], out)
+            else:
+                y, dy = case
+                self.q._softmax_backward(dy, y, out)
         self.torch.cuda.synchronize()
 
 
@@ -274,8 +300,8 @@ def from_torch(y: Any) -> np.ndarray:
 
 
 def installed() -> set[str]:
-    """Which optional peers are importable here: a subset of torch, triton, jax."""
-    return {m for m in ("torch", "triton", "jax") if importlib.util.find_spec(m)}
+    """Which optional peers are importable here: a subset of torch, triton, jax, quack."""
+    return {m for m in ("torch", "triton", "jax", "quack") if importlib.util.find_spec(m)}
 
 
 def is_max_graph(factory: Callable[[], Provider]) -> bool:
@@ -300,9 +326,11 @@ def make_providers(
             out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
         return out
     out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
-    if op == "softmax_backward":
+    if op in BACKWARD_OPS:
         if "torch" in have:
             out.append(lambda: TorchProvider(kind, op=op))
+        if kind == "gpu" and "quack" in have and op == "softmax_backward":
+            out.append(lambda: QuackProvider(kind, op))
         return out
     for v in variants:
         out.append(partial(MaxGraphProvider, kind, dtype, ours=True, variant=v))
@@ -313,6 +341,8 @@ def make_providers(
         out.append(lambda: TorchProvider(kind))
     if kind == "gpu" and "triton" in have and "torch" in have:
         out.append(lambda: TritonProvider(kind))
+    if kind == "gpu" and "quack" in have:
+        out.append(lambda: QuackProvider(kind))
     if "jax" in have and dtype != "float16":
         out.append(lambda: JaxProvider(kind))
     if kind == "cpu" and dtype in ("float32", "float64"):

@@ -86,7 +86,7 @@ def run_kind(kind: str, op: str, bridge: bool = False, latency: bool = False) ->
     if latency:
         mode = "latency"
     elif op == "softmax_backward":
-        mode = "backward"
+        mode = "backward"  # the name earlier rows of results.jsonl carry
     elif op != "softmax":
         mode = op
     else:

@@ -50,6 +50,10 @@ CHECK_ROWS = 64
 """Rows of each provider's output checked against the float64 reference."""
 
 
+BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
+"""The ops that read a forward's output and dy and write dx."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """What one timed call computes: its inputs and how many tensor-sized
@@ -65,9 +69,11 @@ class Workload:
         if self.op == "softmax":
             return (x,)
         dy = rng.standard_normal((rows, n), dtype=np.float32).astype(DTYPE_NAMES[dtype])
-        if self.op == "softmax_backward":  # y = softmax(x), in float32 to stay quick
-            e = np.exp(x.astype(np.float32) - x.max(axis=-1, keepdims=True).astype(np.float32))
-            return ((e / e.sum(axis=-1, keepdims=True)).astype(x.dtype), dy)
+        if self.op in BACKWARD_OPS:  # y = softmax(x) or log_softmax(x), in float32 to stay quick
+            z = x.astype(np.float32) - x.max(axis=-1, keepdims=True).astype(np.float32)
+            lse = np.log(np.exp(z).sum(axis=-1, keepdims=True))
+            a = z - lse if self.op == "log_softmax_backward" else np.exp(z - lse)
+            return (a.astype(x.dtype), dy)
         return (x, dy)
 
     def check(self, got: np.ndarray, inputs: tuple) -> tuple[bool, str]:
@@ -79,7 +85,8 @@ class Workload:
             y, dy = first
             if self.op == "torch_fwd_bwd":  # the y torch differentiates
                 y = reference("softmax", y, -1).astype(dy.dtype)
-            c = compare_backward("softmax_backward", got, y, dy, -1)
+            op = self.op if self.op in BACKWARD_OPS else "softmax_backward"
+            c = compare_backward(op, got, y, dy, -1)
         return c.ok, f"max_rel_err={c.max_rel_err:.2g}"
 
     def rotations(self, nbytes: int, max_k: int) -> int:
@@ -92,6 +99,7 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     "softmax": Workload("softmax", 2, 1),
     "softmax_backward": Workload("softmax_backward", 3, 2),
+    "log_softmax_backward": Workload("log_softmax_backward", 3, 2),
     "torch_fwd_bwd": Workload("torch_fwd_bwd", 5, 2),
 }
 """Every `--op`, by name."""
