@@ -13,8 +13,15 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 | rows over 8 MB            | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |
 
-The backward ops hold both tensors' rows in registers where a register plan
-fits them, else take a block per row (gpu_backward_rows).
+The backward ops (`backward_kernel_for`) take the same designs with both
+tensors (y or log p, and dy) held, each read once:
+
+| rows of length n          | backward kernel (file)                   |
+|---------------------------|------------------------------------------|
+| n <= 512*32 values        | register plans at 32 registers a tensor (gpu_backward_rows) |
+| rows >= 264, n <= ~37K fp32 / ~74K 16-bit | block per row, both tensors on chip (gpu_backward_smem_rows) |
+| fewer rows, or longer, to 8 MB a row | the split stream with both tensors' chunks (24 KB fp32, 12 KB 16-bit each) (gpu_backward_stream_rows) |
+| rows over 8 MB            | block per row, reading the row twice (gpu_backward_rows) |
 
 `softmax_rows` takes the launcher of contiguous rows as a compile-time
 parameter: `launch_auto` (this table) for "auto", or a forced family
@@ -27,7 +34,14 @@ from max.gpu.host import DeviceContext
 
 from .cpu_backward import softmax_backward_cpu
 from .cpu_rows import softmax_cpu
-from .gpu_backward_rows import launch_backward_rows, launch_backward_strided
+from .gpu_backward_rows import (
+    backward_register_fits,
+    launch_backward_block,
+    launch_backward_register,
+    launch_backward_strided,
+)
+from .gpu_backward_smem_rows import SMEM_TENSORS, launch_backward_smem
+from .gpu_backward_stream_rows import BACKWARD_TENSORS, launch_backward_stream
 from .gpu_launch import aligned16
 from .gpu_register_rows import (
     WARP_THREADS,
@@ -67,6 +81,18 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     if n <= on_chip_split_capacity(16 // V):
         return "split_stream"
     return "split"
+
+
+def backward_kernel_for(rows: Int, n: Int, V: Int) -> String:
+    """The backward kernel family for `rows` contiguous rows of `n`: the
+    forward's rules with both tensors held."""
+    if backward_register_fits(n, V):
+        return "register"
+    if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V, SMEM_TENSORS):
+        return "smem"
+    if n <= on_chip_split_capacity(16 // V):
+        return "split_stream"
+    return "block"
 
 
 def softmax_rows[
@@ -153,8 +179,38 @@ def softmax_backward_rows[
                 ctx, dx, a, dy, outer, n, inner
             )
         else:
-            launch_backward_rows[dtype, log_in](
+            launch_backward_auto[dtype, log_in](
                 ctx, dx, a, dy, outer, n, aligned16(Int(dx), Int(a), Int(dy))
             )
     else:
         raise Error("max_softmax: unsupported target " + String(target))
+
+
+def launch_backward_auto[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch the family `backward_kernel_for` picks for `rows` rows of `n`."""
+    var family = backward_kernel_for(rows, n, vector_width[dtype]())
+    # As in the forward: a GPU too small for a row's chunks (a MIG slice).
+    if family == "split_stream" and not split_stream_fits[
+        dtype, BACKWARD_TENSORS
+    ](ctx, n):
+        family = "block"
+    if family == "register":
+        launch_backward_register[dtype, log_in](
+            ctx, dx, a, dy, rows, n, aligned
+        )
+    elif family == "smem":
+        launch_backward_smem[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
+    elif family == "split_stream":
+        launch_backward_stream[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
+    else:
+        launch_backward_block[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)

@@ -1,12 +1,15 @@
-"""GPU kernels of the backward ops (softmax_backward, log_softmax_backward).
+"""GPU kernels of the backward ops (softmax_backward, log_softmax_backward)
+for short rows, the fallback, and rows along another axis.
 
 They read two tensors and write one, with one row reduction in between.
 Rows that fit the forward's register plans at 32 registers of values a
 tensor are held in registers, both tensors, with the forward's chunk
 loaders and plan launcher (gpu_register_rows), so each is read once.
-Longer rows: a block per row sums dy * y (or dy), then re-reads the row
-(mostly from L2) to write the gradient. Rows along another axis use a
-thread per column, as gpu_strided_rows does.
+Longer rows go on chip (gpu_backward_smem_rows, gpu_backward_stream_rows;
+dispatch.mojo's `backward_kernel_for` picks). Rows those cannot take (over
+8 MB, or a GPU too small for a row's chunks): a block per row sums dy * y
+(or dy), then re-reads the row (mostly from L2) to write the gradient.
+Rows along another axis use a thread per column, as gpu_strided_rows does.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
@@ -238,7 +241,13 @@ struct BackwardRegisterRows[dtype: DType, log_in: Bool](RegisterPlanKernel):
         )
 
 
-def launch_backward_rows[
+def backward_register_fits(n: Int, V: Int) -> Bool:
+    """Whether a register plan holds rows of `n` of both tensors at
+    `BACKWARD_ROW_REGISTERS` registers each."""
+    return register_plan(n, V, 0, BACKWARD_ROW_REGISTERS) >= 0
+
+
+def launch_backward_register[
     dtype: DType, log_in: Bool
 ](
     ctx: DeviceContext,
@@ -249,22 +258,38 @@ def launch_backward_rows[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch the backward kernel for `rows` contiguous rows of `n`: both
-    tensors in registers where a register plan holds them at
-    `BACKWARD_ROW_REGISTERS` registers each, else a block per row."""
+    """Launch `backward_register_kernel` for `rows` contiguous rows of `n`,
+    both tensors in registers. Raises unless `backward_register_fits`."""
     comptime V = vector_width[dtype]()
-    var flag = vector_flag_of(aligned, n, V)
     var plan = register_plan(n, V, 0, BACKWARD_ROW_REGISTERS)
-    if plan >= 0:
-        launch_register_plan[V, BACKWARD_ROW_REGISTERS, 0, MAX_PLAN_THREADS](
-            ctx,
-            BackwardRegisterRows[dtype, log_in](
-                held(dx), held(a), held(dy), rows, n, flag
-            ),
-            plan,
-            rows,
+    if plan < 0:
+        raise Error(
+            "max_softmax: the backward's register kernel cannot hold rows of "
+            + String(n)
         )
-        return
+    launch_register_plan[V, BACKWARD_ROW_REGISTERS, 0, MAX_PLAN_THREADS](
+        ctx,
+        BackwardRegisterRows[dtype, log_in](
+            held(dx), held(a), held(dy), rows, n, vector_flag_of(aligned, n, V)
+        ),
+        plan,
+        rows,
+    )
+
+
+def launch_backward_block[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `backward_rows_kernel`, a block per row: any row length."""
+    comptime V = vector_width[dtype]()
     comptime kernel = backward_rows_kernel[
         dtype, log_in, BACKWARD_BLOCK_THREADS, V
     ]
@@ -273,7 +298,7 @@ def launch_backward_rows[
         a,
         dy,
         Int64(n),
-        flag,
+        vector_flag_of(aligned, n, V),
         grid_dim=rows,
         block_dim=BACKWARD_BLOCK_THREADS,
     )

@@ -53,22 +53,54 @@ comptime SMEM_MAX_BYTES = BLOCK_SMEM_BYTES - STATIC_SMEM_BYTES
 comptime SMEM_HALF_BYTES = BLOCK_SMEM_BYTES // 2 - STATIC_SMEM_BYTES
 
 
-def smem_bytes_for(n: Int, V: Int, threads: Int) -> Int:
-    """Dynamic shared memory a row of `n` needs beyond the registers of
-    `threads` threads."""
-    return max(0, n // V - REG_CHUNKS * threads) * 16
+def smem_bytes_for(n: Int, V: Int, threads: Int, tensors: Int = 1) -> Int:
+    """Dynamic shared memory the rows of `n` of `tensors` tensors need
+    beyond the registers of `threads` threads (`REG_CHUNKS` vectors a
+    thread, shared between the tensors)."""
+    return max(0, n // V - REG_CHUNKS // tensors * threads) * 16 * tensors
 
 
-def smem_threads_for(n: Int, V: Int) -> Int:
+def smem_threads_for(n: Int, V: Int, tensors: Int = 1) -> Int:
     """Threads per row: 512 where two blocks fit an SM, else 1024."""
-    if smem_bytes_for(n, V, SMEM_HALF_THREADS) <= SMEM_HALF_BYTES:
+    if smem_bytes_for(n, V, SMEM_HALF_THREADS, tensors) <= SMEM_HALF_BYTES:
         return SMEM_HALF_THREADS
     return SMEM_THREADS
 
 
-def smem_capacity(V: Int) -> Int:
-    """Longest row (elements) the kernel holds on chip."""
-    return V * (REG_CHUNKS * SMEM_THREADS + SMEM_MAX_BYTES // 16)
+def smem_capacity(V: Int, tensors: Int = 1) -> Int:
+    """Longest row (elements) the kernels hold on chip, of each of
+    `tensors` tensors."""
+    return V * (
+        REG_CHUNKS // tensors * SMEM_THREADS + SMEM_MAX_BYTES // 16 // tensors
+    )
+
+
+@always_inline
+def start_row_copy[
+    dtype: DType, V: Int, T: Int, R: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    t: Int,
+    head: Int,
+    nvec: Int,
+):
+    """Start copying thread `t`'s vectors of the row's aligned part (from
+    `x + head`) past the first R a thread into `smem`, by cp.async: all of
+    it in flight at once without holding registers, while the caller loads
+    the register part. Each thread reads back only the vectors it copied,
+    so waiting for its own copies is enough (no barrier)."""
+    var gx = x.unsafe_offset(head).unsafe_address_space_cast[
+        AddressSpace.GLOBAL
+    ]()
+    for i in range(R * T + t, nvec, T):
+        async_copy[16](
+            gx.unsafe_offset(i * V),
+            smem.unsafe_offset((i - R * T) * V),
+        )
+    async_copy_commit_group()
 
 
 @always_inline
@@ -86,20 +118,9 @@ def _load_row[
 ) -> Scalar[accum_dtype[dtype]()]:
     """Sweep 1 of `smem_rows_kernel`: thread `t`'s vectors of the row's
     aligned part (from `x + head`) into `regs` and `smem`, and their max.
-    The shared-memory part goes first, by cp.async: all of it in flight at
-    once without holding registers, while the register part loads. Each
-    thread reads back only the vectors it copied, so waiting for its own
-    copies is enough (no barrier)."""
+    The shared-memory part goes first (`start_row_copy`)."""
     comptime acc = accum_dtype[dtype]()
-    var gx = x.unsafe_offset(head).unsafe_address_space_cast[
-        AddressSpace.GLOBAL
-    ]()
-    for i in range(REG_CHUNKS * T + t, nvec, T):
-        async_copy[16](
-            gx.unsafe_offset(i * V),
-            smem.unsafe_offset((i - REG_CHUNKS * T) * V),
-        )
-    async_copy_commit_group()
+    start_row_copy[dtype, V, T, REG_CHUNKS](x, smem, t, head, nvec)
     var m = -inf[acc]()
     comptime for k in range(REG_CHUNKS):
         var i = k * T + t

@@ -1,12 +1,15 @@
 """The chunk steps of the split kernels that hold their chunks on chip.
 
 A long row is cut into chunks; a block copies a chunk into a shared-memory
-buffer (`load_chunk`), reduces it to its pair (max, sum of exp(x - max))
-while the copy lands (`chunk_pair`), and once its row's max and sum are
-known writes the chunk's softmax from the buffer (`write_chunk`), so the
-row crosses HBM once each way. The streaming split (gpu_split_stream_rows)
-runs these steps on chunk after chunk; the split_smem baseline
-(baselines/gpu_split_smem_rows) runs them once a block.
+buffer (`load_chunks`: of one tensor, or of several into the parts of one
+buffer, as the backward's y and dy), reduces it while the copy lands
+(`fold_chunk` with a `ChunkVisitor`: the forward's pair (max, sum of
+exp(x - max)) in `chunk_pair`, the backward's sum in
+gpu_backward_stream_rows), and once its row's terms are known writes the
+chunk's result from the buffer (`each_held`; the forward's `write_chunk`),
+so the row crosses HBM once each way. The streaming split
+(gpu_split_stream_rows) runs these steps on chunk after chunk; the
+split_smem baseline (baselines/gpu_split_smem_rows) runs them once a block.
 """
 
 from max.gpu import thread_idx
@@ -17,8 +20,11 @@ from max.gpu.memory import (
     async_copy_wait_all,
     async_copy_wait_group,
 )
+from std.sys import size_of
+from std.utils import StaticTuple
 from std.utils.numerics import inf
 
+from .gpu_launch import HeldRows, held
 from .gpu_reductions import block_max_sum
 from .row_math import accum_dtype, epilogue, online_add
 
@@ -85,6 +91,61 @@ def smem_chunk[
     return SmemChunk(r, c, start, count, pad, head, (count - head) // V)
 
 
+def chunk_part_elements[dtype: DType, T: Int, K: Int]() -> Int:
+    """Elements from one tensor's part of a chunk buffer to the next: a
+    kernel that streams several tensors' chunks (the backward's y and dy)
+    keeps tensor j's part at buf + j * this."""
+    return chunk_shared_bytes(T, K) // size_of[dtype]()
+
+
+# Where a kernel's tensors are, for `load_chunks`.
+comptime ChunkSources[dtype: DType, tensors: Int] = StaticTuple[
+    HeldRows[dtype], tensors
+]
+
+
+@always_inline
+def load_chunks[
+    dtype: DType, V: Int, T: Int, K: Int, tensors: Int
+](
+    chunk: SmemChunk,
+    srcs: ChunkSources[dtype, tensors],
+    buf: SharedBuffer[dtype],
+):
+    """Start copying `chunk` of each of `tensors` tensors (at most K vectors
+    a thread each) into its part of `buf` (`chunk_part_elements`).
+
+    Vectors go by cp.async, all in flight at once without holding
+    registers, one commit group per vector a thread copies, tensor after
+    tensor, so that `fold_chunk` can start on a thread's first vector
+    while the others are on their way: waiting until K - 1 - k groups are
+    pending has vector k of the last tensor landed, and so of every
+    tensor. The few scalar elements are copied here. Each thread later
+    reads back only what it copied, so no barrier is needed before
+    `fold_chunk`; the caller makes sure no thread still reads `buf`.
+    """
+    comptime part = chunk_part_elements[dtype, T, K]()
+    var t = Int(thread_idx.x)
+    comptime for j in range(tensors):
+        var x = srcs[j].unsafe_offset(chunk.start)
+        var to = buf.unsafe_offset(j * part + chunk.pad)
+        var body = to.unsafe_offset(chunk.head)
+        var gx = x.unsafe_offset(chunk.head).unsafe_address_space_cast[
+            AddressSpace.GLOBAL
+        ]()
+        comptime for k in range(K):
+            var i = t + k * T
+            if i < chunk.nvec:
+                async_copy[16](
+                    gx.unsafe_offset(i * V), body.unsafe_offset(i * V)
+                )
+            async_copy_commit_group()
+        for e in range(t, chunk.head, T):
+            to[unsafe_offset=e] = x[unsafe_offset=e]
+        for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
+            to[unsafe_offset=e] = x[unsafe_offset=e]
+
+
 @always_inline
 def load_chunk[
     dtype: DType, V: Int, T: Int, K: Int
@@ -93,30 +154,140 @@ def load_chunk[
     src: Pointer[Scalar[dtype], MutAnyOrigin],
     buf: SharedBuffer[dtype],
 ):
-    """Start copying `chunk` (at most K vectors a thread) into `buf`.
+    """`load_chunks` of one tensor."""
+    load_chunks[dtype, V, T, K, 1](
+        chunk, ChunkSources[dtype, 1](held(src)), buf
+    )
 
-    Vectors go by cp.async, all in flight at once without holding
-    registers, one commit group per vector a thread copies, so that
-    `chunk_pair` can start on a thread's first vector while the others are
-    on their way. The few scalar elements are copied here. Each thread later
-    reads back only what it copied, so no barrier is needed before
-    `chunk_pair`; the caller makes sure no thread still reads `buf`.
-    """
+
+trait ChunkVisitor:
+    """What a sweep over a held chunk does at each of the calling thread's
+    pieces: `visit[w](e)` for w elements. w == 1: a head or tail element,
+    e counted from the chunk's first element; w == V: an aligned vector, e
+    counted from the chunk's first aligned vector (element `head`), so
+    that the sweeps' vector addresses stay a fixed base plus i * V."""
+
+    def visit[w: Int](mut self, e: Int):
+        """Take the w elements of the chunk at `e`."""
+        ...
+
+
+@always_inline
+def fold_chunk[
+    V: Int, T: Int, K: Int, F: ChunkVisitor
+](chunk: SmemChunk, mut fold: F):
+    """Visit the calling thread's pieces of a chunk `load_chunks` is
+    copying, each vector as soon as its commit group has landed: the
+    scalar head and tail (copied already) first."""
     var t = Int(thread_idx.x)
-    var x = src.unsafe_offset(chunk.start)
-    var body = buf.unsafe_offset(chunk.pad + chunk.head)
-    var gx = x.unsafe_offset(chunk.head).unsafe_address_space_cast[
-        AddressSpace.GLOBAL
-    ]()
+    for e in range(t, chunk.head, T):
+        fold.visit[1](e)
+    for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
+        fold.visit[1](e)
     comptime for k in range(K):
+        comptime if k < K - 1:
+            async_copy_wait_group(Int32(K - 1 - k))
+        else:
+            async_copy_wait_all()
         var i = t + k * T
         if i < chunk.nvec:
-            async_copy[16](gx.unsafe_offset(i * V), body.unsafe_offset(i * V))
-        async_copy_commit_group()
+            fold.visit[V](i * V)
+
+
+@always_inline
+def each_held[V: Int, T: Int, F: ChunkVisitor](chunk: SmemChunk, mut sweep: F):
+    """Visit the calling thread's pieces of a chunk that has landed:
+    vectors, then head and tail."""
+    var t = Int(thread_idx.x)
+    for i in range(t, chunk.nvec, T):
+        sweep.visit[V](i * V)
     for e in range(t, chunk.head, T):
-        buf[unsafe_offset=chunk.pad + e] = x[unsafe_offset=e]
+        sweep.visit[1](e)
     for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
-        buf[unsafe_offset=chunk.pad + e] = x[unsafe_offset=e]
+        sweep.visit[1](e)
+
+
+@fieldwise_init
+struct HeldChunk[dtype: DType](ImplicitlyCopyable):
+    """One tensor's chunk in its buffer, as the visitors read it."""
+
+    var at: SharedBuffer[Self.dtype]
+    """The chunk's element 0."""
+    var body: SharedBuffer[Self.dtype]
+    """Its first aligned vector (element `head`)."""
+
+    @always_inline
+    def __init__(out self, chunk: SmemChunk, part: SharedBuffer[Self.dtype]):
+        """The chunk held in the buffer part that starts at `part`."""
+        self.at = part.unsafe_offset(chunk.pad)
+        self.body = self.at.unsafe_offset(chunk.head)
+
+    @always_inline
+    def values[w: Int](self, e: Int) -> SIMD[accum_dtype[Self.dtype](), w]:
+        """The w elements at `e` (see `ChunkVisitor`), in the accumulator
+        type."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime if w == 1:
+            return self.at[unsafe_offset=e].cast[acc]()
+        else:
+            return (
+                self.body.unsafe_offset(e)
+                .unsafe_load[width=w, alignment=16]()
+                .cast[acc]()
+            )
+
+
+@fieldwise_init
+struct OutChunk[dtype: DType](ImplicitlyCopyable):
+    """Where a chunk's results go in global memory."""
+
+    var at: HeldRows[Self.dtype]
+    """The chunk's element 0."""
+    var body: HeldRows[Self.dtype]
+    """Its first aligned vector (element `head`)."""
+
+    @always_inline
+    def __init__(
+        out self,
+        chunk: SmemChunk,
+        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ):
+        """The chunk's place in `dst`."""
+        self.at = held(dst.unsafe_offset(chunk.start))
+        self.body = self.at.unsafe_offset(chunk.head)
+
+    @always_inline
+    def store[w: Int](self, e: Int, v: SIMD[Self.dtype, w]):
+        """Store w elements at `e` (see `ChunkVisitor`)."""
+        comptime if w == 1:
+            self.at[unsafe_offset=e] = v[0]
+        else:
+            self.body.unsafe_offset(e).unsafe_store[alignment=16](v)
+
+
+struct PairFold[dtype: DType](ChunkVisitor):
+    """Folds a held chunk into its pair (max, sum of exp(x - max))."""
+
+    var x: HeldChunk[Self.dtype]
+    """The chunk."""
+    var m: Scalar[accum_dtype[Self.dtype]()]
+    """Max so far."""
+    var s: Scalar[accum_dtype[Self.dtype]()]
+    """Sum of exp(x - m) so far."""
+
+    @always_inline
+    def __init__(out self, x: HeldChunk[Self.dtype]):
+        """An empty pair over the chunk `x`."""
+        self.x = x
+        self.m = -inf[accum_dtype[Self.dtype]()]()
+        self.s = 0
+
+    @always_inline
+    def visit[w: Int](mut self, e: Int):
+        """Fold in the w elements at `e`."""
+        (self.m, self.s) = online_add[accum_dtype[Self.dtype](), w](
+            self.m, self.s, self.x.values[w](e)
+        )
 
 
 @always_inline
@@ -129,34 +300,49 @@ def chunk_pair[
     Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]
 ]:
     """The pair (max, sum of exp(x - max)) of a chunk `load_chunk` is
-    copying into `buf`, reduced over the block; each vector is folded in as
-    soon as its group has landed."""
+    copying into `buf`, reduced over the block."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var body = buf.unsafe_offset(chunk.pad + chunk.head)
-    var m = -inf[acc]()
-    var s = Scalar[acc](0)
-    for e in range(t, chunk.head, T):
-        (m, s) = online_add[acc, 1](
-            m, s, buf[unsafe_offset=chunk.pad + e].cast[acc]()
+    var fold = PairFold[dtype](HeldChunk[dtype](chunk, buf))
+    fold_chunk[V, T, K](chunk, fold)
+    return block_max_sum[acc, T](fold.m, fold.s)
+
+
+struct EpilogueWrite[dtype: DType, log_out: Bool](ChunkVisitor):
+    """Writes softmax (or log-softmax) of a held chunk."""
+
+    var x: HeldChunk[Self.dtype]
+    """The chunk."""
+    var y: OutChunk[Self.dtype]
+    """Where it goes."""
+    var row_max: Scalar[accum_dtype[Self.dtype]()]
+    """The row's max."""
+    var scale: Scalar[accum_dtype[Self.dtype]()]
+    """The row's `row_scale`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        x: HeldChunk[Self.dtype],
+        y: OutChunk[Self.dtype],
+        row_max: Scalar[accum_dtype[Self.dtype]()],
+        scale: Scalar[accum_dtype[Self.dtype]()],
+    ):
+        """The writer of chunk `x` to `y`."""
+        self.x = x
+        self.y = y
+        self.row_max = row_max
+        self.scale = scale
+
+    @always_inline
+    def visit[w: Int](mut self, e: Int):
+        """Write the w elements at `e`."""
+        self.y.store[w](
+            e,
+            epilogue[Self.log_out, accum_dtype[Self.dtype](), w](
+                self.x.values[w](e), self.row_max, self.scale
+            ).cast[Self.dtype](),
         )
-    for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
-        (m, s) = online_add[acc, 1](
-            m, s, buf[unsafe_offset=chunk.pad + e].cast[acc]()
-        )
-    comptime for k in range(K):
-        comptime if k < K - 1:
-            async_copy_wait_group(Int32(K - 1 - k))
-        else:
-            async_copy_wait_all()
-        var i = t + k * T
-        if i < chunk.nvec:
-            var v = body.unsafe_offset(i * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            (m, s) = online_add[acc, V](m, s, v.cast[acc]())
-    return block_max_sum[acc, T](m, s)
 
 
 @always_inline
@@ -171,23 +357,11 @@ def write_chunk[
 ):
     """Write softmax (or log-softmax) of the chunk held in `buf`, given its
     row's max and `row_scale`."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var y = dst.unsafe_offset(chunk.start)
-    var body = buf.unsafe_offset(chunk.pad + chunk.head)
-    for i in range(t, chunk.nvec, T):
-        var v = body.unsafe_offset(i * V).unsafe_load[width=V, alignment=16]()
-        y.unsafe_offset(chunk.head + i * V).unsafe_store[alignment=16](
-            epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
-                dtype
-            ]()
-        )
-    for e in range(t, chunk.head, T):
-        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
-            buf[unsafe_offset=chunk.pad + e].cast[acc](), row_max, scale
-        ).cast[dtype]()
-    for e in range(chunk.head + chunk.nvec * V + t, chunk.count, T):
-        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
-            buf[unsafe_offset=chunk.pad + e].cast[acc](), row_max, scale
-        ).cast[dtype]()
+    comptime assert accum_dtype[dtype]().is_floating_point()
+    var sweep = EpilogueWrite[dtype, log_out](
+        HeldChunk[dtype](chunk, buf),
+        OutChunk[dtype](chunk, dst),
+        row_max,
+        scale,
+    )
+    each_held[V, T](chunk, sweep)

@@ -36,6 +36,11 @@ round trips measured 3-4% slower at 32 x 1M):
 At 32 x 1M (the bench's device timer) this reaches 94% of a device copy in
 fp32 and 88% in bf16; the version with three more round trips a chunk and
 2 x 512-thread blocks for every dtype reached 91% and 81%.
+
+The loop (`stream_chunks`) and its launcher (`launch_streamed`) take what
+a chunk holds, publishes and writes as a `StreamedChunks`: here softmax
+(`SoftmaxChunks`), in gpu_backward_stream_rows the backward ops, whose
+chunks hold two tensors and publish one sum.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
@@ -48,7 +53,7 @@ from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
-from .gpu_launch import aligned_flag_of
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_split_chunks import (
     SharedBuffer,
     SmemChunk,
@@ -83,9 +88,11 @@ def split_stream_threads[dtype: DType]() -> Int:
     return 256 if size_of[dtype]() == 2 else 512
 
 
-def split_stream_vectors[dtype: DType]() -> Int:
-    """16-byte vectors a thread copies into each of its block's buffers."""
-    return 6 if size_of[dtype]() == 2 else 7
+def split_stream_vectors[dtype: DType, tensors: Int = 1]() -> Int:
+    """16-byte vectors a thread copies into each of its block's buffers, of
+    each of `tensors` input tensors: the forward's bytes of buffer split
+    between them."""
+    return (6 if size_of[dtype]() == 2 else 7) // tensors
 
 
 def split_stream_blocks[dtype: DType]() -> Int:
@@ -94,8 +101,8 @@ def split_stream_blocks[dtype: DType]() -> Int:
 
 
 def split_stream_shared_bytes(threads: Int, vectors: Int) -> Int:
-    """Dynamic shared memory a block needs: two chunk buffers, each with
-    its vector of padding (see `SmemChunk`)."""
+    """Dynamic shared memory a block needs for each input tensor: two chunk
+    buffers, each with its vector of padding (see `SmemChunk`)."""
     return 2 * chunk_shared_bytes(threads, vectors)
 
 
@@ -137,6 +144,31 @@ def pair_words[acc: DType]() -> Int:
 
 
 @always_inline
+def sum_word[acc: DType](s: Scalar[acc]) -> UInt64:
+    """A sum as a published word, never zero: the complement of its float64
+    bits, with one NaN for every NaN (no other float64's complement is
+    zero)."""
+    comptime assert acc.is_floating_point()
+    var v = s if s == s else nan[acc]()
+    return ~bitcast[DType.uint64](v.cast[DType.float64]())
+
+
+@always_inline
+def word_sum[acc: DType](word: UInt64) -> Scalar[acc]:
+    """The sum `sum_word` published as `word`."""
+    return bitcast[DType.float64](~word).cast[acc]()
+
+
+@always_inline
+def count_arrival(counters: Pointer[Int32, MutAnyOrigin], r: Int):
+    """Count a published chunk in row r's arrivals (the hint
+    `ticket_and_row_ready` reads)."""
+    _ = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](
+        counters.unsafe_offset(1 + r), 1
+    )
+
+
+@always_inline
 def publish_packed_pair[
     acc: DType
 ](
@@ -149,7 +181,7 @@ def publish_packed_pair[
     chunk_sum: Scalar[acc],
 ):
     """Thread 0 publishes chunk c's pair to row r and counts it in the row's
-    arrivals (the hint `ticket_and_row_ready` reads)."""
+    arrivals."""
     comptime assert acc.is_floating_point()
     if thread_idx.x == 0:
         var at = pairs.unsafe_offset((r * chunks + c) * pair_words[acc]())
@@ -159,18 +191,24 @@ def publish_packed_pair[
             )
             PairWord.store[ordering=Ordering.RELAXED](at, word)
         else:
-            # One NaN for every NaN sum, so no sum's complement is zero.
-            var s = chunk_sum if chunk_sum == chunk_sum else nan[acc]()
             PairWord.store[ordering=Ordering.RELAXED](
                 at, bitcast[DType.uint64](chunk_max.cast[DType.float64]())
             )
             PairWord.store[ordering=Ordering.RELEASE](
-                at.unsafe_offset(1),
-                ~bitcast[DType.uint64](s.cast[DType.float64]()),
+                at.unsafe_offset(1), sum_word[acc](chunk_sum)
             )
-        _ = DeviceCounter.fetch_add[ordering=Ordering.RELAXED](
-            counters.unsafe_offset(1 + r), 1
-        )
+        count_arrival(counters, r)
+
+
+@always_inline
+def wait_word[
+    ordering: Ordering = Ordering.RELAXED
+](at: Pointer[UInt64, MutAnyOrigin]) -> UInt64:
+    """The word at `at`, once published (nonzero)."""
+    var word = PairWord.load[ordering=ordering](at)
+    while word == 0:
+        word = PairWord.load[ordering=ordering](at)
+    return word
 
 
 @always_inline
@@ -180,41 +218,19 @@ def read_packed_pair[
     """Wait for the pair at `at` to be published, and return it."""
     comptime assert acc.is_floating_point()
     comptime if acc == DType.float32:
-        var word = PairWord.load[ordering=Ordering.RELAXED](at)
-        while word == 0:
-            word = PairWord.load[ordering=Ordering.RELAXED](at)
+        var word = wait_word(at)
         return (
             bitcast[acc](UInt32(word & 0xFFFFFFFF)),
             bitcast[acc](UInt32(word >> 32)),
         )
     else:
         var sum_at = at.unsafe_offset(1)
-        var sum_word = PairWord.load[ordering=Ordering.ACQUIRE](sum_at)
-        while sum_word == 0:
-            sum_word = PairWord.load[ordering=Ordering.ACQUIRE](sum_at)
+        var sum_bits = wait_word[Ordering.ACQUIRE](sum_at)
         var max_word = PairWord.load[ordering=Ordering.RELAXED](at)
         return (
             bitcast[DType.float64](max_word).cast[acc](),
-            bitcast[DType.float64](~sum_word).cast[acc](),
+            word_sum[acc](sum_bits),
         )
-
-
-@always_inline
-def publish_chunk_packed[
-    dtype: DType, V: Int, T: Int, K: Int
-](
-    chunk: SmemChunk,
-    buf: SharedBuffer[dtype],
-    counters: Pointer[Int32, MutAnyOrigin],
-    pairs: Pointer[UInt64, MutAnyOrigin],
-    chunks: Int,
-):
-    """Reduce the chunk `load_chunk` is copying into `buf` and publish its
-    pair."""
-    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
-    publish_packed_pair[accum_dtype[dtype]()](
-        counters, pairs, chunk.row, chunks, chunk.index, pair[0], pair[1]
-    )
 
 
 @always_inline
@@ -234,6 +250,222 @@ def wait_row_terms[
         )
         (m, s) = fold_pair[acc](m, s, pair[0], pair[1])
     return block_row_terms[acc, T, log_out](m, s)
+
+
+trait StreamedChunks:
+    """What `stream_chunks` does with the chunks it streams: the forward
+    and the backward ops differ only in the tensors a chunk holds, what a
+    chunk publishes for its row and how a chunk is written once its row's
+    terms are known; tickets, buffers and the order of the steps are
+    `stream_chunks`'s."""
+
+    comptime dtype: DType
+    """Element type of the tensors."""
+    comptime tensors: Int
+    """Input tensors a chunk holds, each its part of a buffer
+    (`chunk_part_elements`)."""
+    comptime words: Int
+    """64-bit words a chunk publishes, zero until written."""
+
+    def load[
+        T: Int, K: Int
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype]):
+        """Start copying the chunk of each input into `buf`."""
+        ...
+
+    def publish[
+        T: Int, K: Int
+    ](
+        self,
+        chunk: SmemChunk,
+        buf: SharedBuffer[Self.dtype],
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """Reduce the chunk `load` is copying, publish its words and count
+        it in its row's arrivals."""
+        ...
+
+    def write[
+        T: Int, K: Int
+    ](
+        self,
+        chunk: SmemChunk,
+        buf: SharedBuffer[Self.dtype],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """Wait for the words of the chunk's row, then write the chunk."""
+        ...
+
+    def enqueue[
+        T: Int, K: Int, B: Int
+    ](
+        self,
+        ctx: DeviceContext,
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        rows: Int,
+        n: Int,
+        aligned_flag: Int32,
+        grid: Int,
+        smem_bytes: Int,
+    ) raises:
+        """Host side: enqueue the kernel that runs `stream_chunks` on these
+        tensors."""
+        ...
+
+
+@always_inline
+def stream_chunks[
+    R: StreamedChunks, T: Int, K: Int
+](
+    op: R,
+    counters: Pointer[Int32, MutAnyOrigin],
+    words: Pointer[UInt64, MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """The body of a split-stream kernel: chunks of `chunk_bytes(T, K)` of
+    each tensor, taken by ticket until all `rows * chunks` are written (see
+    the module docstring); any grid size works."""
+    comptime V = vector_width[R.dtype]()
+    comptime C = chunk_bytes(T, K) // size_of[R.dtype]()
+    var len = Int(n)
+    var chunks = (len + C - 1) // C
+    var total = Int(rows) * chunks
+    var held_buf = external_memory[
+        Scalar[R.dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    # The second buffer starts past the first's parts and their padding.
+    var free_buf = held_buf.unsafe_offset(R.tensors * (C + V))
+
+    var first = ticket_and_row_ready(counters, 0, chunks)
+    if first[0] >= total:
+        return
+    var held = smem_chunk[V, C](first[0], len, chunks, aligned_flag)
+    op.load[T, K](held, held_buf)
+    op.publish[T, K](held, held_buf, counters, words, chunks)
+
+    while True:
+        var got = ticket_and_row_ready(counters, held.row, chunks)
+        var more = got[0] < total
+        var next = held
+        var published = True
+        if more:
+            next = smem_chunk[V, C](got[0], len, chunks, aligned_flag)
+            op.load[T, K](next, free_buf)
+            published = False
+            # Publish first when the held row still waits: this chunk may
+            # be what it waits for.
+            if not got[1]:
+                op.publish[T, K](next, free_buf, counters, words, chunks)
+                published = True
+        op.write[T, K](held, held_buf, words, chunks)
+        if not more:
+            return
+        if not published:
+            op.publish[T, K](next, free_buf, counters, words, chunks)
+        held = next
+        var swap = held_buf
+        held_buf = free_buf
+        free_buf = swap
+
+
+@fieldwise_init
+struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
+    """Softmax (log-softmax with `log_out`) of `src` into `dst`: a chunk
+    publishes its pair (max, sum of exp(x - max))."""
+
+    comptime dtype = Self.dtype_
+    comptime tensors = 1
+    comptime words = pair_words[accum_dtype[Self.dtype_]()]()
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+
+    @always_inline
+    def load[
+        T: Int, K: Int
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype]):
+        """Start copying the chunk of `src`."""
+        load_chunk[Self.dtype, vector_width[Self.dtype](), T, K](
+            chunk, kernel_arg(self.src), buf
+        )
+
+    @always_inline
+    def publish[
+        T: Int, K: Int
+    ](
+        self,
+        chunk: SmemChunk,
+        buf: SharedBuffer[Self.dtype],
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """Reduce the chunk to its pair and publish it."""
+        var pair = chunk_pair[Self.dtype, vector_width[Self.dtype](), T, K](
+            chunk, buf
+        )
+        publish_packed_pair[accum_dtype[Self.dtype]()](
+            counters, words, chunk.row, chunks, chunk.index, pair[0], pair[1]
+        )
+
+    @always_inline
+    def write[
+        T: Int, K: Int
+    ](
+        self,
+        chunk: SmemChunk,
+        buf: SharedBuffer[Self.dtype],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """Fold the row's pairs, write the chunk's softmax."""
+        var terms = wait_row_terms[accum_dtype[Self.dtype](), T, Self.log_out](
+            words, chunk.row, chunks
+        )
+        write_chunk[Self.dtype, Self.log_out, vector_width[Self.dtype](), T](
+            chunk, kernel_arg(self.dst), buf, terms[0], terms[1]
+        )
+
+    def enqueue[
+        T: Int, K: Int, B: Int
+    ](
+        self,
+        ctx: DeviceContext,
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        rows: Int,
+        n: Int,
+        aligned_flag: Int32,
+        grid: Int,
+        smem_bytes: Int,
+    ) raises:
+        """Enqueue `split_stream_rows_kernel`."""
+        comptime kernel = split_stream_rows_kernel[
+            Self.dtype, Self.log_out, vector_width[Self.dtype](), T, K, B
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dst),
+            kernel_arg(self.src),
+            counters,
+            words,
+            Int64(rows),
+            Int64(n),
+            aligned_flag,
+            grid_dim=grid,
+            block_dim=T,
+            shared_mem_bytes=smem_bytes,
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                UInt32(smem_bytes)
+            ),
+        )
 
 
 @__llvm_metadata(
@@ -256,8 +488,7 @@ def split_stream_rows_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """Chunks of `chunk_bytes(T, K)`, taken by ticket until all
-    `rows * chunks` are written; any grid size works.
+    """Softmax by `stream_chunks`: chunks of `chunk_bytes(T, K)`.
 
     Parameters:
         dtype: Element type.
@@ -278,68 +509,60 @@ def split_stream_rows_kernel[
         n: Row length.
         aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned.
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime C = chunk_bytes(T, K) // size_of[dtype]()
-    var len = Int(n)
-    var chunks = (len + C - 1) // C
-    var total = Int(rows) * chunks
-    var held_buf = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-    # The second buffer starts past the first and its padding vector.
-    var free_buf = held_buf.unsafe_offset(C + V)
-
-    var first = ticket_and_row_ready(counters, 0, chunks)
-    if first[0] >= total:
-        return
-    var held = smem_chunk[V, C](first[0], len, chunks, aligned_flag)
-    load_chunk[dtype, V, T, K](held, src, held_buf)
-    publish_chunk_packed[dtype, V, T, K](
-        held, held_buf, counters, pairs, chunks
+    stream_chunks[SoftmaxChunks[dtype, log_out], T, K](
+        SoftmaxChunks[dtype, log_out](held(dst), held(src)),
+        counters,
+        pairs,
+        rows,
+        n,
+        aligned_flag,
     )
 
-    while True:
-        var got = ticket_and_row_ready(counters, held.row, chunks)
-        var more = got[0] < total
-        var next = held
-        var published = True
-        if more:
-            next = smem_chunk[V, C](got[0], len, chunks, aligned_flag)
-            load_chunk[dtype, V, T, K](next, src, free_buf)
-            published = False
-            # Publish first when the held row still waits: this chunk may
-            # be what it waits for.
-            if not got[1]:
-                publish_chunk_packed[dtype, V, T, K](
-                    next, free_buf, counters, pairs, chunks
-                )
-                published = True
-        var terms = wait_row_terms[acc, T, log_out](pairs, held.row, chunks)
-        write_chunk[dtype, log_out, V, T](
-            held, dst, held_buf, terms[0], terms[1]
-        )
-        if not more:
-            return
-        if not published:
-            publish_chunk_packed[dtype, V, T, K](
-                next, free_buf, counters, pairs, chunks
-            )
-        held = next
-        var swap = held_buf
-        held_buf = free_buf
-        free_buf = swap
 
-
-def split_stream_fits[dtype: DType](ctx: DeviceContext, n: Int) raises -> Bool:
+def split_stream_fits[
+    dtype: DType, tensors: Int = 1
+](ctx: DeviceContext, n: Int) raises -> Bool:
     """Whether this GPU holds all chunks of a row of `n` at once in the
-    table's split_stream blocks (a MIG slice may not)."""
+    table's split_stream blocks for `tensors` input tensors (a MIG slice
+    may not)."""
     var room = split_stream_room[
         dtype,
         split_stream_threads[dtype](),
-        split_stream_vectors[dtype](),
+        split_stream_vectors[dtype, tensors](),
         split_stream_blocks[dtype](),
     ](ctx, n)
     return room[0] <= room[1]
+
+
+def launch_streamed[
+    R: StreamedChunks, T: Int, K: Int, B: Int
+](
+    ctx: DeviceContext, op: R, variant: String, rows: Int, n: Int, aligned: Bool
+) raises:
+    """Launch `op`'s split-stream kernel on `rows` rows of `n` after zeroing
+    its counters and words: blocks of T threads, B resident an SM, each with
+    two buffers of K 16-byte vectors a thread of each input tensor. Raises
+    unless the row fits (`check_on_chip_split`)."""
+    var room = split_stream_room[R.dtype, T, K, B](ctx, n)
+    var chunks = room[0]
+    check_on_chip_split[R.dtype](ctx, variant, n, chunks, room[1])
+    var counters = split_counters(ctx, rows, rows * chunks * R.words)
+    var base = counters.unsafe_ptr()
+    op.enqueue[T, K, B](
+        ctx,
+        rebind[Pointer[Int32, MutAnyOrigin]](base),
+        rebind[Pointer[UInt64, MutAnyOrigin]](
+            base.unsafe_offset(pairs_offset(rows)).unsafe_bitcast[UInt64]()
+        ),
+        rows,
+        n,
+        aligned_flag_of(aligned),
+        # Every block resident at once: half the chunk slots.
+        min(rows * chunks, room[1] // 2),
+        R.tensors * split_stream_shared_bytes(T, K),
+    )
+    # The buffer is freed in stream order, after the kernel.
+    _ = counters^
 
 
 def launch_split_stream[
@@ -356,39 +579,16 @@ def launch_split_stream[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `split_stream_rows_kernel` on `rows` rows of `n` after zeroing
-    its counters and pairs: blocks of T threads, B resident an SM, each with
-    two buffers of K 16-byte vectors a thread. The defaults are the table's
+    """Launch `split_stream_rows_kernel` on `rows` rows of `n` (see
+    `launch_streamed`). The defaults are the table's
     (`split_stream_threads`/`_vectors`/`_blocks`);
-    benchmarks/split_stream_sweep.mojo times others. Raises unless the row
-    fits (`check_on_chip_split`)."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime V = vector_width[dtype]()
-    var room = split_stream_room[dtype, T, K, B](ctx, n)
-    var chunks = room[0]
-    check_on_chip_split[dtype](ctx, "split_stream", n, chunks, room[1])
-    var counters = split_counters(ctx, rows, rows * chunks * pair_words[acc]())
-    var base = counters.unsafe_ptr()
-    var smem_bytes = split_stream_shared_bytes(T, K)
-    comptime kernel = split_stream_rows_kernel[dtype, log_out, V, T, K, B]
-    ctx.enqueue_function[kernel](
-        dst,
-        src,
-        rebind[Pointer[Int32, MutAnyOrigin]](base),
-        rebind[Pointer[UInt64, MutAnyOrigin]](
-            base.unsafe_offset(pairs_offset(rows)).unsafe_bitcast[UInt64]()
-        ),
-        Int64(rows),
-        Int64(n),
-        aligned_flag_of(aligned),
-        # Every block resident at once: half the chunk slots.
-        grid_dim=min(rows * chunks, room[1] // 2),
-        block_dim=T,
-        shared_mem_bytes=smem_bytes,
-        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-            UInt32(smem_bytes)
-        ),
+    benchmarks/split_stream_sweep.mojo times others."""
+    comptime assert accum_dtype[dtype]().is_floating_point()
+    launch_streamed[SoftmaxChunks[dtype, log_out], T, K, B](
+        ctx,
+        SoftmaxChunks[dtype, log_out](held(dst), held(src)),
+        "split_stream",
+        rows,
+        n,
+        aligned,
     )
-    # The buffer is freed in stream order, after the kernel.
-    _ = counters^

@@ -13,6 +13,15 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var y = ctx.enqueue_create_buffer[dtype](1 << 20)
     var src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](x.unsafe_ptr())
     var dst = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](y.unsafe_ptr())
+    # Room for the backward's largest shape below (300 x 50257).
+    var big_x = ctx.enqueue_create_buffer[dtype](300 * 50257)
+    var big_y = ctx.enqueue_create_buffer[dtype](300 * 50257)
+    var big_src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](
+        big_x.unsafe_ptr()
+    )
+    var big_dst = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](
+        big_y.unsafe_ptr()
+    )
     comptime for log_out in [False, True]:
         comptime for variant in [
             "auto",
@@ -31,12 +40,20 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             )
         comptime auto = launch_variant[dtype, log_out, "auto"]
         softmax_rows["gpu", dtype, log_out, auto](ctx, dst, src, 4, 100, 7)
-        softmax_backward_rows["gpu", dtype, log_out](
-            ctx, dst, src, src, 4, 1000, 1
-        )
-        softmax_backward_rows["gpu", dtype, log_out](
-            ctx, dst, src, src, 4, 100, 7
-        )
+        # Backward, a shape for each family of backward_kernel_for
+        # (dispatch.mojo): registers, on chip a block a row (16-bit),
+        # split stream (unaligned n too), and the block-per-row fallback.
+        comptime for shape in [
+            (4, 1000),
+            (4, 100),
+            (300, 50257),
+            (8, 300000),
+            (2, 1 << 20),
+            (1, 3 << 20),
+        ]:
+            softmax_backward_rows["gpu", dtype, log_out](
+                ctx, big_dst, big_src, big_src, shape[0], shape[1], 1
+            )
 
 
 def main() raises:

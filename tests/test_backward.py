@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICES, DTYPES, random_logits
+from conftest import DEVICES, DTYPES, GPU_SKIP, random_logits
 
 import max_softmax
 import max_softmax.reference
@@ -26,6 +26,33 @@ def test_matches_formula(rng, device, op, dtype, shape, axis):
     dx = getattr(max_softmax, op)(a, dy, axis=axis, device=device)
     assert dx.shape == x.shape and dx.dtype == x.dtype
     c = compare_backward(op, dx, a, dy, axis)
+    assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
+
+
+# Rows past the register plans, one shape for each GPU backward family of
+# dispatch.mojo's backward_kernel_for, with n not a multiple of the 16-byte
+# vector so rows start unaligned (peeled heads and tails):
+# - 300 x 20001: both rows on chip, a block a row (512 threads for 16-bit,
+#   1024 for float32);
+# - 300 x 50257: on chip for 16-bit (1024 threads), split stream for float32
+#   (too long for one SM);
+# - 8 x 300001: split stream, too few rows for a block a row;
+# - 2 x 2^20: split stream, rows of 4 MB (float32);
+# - 1 x (2^22 + 3): past the split stream's 8 MB, the block-per-row fallback.
+GPU_LONG_ROWS = [(300, 20001), (300, 50257), (8, 300001), (2, 1 << 20), (1, (1 << 22) + 3)]
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("op", list(BACKWARD))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", GPU_LONG_ROWS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_long_rows(rng, op, dtype, shape):
+    x = random_logits(rng, shape, dtype)
+    a = getattr(max_softmax, BACKWARD[op])(x, axis=-1, device="gpu")
+    dy = random_logits(rng, shape, dtype, scale=1.0)
+    dx = getattr(max_softmax, op)(a, dy, axis=-1, device="gpu")
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    c = compare_backward(op, dx, a, dy, -1)
     assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
 
 

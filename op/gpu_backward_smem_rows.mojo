@@ -1,0 +1,224 @@
+"""Backward rows kept on chip, both tensors: a block a row reads y (or
+log p) and dy once.
+
+Rows too long for the backward's register plans (over 16K values) whose
+two tensors fit one SM together (to ~37K float32 or ~74K 16-bit values,
+e.g. bfloat16 50257: 201 KB of both) get a block of 512 or 1024 threads
+each, as the forward's gpu_smem_rows: each thread keeps its first
+`REG_CHUNKS / 2` vectors of each tensor in registers (the forward's 16
+registers of row values), the rest of both rows goes to dynamic shared
+memory by cp.async (`start_row_copy`), a's part then dy's. The row sum of
+`backward_term` is reduced over the on-chip copy and dx written from it:
+3 transfers instead of the block-per-row kernel's 5.
+
+Rows need not start 16-byte aligned: as in the forward, each row is a
+scalar head up to its first aligned element, an aligned vector body, and a
+scalar tail, the head and tail (under V elements each) kept in the
+registers of the threads that load them.
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.memory import AddressSpace, async_copy_wait_all, external_memory
+from std.utils import StaticTuple
+
+from .gpu_launch import aligned_flag_of
+from .gpu_reductions import block_sum
+from .gpu_smem_rows import (
+    REG_CHUNKS,
+    SMEM_HALF_THREADS,
+    SMEM_THREADS,
+    smem_bytes_for,
+    smem_capacity,
+    smem_threads_for,
+    start_row_copy,
+)
+from .row_math import accum_dtype, backward_out, backward_term, vector_width
+
+# y (or log p) and dy share the forward's registers and shared memory.
+comptime SMEM_TENSORS = 2
+# 16-byte vectors of each tensor a thread holds in registers.
+comptime BACKWARD_REG_CHUNKS = REG_CHUNKS // SMEM_TENSORS
+
+
+@always_inline
+def load_vector[
+    dtype: DType, V: Int
+](x: Pointer[Scalar[dtype], MutAnyOrigin], e: Int) -> SIMD[dtype, V]:
+    """The aligned 16-byte vector at `x + e`."""
+    return x.unsafe_offset(e).unsafe_load[width=V, alignment=16]()
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def backward_smem_kernel[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """The gradient of `grid_dim.x` rows of `n <= smem_capacity(V, 2)`, a
+    row per block of `T` threads (`smem_threads_for`).
+
+    Parameters:
+        dtype: Element type.
+        log_in: `a` holds log-softmax output (log_softmax_backward).
+        V: Elements per 16-byte vector of `dtype`.
+        T: Threads per block.
+
+    Args:
+        dx: Output gradient rows.
+        a: Forward output rows (y or log p).
+        dy: Incoming gradient rows.
+        n: Row length.
+        aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime R = BACKWARD_REG_CHUNKS
+    var t = Int(thread_idx.x)
+    var len = Int(n)
+    var start = Int(block_idx.x) * len
+    var ra = a.unsafe_offset(start)
+    var rg = dy.unsafe_offset(start)
+    var out = dx.unsafe_offset(start)
+    # head: elements before the row's first 16-byte boundary (all of them
+    # when the buffers themselves are unaligned: scalar throughout).
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var tail_begin = head + nvec * V
+    var smem_a = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    # dy's shared part follows a's: a whole number of 16-byte vectors.
+    var smem_g = smem_a.unsafe_offset(max(0, nvec - R * T) * V)
+    start_row_copy[dtype, V, T, R](ra, smem_a, t, head, nvec)
+    start_row_copy[dtype, V, T, R](rg, smem_g, t, head, nvec)
+
+    # Sweep 1: the register part lands while the shared part streams in;
+    # the row's terms, summed over the on-chip copy.
+    var regs_a = SIMD[dtype, V * R](0)
+    var regs_g = SIMD[dtype, V * R](0)
+    var s = Scalar[acc](0)
+    comptime for k in range(R):
+        var i = k * T + t
+        if i < nvec:
+            var va = load_vector[dtype, V](ra, head + i * V)
+            var vg = load_vector[dtype, V](rg, head + i * V)
+            regs_a = regs_a.insert[offset=k * V](va)
+            regs_g = regs_g.insert[offset=k * V](vg)
+            s += backward_term[log_in, acc, V](
+                va.cast[acc](), vg.cast[acc]()
+            ).reduce_add()
+    async_copy_wait_all()
+    for i in range(R * T + t, nvec, T):
+        var at = (i - R * T) * V
+        s += backward_term[log_in, acc, V](
+            smem_a.unsafe_offset(at)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc](),
+            smem_g.unsafe_offset(at)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc](),
+        ).reduce_add()
+    # Head and tail: fewer than V elements each, unless the row is scalar.
+    # Their padding 0 adds 0 to either sum (dy * y, or dy).
+    var edge_a = SIMD[acc, 2](0)
+    var edge_g = SIMD[acc, 2](0)
+    if t < head and head < V:
+        edge_a[0] = ra[unsafe_offset=t].cast[acc]()
+        edge_g[0] = rg[unsafe_offset=t].cast[acc]()
+    if tail_begin + t < len:
+        edge_a[1] = ra[unsafe_offset=tail_begin + t].cast[acc]()
+        edge_g[1] = rg[unsafe_offset=tail_begin + t].cast[acc]()
+    s += backward_term[log_in, acc, 2](edge_a, edge_g).reduce_add()
+    for e in range(t + (T if head < V else 0), head, T):
+        s += backward_term[log_in, acc, 1](
+            ra[unsafe_offset=e].cast[acc](), rg[unsafe_offset=e].cast[acc]()
+        )
+    var total = block_sum[acc, T](s)
+
+    # Sweep 2: write dx from the on-chip copy.
+    comptime for k in range(R):
+        var i = k * T + t
+        if i < nvec:
+            out.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+                backward_out[log_in, acc, V](
+                    regs_a.slice[V, offset=k * V]().cast[acc](),
+                    regs_g.slice[V, offset=k * V]().cast[acc](),
+                    total,
+                ).cast[dtype]()
+            )
+    for i in range(R * T + t, nvec, T):
+        var at = (i - R * T) * V
+        out.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+            backward_out[log_in, acc, V](
+                smem_a.unsafe_offset(at)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
+                smem_g.unsafe_offset(at)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
+                total,
+            ).cast[dtype]()
+        )
+    var edges = backward_out[log_in, acc, 2](edge_a, edge_g, total).cast[
+        dtype
+    ]()
+    if t < head and head < V:
+        out[unsafe_offset=t] = edges[0]
+    if tail_begin + t < len:
+        out[unsafe_offset=tail_begin + t] = edges[1]
+    for e in range(t + (T if head < V else 0), head, T):
+        out[unsafe_offset=e] = backward_out[log_in, acc, 1](
+            ra[unsafe_offset=e].cast[acc](),
+            rg[unsafe_offset=e].cast[acc](),
+            total,
+        ).cast[dtype]()
+
+
+def launch_backward_smem[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `backward_smem_kernel` on `rows` rows of `n`, a block a row
+    with the shared memory both tensors' rows need. Raises past
+    `smem_capacity(V, 2)`."""
+    comptime V = vector_width[dtype]()
+    if n > smem_capacity(V, SMEM_TENSORS):
+        raise Error(
+            "max_softmax: the backward's 'smem' kernel handles rows up to "
+            + String(smem_capacity(V, SMEM_TENSORS))
+            + " elements, got "
+            + String(n)
+        )
+    var threads = smem_threads_for(n, V, SMEM_TENSORS)
+    var smem_bytes = smem_bytes_for(n, V, threads, SMEM_TENSORS)
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = backward_smem_kernel[dtype, log_in, V, T]
+            ctx.enqueue_function[kernel](
+                dx,
+                a,
+                dy,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=rows,
+                block_dim=T,
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )

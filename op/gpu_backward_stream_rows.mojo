@@ -1,0 +1,332 @@
+"""Backward rows split across resident blocks that stream chunks: the
+forward's split stream (gpu_split_stream_rows) with two tensors a chunk.
+
+Rows too long for one SM (float32 50257 holds 393 KB of y and dy), or too
+few to fill the GPU a block a row, up to the forward's 8 MB a row (of each
+tensor), run `stream_chunks` with `BackwardChunks`: a chunk of y (or log p)
+and the same chunk of dy land in the two parts of one buffer, the chunk
+publishes its partial sum of `backward_term` to its row, and once all of
+the row's partial sums are published the chunk's dx is written from the
+buffer. y and dy cross HBM once, dx once: 3 transfers, as the register
+kernels, instead of the block-per-row kernel's 5.
+
+The forward's blocks keep their threads, blocks an SM and bytes of buffer;
+the buffer's vectors are split between the two tensors
+(`split_stream_vectors[dtype, 2]`): 24 KB chunks of each float32 tensor,
+12 KB of each 16-bit one.
+
+A chunk publishes one 64-bit word, its sum as `sum_word` (never zero), so
+the row's waiters poll the words themselves, as the forward's do its pairs.
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
+from max.gpu.host import DeviceContext, FuncAttribute
+from std.atomic import Ordering
+from std.utils import StaticTuple
+
+from .gpu_launch import HeldRows, held, kernel_arg
+from .gpu_reductions import block_sum
+from .gpu_split_chunks import (
+    ChunkSources,
+    ChunkVisitor,
+    HeldChunk,
+    OutChunk,
+    SharedBuffer,
+    SmemChunk,
+    chunk_part_elements,
+    each_held,
+    fold_chunk,
+    load_chunks,
+)
+from .gpu_split_stream_rows import (
+    PairWord,
+    StreamedChunks,
+    count_arrival,
+    launch_streamed,
+    split_stream_blocks,
+    split_stream_threads,
+    split_stream_vectors,
+    stream_chunks,
+    sum_word,
+    wait_word,
+    word_sum,
+)
+from .row_math import accum_dtype, backward_out, backward_term, vector_width
+
+# y (or log p) and dy: the tensors a backward chunk holds.
+comptime BACKWARD_TENSORS = 2
+
+
+struct TermFold[dtype: DType, log_in: Bool](ChunkVisitor):
+    """Sums `backward_term` over a held chunk of a and dy."""
+
+    var a: HeldChunk[Self.dtype]
+    """The chunk of the forward output (y or log p)."""
+    var g: HeldChunk[Self.dtype]
+    """The chunk of dy."""
+    var s: Scalar[accum_dtype[Self.dtype]()]
+    """The sum so far."""
+
+    @always_inline
+    def __init__(out self, a: HeldChunk[Self.dtype], g: HeldChunk[Self.dtype]):
+        """An empty sum over the chunks `a` and `g`."""
+        self.a = a
+        self.g = g
+        self.s = 0
+
+    @always_inline
+    def visit[w: Int](mut self, e: Int):
+        """Add the terms of the w elements at `e`."""
+        self.s += backward_term[Self.log_in, accum_dtype[Self.dtype](), w](
+            self.a.values[w](e), self.g.values[w](e)
+        ).reduce_add()
+
+
+struct GradientWrite[dtype: DType, log_in: Bool](ChunkVisitor):
+    """Writes dx of a held chunk of a and dy, given its row's sum."""
+
+    var a: HeldChunk[Self.dtype]
+    """The chunk of the forward output (y or log p)."""
+    var g: HeldChunk[Self.dtype]
+    """The chunk of dy."""
+    var dx: OutChunk[Self.dtype]
+    """Where its gradient goes."""
+    var total: Scalar[accum_dtype[Self.dtype]()]
+    """The row's sum of `backward_term`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        a: HeldChunk[Self.dtype],
+        g: HeldChunk[Self.dtype],
+        dx: OutChunk[Self.dtype],
+        total: Scalar[accum_dtype[Self.dtype]()],
+    ):
+        """The writer of the chunk's gradient to `dx`."""
+        self.a = a
+        self.g = g
+        self.dx = dx
+        self.total = total
+
+    @always_inline
+    def visit[w: Int](mut self, e: Int):
+        """Write dx of the w elements at `e`."""
+        self.dx.store[w](
+            e,
+            backward_out[Self.log_in, accum_dtype[Self.dtype](), w](
+                self.a.values[w](e), self.g.values[w](e), self.total
+            ).cast[Self.dtype](),
+        )
+
+
+@always_inline
+def held_pair[
+    dtype: DType, T: Int, K: Int
+](chunk: SmemChunk, buf: SharedBuffer[dtype]) -> Tuple[
+    HeldChunk[dtype], HeldChunk[dtype]
+]:
+    """The chunk of a and of dy that `load_chunks` put in `buf`'s two
+    parts."""
+    return (
+        HeldChunk[dtype](chunk, buf),
+        HeldChunk[dtype](
+            chunk, buf.unsafe_offset(chunk_part_elements[dtype, T, K]())
+        ),
+    )
+
+
+@always_inline
+def wait_row_sum[
+    acc: DType, T: Int
+](words: Pointer[UInt64, MutAnyOrigin], r: Int, chunks: Int) -> Scalar[acc]:
+    """Row r's sum, once all its `chunks` partial sums are published: each
+    thread polls its share of the words, all at once."""
+    comptime assert acc.is_floating_point()
+    var s = Scalar[acc](0)
+    for i in range(Int(thread_idx.x), chunks, T):
+        s += word_sum[acc](wait_word(words.unsafe_offset(r * chunks + i)))
+    return block_sum[acc, T](s)
+
+
+@fieldwise_init
+struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
+    """The chunks of softmax_backward (log_softmax_backward with `log_in`)
+    of a and dy into dx: a chunk publishes its sum of `backward_term`."""
+
+    comptime dtype = Self.dtype_
+    comptime tensors = BACKWARD_TENSORS
+    comptime words = 1
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient rows."""
+    var a: HeldRows[Self.dtype]
+    """Forward output rows (y or log p)."""
+    var dy: HeldRows[Self.dtype]
+    """Incoming gradient rows."""
+
+    @always_inline
+    def load[
+        T: Int, K: Int
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype]):
+        """Start copying the chunk of a and of dy."""
+        load_chunks[Self.dtype, vector_width[Self.dtype](), T, K, 2](
+            chunk, ChunkSources[Self.dtype, 2](self.a, self.dy), buf
+        )
+
+    @always_inline
+    def publish[
+        T: Int, K: Int
+    ](
+        self,
+        chunk: SmemChunk,
+        buf: SharedBuffer[Self.dtype],
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """Sum the chunk's terms and publish the sum."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var parts = held_pair[Self.dtype, T, K](chunk, buf)
+        var fold = TermFold[Self.dtype, Self.log_in](parts[0], parts[1])
+        fold_chunk[vector_width[Self.dtype](), T, K](chunk, fold)
+        var s = block_sum[acc, T](fold.s)
+        if thread_idx.x == 0:
+            PairWord.store[ordering=Ordering.RELAXED](
+                words.unsafe_offset(chunk.row * chunks + chunk.index),
+                sum_word[acc](s),
+            )
+            count_arrival(counters, chunk.row)
+
+    @always_inline
+    def write[
+        T: Int, K: Int
+    ](
+        self,
+        chunk: SmemChunk,
+        buf: SharedBuffer[Self.dtype],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """Add up the row's sums, write the chunk's dx."""
+        var parts = held_pair[Self.dtype, T, K](chunk, buf)
+        var sweep = GradientWrite[Self.dtype, Self.log_in](
+            parts[0],
+            parts[1],
+            OutChunk[Self.dtype](chunk, kernel_arg(self.dx)),
+            wait_row_sum[accum_dtype[Self.dtype](), T](
+                words, chunk.row, chunks
+            ),
+        )
+        each_held[vector_width[Self.dtype](), T](chunk, sweep)
+
+    def enqueue[
+        T: Int, K: Int, B: Int
+    ](
+        self,
+        ctx: DeviceContext,
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        rows: Int,
+        n: Int,
+        aligned_flag: Int32,
+        grid: Int,
+        smem_bytes: Int,
+    ) raises:
+        """Enqueue `backward_stream_kernel`."""
+        comptime kernel = backward_stream_kernel[
+            Self.dtype, Self.log_in, T, K, B
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dx),
+            kernel_arg(self.a),
+            kernel_arg(self.dy),
+            counters,
+            words,
+            Int64(rows),
+            Int64(n),
+            aligned_flag,
+            grid_dim=grid,
+            block_dim=T,
+            shared_mem_bytes=smem_bytes,
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                UInt32(smem_bytes)
+            ),
+        )
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(B),
+)
+def backward_stream_kernel[
+    dtype: DType, log_in: Bool, T: Int, K: Int, B: Int
+](
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    counters: Pointer[Int32, MutAnyOrigin],
+    words: Pointer[UInt64, MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """The backward by `stream_chunks`: chunks of `chunk_bytes(T, K)` of
+    each of a and dy.
+
+    Parameters:
+        dtype: Element type.
+        log_in: `a` holds log-softmax output (log_softmax_backward).
+        T: Threads per block.
+        K: 16-byte vectors a thread of each tensor in each buffer.
+        B: Blocks resident on an SM (registers are capped to fit them).
+
+    Args:
+        dx: Output gradient rows.
+        a: Forward output rows (y or log p).
+        dy: Incoming gradient rows.
+        counters: `1 + rows` zeroed counters: the ticket counter, then one
+            arrival counter per row.
+        words: `rows * chunks` zeroed 64-bit words, a published sum per
+            chunk.
+        rows: Number of rows.
+        n: Row length.
+        aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
+    """
+    stream_chunks[BackwardChunks[dtype, log_in], T, K](
+        BackwardChunks[dtype, log_in](held(dx), held(a), held(dy)),
+        counters,
+        words,
+        rows,
+        n,
+        aligned_flag,
+    )
+
+
+def launch_backward_stream[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `backward_stream_kernel` on `rows` rows of `n` with the
+    forward's blocks (`launch_streamed`). Raises unless the row fits
+    (`check_on_chip_split`)."""
+    comptime assert accum_dtype[dtype]().is_floating_point()
+    launch_streamed[
+        BackwardChunks[dtype, log_in],
+        split_stream_threads[dtype](),
+        split_stream_vectors[dtype, BACKWARD_TENSORS](),
+        split_stream_blocks[dtype](),
+    ](
+        ctx,
+        BackwardChunks[dtype, log_in](held(dx), held(a), held(dy)),
+        "backward split_stream",
+        rows,
+        n,
+        aligned,
+    )
