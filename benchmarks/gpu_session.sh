@@ -20,7 +20,7 @@
 # Logs and results go to $OUT (the device tool brings them back); TAG names
 # the log files of a stage run more than once.
 set -uo pipefail
-export PYTHONPATH=$HOME/site:$PWD/python PATH=$HOME/site/bin:$PATH PYTHONUNBUFFERED=1
+export PYTHONPATH=$HOME/site:$PWD/python${PYTHONPATH:+:$PYTHONPATH} PATH=$HOME/site/bin:$PATH PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 stage=${1:-test}; shift || true
 log="$OUT/${stage}${TAG:+_$TAG}.log"

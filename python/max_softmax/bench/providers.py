@@ -211,9 +211,8 @@ class QuackProvider(TorchProvider):
 
     def __init__(self, kind: str, op: str = "softmax") -> None:
         super().__init__(kind, op=op)
-        from quack import softmax as quack_softmax
-
-        self.q = quack_softmax
+        # quack/__init__ exports a function `softmax` that shadows the module.
+        self.q = importlib.import_module("quack.softmax")
         self.name = "quack"
 
     def run(self, k: int) -> None:
