@@ -21,17 +21,26 @@
 #   gpu_split_stream_rows.mojo few or long rows (to 8 MB): each row split into
 #                           chunks (56 KB fp32, 24 KB 16-bit) that resident
 #                           blocks stream through two shared-memory buffers,
-#                           read once
+#                           read once; the loop and launcher serve the
+#                           backward too (`StreamedChunks`)
 #   gpu_split_rows.mojo     rows over 8 MB: each row split across many blocks
 #                           in one launch, re-read from L2
 #   gpu_strided_rows.mojo   softmax over an axis that is not the last one
-#   gpu_backward_rows.mojo  softmax/log-softmax backward kernels
+#   gpu_backward_rows.mojo  backward: rows in registers (the register plans,
+#                           both tensors), the block-per-row fallback, and
+#                           rows along another axis
+#   gpu_backward_smem_rows.mojo backward rows whose y and dy fit one SM
+#                           together: a block per row, on chip, read once
+#   gpu_backward_stream_rows.mojo backward rows too long for that, or too
+#                           few (to 8 MB): the split stream with y's and dy's
+#                           chunks in each buffer, read once
 #
 # What the GPU families share:
 #   gpu_launch.mojo         alignment flags every launcher passes
 #   gpu_reductions.mojo     warp-shuffle and block reductions
 #   gpu_split_chunks.mojo   the chunk steps of the on-chip splits (load a chunk
-#                           into shared memory, reduce it, write it)
+#                           of one or more tensors into shared memory, sweep
+#                           it to reduce it or to write it)
 #   gpu_split_workspace.mojo the split kernels' counters and pairs (device
 #                           protocol, host allocation) and the on-chip splits'
 #                           row limit and room checks
@@ -50,3 +59,13 @@
 # CPU:
 #   cpu_rows.mojo           vectorized, multithreaded CPU kernels
 #   cpu_backward.mojo       the backward ops on the CPU
+#
+# Cross-entropy (loss, or loss and d loss / d logits, fused; rows of classes):
+#   cross_entropy_ops.mojo  the @extensibility.register structs (cross_entropy,
+#                           cross_entropy_with_grad and their *_into twins)
+#                           and the CPU/GPU routing
+#   cross_entropy_math.mojo the loss and gradient formulas both targets share
+#   cpu_cross_entropy.mojo  the CPU kernel (rows as tasks, SIMD sweeps)
+#   gpu_cross_entropy.mojo  the GPU kernels: register rows (the softmax plans),
+#                           a block per longer row, target count and the
+#                           loss reduction, and their launcher

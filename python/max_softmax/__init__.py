@@ -3,6 +3,8 @@
 - `max_softmax.ops.softmax(x, axis)`: add the op to your own MAX graph;
 - `max_softmax.softmax(array, axis, device=...)`: numpy in, numpy out (a MAX
   eager `Tensor` in, a `Tensor` out: see `max_softmax.eager`);
+- `max_softmax.cross_entropy(logits, targets, ...)` and
+  `cross_entropy_with_grad` (loss and dlogits, fused), numpy in and out;
 - `max_softmax.KERNELS`: the kernel library for `custom_extensions=[...]`
   (precompiled on first use, then cached; `KERNEL_SOURCES` is its source).
 """
@@ -12,7 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import eager, ops
-from .arrays import log_softmax, log_softmax_backward, softmax, softmax_backward
+from .arrays import (
+    cross_entropy,
+    cross_entropy_with_grad,
+    log_softmax,
+    log_softmax_backward,
+    softmax,
+    softmax_backward,
+)
 from .devices import NoGPUError, gpu_available
 from .kernels import KERNEL_SOURCES, kernel_library
 from .validation import SUPPORTED_DTYPES, SoftmaxInputError
@@ -23,6 +32,8 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "NoGPUError",
     "SoftmaxInputError",
+    "cross_entropy",
+    "cross_entropy_with_grad",
     "eager",
     "gpu_available",
     "kernel_library",

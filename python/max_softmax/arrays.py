@@ -13,8 +13,16 @@ import numpy as np
 from . import eager
 from .devices import device, resolve_device
 from .dtypes import max_dtype, to_buffer, to_numpy
-from .models import ModelKey, row_op_model
-from .validation import canonical_shape, check_dy_like, check_variant, normalize_axis
+from .models import ModelKey, cross_entropy_model, row_op_model
+from .validation import (
+    canonical_shape,
+    check_cross_entropy_options,
+    check_cross_entropy_shapes,
+    check_dy_like,
+    check_targets_in_range,
+    check_variant,
+    normalize_axis,
+)
 
 if TYPE_CHECKING:
     from max.experimental.tensor import Tensor
@@ -72,6 +80,114 @@ def log_softmax_backward(
     Arguments as for `softmax_backward`, with `logp = log_softmax(x, axis)`.
     """
     return _run("log_softmax_backward", logp, axis, device, "auto", dy)
+
+
+def cross_entropy(
+    logits: Any,
+    targets: Any,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    device: str = "auto",
+) -> np.ndarray:
+    """Cross-entropy of `logits` against class indices `targets`, as
+    `torch.nn.functional.cross_entropy` with classes on the last axis.
+
+    Args:
+        logits: A float32/float16/bfloat16/float64 array (..., classes).
+        targets: Integer class indices, shaped `logits.shape[:-1]`.
+        ignore_index: Target value whose rows add nothing and count for
+            nothing in the mean.
+        reduction: "mean" (over the rows kept: NaN if none is, as torch),
+            "sum" or "none" (a loss a row, 0 for ignored rows).
+        label_smoothing: eps in [0, 1], as torch's `label_smoothing`.
+        device: "auto" (a GPU if MAX finds one, else the CPU), "cpu" or "gpu".
+
+    Returns:
+        The loss in the logits' dtype: a 0-d array for "mean"/"sum",
+        shaped `logits.shape[:-1]` for "none".
+
+    Raises:
+        ValueError: a target outside [0, classes) that is not
+            `ignore_index` (checked on the host before anything runs), or
+            targets of the wrong shape; TypeError for non-integer targets.
+    """
+    return _cross_entropy(logits, targets, ignore_index, reduction, label_smoothing, device, False)[
+        0
+    ]
+
+
+def cross_entropy_with_grad(
+    logits: Any,
+    targets: Any,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    device: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """`cross_entropy` and dlogits = d loss / d logits, from one fused pass
+    over the logits (read once, gradient written once on the GPU's
+    on-chip path).
+
+    Arguments as `cross_entropy`. Returns (loss, dlogits); dlogits has the
+    shape and dtype of `logits`. For reduction "none" it is the gradient of
+    the sum of the row losses (multiply row i by d total / d loss[i]).
+    """
+    loss, dlogits = _cross_entropy(
+        logits, targets, ignore_index, reduction, label_smoothing, device, True
+    )
+    return loss, dlogits
+
+
+def _cross_entropy(
+    logits: Any,
+    targets: Any,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    device_name: str,
+    with_grad: bool,
+) -> list[np.ndarray]:
+    array = as_array(logits)
+    dtype = max_dtype(array.dtype)
+    reduction, ignore_index, eps = check_cross_entropy_options(
+        reduction, ignore_index, label_smoothing
+    )
+    target_array = as_array(targets)
+    check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
+    if target_array.dtype.kind not in "iu":
+        raise TypeError(
+            "max_softmax: cross_entropy needs integer class-index targets, got "
+            f"{target_array.dtype}"
+        )
+    classes = array.shape[-1]
+    # The targets are on the host here: a bad one is an exception now,
+    # before anything runs (the GPU kernel could only mark its row NaN).
+    check_targets_in_range(target_array, classes, ignore_index)
+    kind = resolve_device(device_name)
+    rows = int(np.prod(array.shape[:-1], dtype=np.int64))
+    loss_shape = array.shape[:-1] if reduction == "none" else ()
+    if rows == 0 or classes == 0:
+        # Nothing to run (every row ignored when there are no classes):
+        # torch's values for empty sums and means.
+        empty = {"mean": np.nan, "sum": 0.0, "none": 0.0}[reduction]
+        out = [np.full(loss_shape, empty, dtype=array.dtype)]
+        return out + ([np.zeros(array.shape, dtype=array.dtype)] if with_grad else [])
+    model = cross_entropy_model(with_grad, dtype, kind, reduction)
+    buffers = [
+        to_buffer(np.ascontiguousarray(array).reshape(rows, classes)),
+        to_buffer(np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows)),
+        to_buffer(np.array([ignore_index, eps], dtype=np.float64)),
+    ]
+    if kind == "gpu":
+        buffers = [b.to(device("gpu")) for b in buffers]
+    outs = model.execute(*buffers)
+    result = [to_numpy(outs[0]).reshape(loss_shape)]
+    if with_grad:
+        result.append(to_numpy(outs[1]).reshape(array.shape))
+    return result
 
 
 def as_array(x: Any) -> np.ndarray:

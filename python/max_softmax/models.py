@@ -32,6 +32,7 @@ from max.graph import (
     ops,
 )
 
+from . import ops as graph_ops
 from .devices import device
 from .kernels import announce, cache_dir, kernel_library, sources_fingerprint
 from .registry import op_spec
@@ -171,6 +172,80 @@ def into_model(op: str, dtype: DType, kind: str) -> Model:
         )
 
     return compiled(key, kind, build, f"{op} (into a buffer) {dtype.name}")
+
+
+def _cross_entropy_types(dtype: DType, kind: str) -> list[TensorType]:
+    """The inputs of a cross-entropy model: (rows, n) logits, (rows,) int64
+    targets, (2,) float64 options (ignore_index, label_smoothing), all
+    symbolic but the options, so one model serves every shape and value."""
+    ref = device_ref(kind)
+    return [
+        TensorType(dtype, ["rows", "n"], device=ref),
+        TensorType(DType.int64, ["rows"], device=ref),
+        TensorType(DType.float64, [2], device=ref),
+    ]
+
+
+def cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Model:
+    """The compiled model running cross-entropy (with its gradient) on
+    (logits, targets, options) as `_cross_entropy_types` lists them; its
+    outputs are the loss ((1,) or (rows,) for "none") and, `with_grad`,
+    dlogits. One per (op, dtype, device, reduction)."""
+    op = "cross_entropy_with_grad" if with_grad else "cross_entropy"
+    key = (op, dtype, kind, reduction)
+
+    def body(logits: TensorValue, targets: TensorValue, options: TensorValue) -> list:
+        return graph_ops.cross_entropy_rows(
+            logits, targets, options, reduction=reduction, with_grad=with_grad
+        )
+
+    return compiled(
+        key,
+        kind,
+        lambda: build_graph(
+            f"max_softmax_{op}_{dtype.name}_{kind}_{reduction}",
+            _cross_entropy_types(dtype, kind),
+            body,
+        ),
+        f"{op} ({reduction}) {dtype.name}",
+    )
+
+
+def cross_entropy_into_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Model:
+    """The compiled model writing cross-entropy into given buffers, by the
+    op's destination-passing twin: inputs loss ((1,), or (rows,) for
+    "none"), dlogits (rows, n) where `with_grad`, then logits, targets and
+    options as in `cross_entropy_model`. The torch bridge runs these."""
+    op = "cross_entropy_with_grad" if with_grad else "cross_entropy"
+    key = ("into", op, dtype, kind, reduction)
+    model = _models.get(key)  # the bridge's hot path
+    if model is not None:
+        return model
+    spec = op_spec(op)
+    ref = device_ref(kind)
+
+    def body(*values: Any) -> list[TensorValue]:
+        ops.inplace_custom(
+            name=spec.into,
+            device=ref,
+            values=list(values),
+            out_types=[],
+            parameters={"reduction": reduction},
+        )
+        return []
+
+    def build() -> Graph:
+        loss_dims: list[str | int] = ["rows"] if reduction == "none" else [1]
+        outs = [BufferType(dtype, loss_dims, device=ref)]
+        if with_grad:
+            outs.append(BufferType(dtype, ["rows", "n"], device=ref))
+        return build_graph(
+            f"max_softmax_{spec.into}_{dtype.name}_{kind}_{reduction}",
+            outs + _cross_entropy_types(dtype, kind),
+            body,
+        )
+
+    return compiled(key, kind, build, f"{op} ({reduction}, into buffers) {dtype.name}")
 
 
 @cache

@@ -16,6 +16,8 @@ from __future__ import annotations
 from functools import reduce
 from operator import mul
 
+import numpy as np
+from max.dtype import DType
 from max.graph import Graph, TensorType, TensorValue, ops
 from max.graph.dim import Dim
 
@@ -23,6 +25,8 @@ from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
 from .validation import (
     BASELINE_VARIANTS,
+    check_cross_entropy_options,
+    check_cross_entropy_shapes,
     check_dtype,
     check_dy_like,
     check_variant,
@@ -81,6 +85,128 @@ def log_softmax_backward(logp: TensorValue, dy: TensorValue, axis: int = -1) -> 
         dx, the gradient with respect to `x`, shaped like `logp`.
     """
     return _row_op("log_softmax_backward", logp, axis, "auto", dy)
+
+
+def cross_entropy(
+    logits: TensorValue,
+    targets: TensorValue,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> TensorValue:
+    """Cross-entropy of `logits` (classes on the last axis) against class
+    indices `targets`, as `torch.nn.functional.cross_entropy`.
+
+    Args:
+        logits: A floating-point tensor (..., classes); dims may be symbolic.
+        targets: Integer class indices shaped like `logits` without its last
+            axis, on the same device (cast to int64 in the graph).
+        ignore_index: Target value whose rows add nothing and count for
+            nothing in the mean.
+        reduction: "mean" (over the rows kept; NaN if none is), "sum" or
+            "none" (a loss a row, 0 for ignored rows).
+        label_smoothing: eps in [0, 1]: the target is (1 - eps) one-hot plus
+            eps / classes everywhere.
+
+    Returns:
+        The loss in the logits' dtype: a scalar for "mean"/"sum", shaped
+        `logits.shape[:-1]` for "none". On the GPU a target out of range
+        that is not ignore_index makes its row's loss NaN (the kernel cannot
+        raise without a host sync); on the CPU it raises at execution.
+    """
+    return _cross_entropy(logits, targets, ignore_index, reduction, label_smoothing, False)[0]
+
+
+def cross_entropy_with_grad(
+    logits: TensorValue,
+    targets: TensorValue,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> tuple[TensorValue, TensorValue]:
+    """`cross_entropy` and dlogits = d loss / d logits, fused: the kernels
+    read the logits once and write the gradient once.
+
+    Arguments as `cross_entropy`. For reduction "none", dlogits is the
+    gradient of the sum of the row losses (scale each row by its incoming
+    gradient). Returns (loss, dlogits), dlogits shaped and typed like `logits`.
+    """
+    loss, dlogits = _cross_entropy(logits, targets, ignore_index, reduction, label_smoothing, True)
+    return loss, dlogits
+
+
+def cross_entropy_rows(
+    logits: TensorValue,
+    targets: TensorValue,
+    options: TensorValue,
+    *,
+    reduction: str,
+    with_grad: bool,
+) -> list[TensorValue]:
+    """The cross-entropy op on its own view: (rows, classes) logits, (rows,)
+    int64 targets and `options`, a float64 (2,) tensor (ignore_index,
+    label_smoothing) on the logits' device, so that a model built on this
+    (models.cross_entropy_model) serves every value of them. Returns [loss]
+    or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none"."""
+    name = "cross_entropy_with_grad" if with_grad else "cross_entropy"
+    check_graph_device(logits.device, f"the logits of {name}")
+    _ensure_kernels_loaded()
+    rows = logits.shape[0]
+    loss_type = TensorType(logits.dtype, [rows] if reduction == "none" else [1], logits.device)
+    out_types = [loss_type]
+    if with_grad:
+        out_types.append(TensorType(logits.dtype, logits.shape, logits.device))
+    outs = ops.custom(
+        name=name,
+        device=logits.device,
+        values=[logits, targets, options],
+        out_types=out_types,
+        parameters={"reduction": reduction},
+    )
+    return [v.tensor for v in outs]
+
+
+def _cross_entropy(
+    logits: TensorValue,
+    targets: TensorValue,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    with_grad: bool,
+) -> list[TensorValue]:
+    logits, targets = TensorValue(logits), TensorValue(targets)
+    check_dtype(logits.dtype)
+    reduction, ignore_index, eps = check_cross_entropy_options(
+        reduction, ignore_index, label_smoothing
+    )
+    shape = list(logits.shape)
+    check_cross_entropy_shapes(shape, list(targets.shape))
+    if not targets.dtype.is_integral():
+        raise TypeError(
+            "max_softmax: cross_entropy needs integer class-index targets, got "
+            f"{targets.dtype.name}"
+        )
+    if targets.device != logits.device:
+        raise ValueError(
+            f"max_softmax: cross_entropy needs targets on the logits' device ({logits.device}), "
+            f"got {targets.device}"
+        )
+    if targets.dtype != DType.int64:
+        targets = ops.cast(targets, DType.int64)
+    rows = reduce(mul, shape[:-1], Dim(1))
+    view = len(shape) == 2
+    logits2 = logits if view else ops.reshape(logits, [rows, shape[-1]])
+    targets1 = targets if view else ops.reshape(targets, [rows])
+    options = ops.constant(
+        np.array([ignore_index, eps], dtype=np.float64), DType.float64, device=logits.device
+    )
+    outs = cross_entropy_rows(logits2, targets1, options, reduction=reduction, with_grad=with_grad)
+    loss = ops.reshape(outs[0], shape[:-1] if reduction == "none" else [])
+    if with_grad:
+        return [loss, outs[1] if view else ops.reshape(outs[1], shape)]
+    return [loss]
 
 
 def _row_op(

@@ -3,15 +3,17 @@
 Every front door (graph ops, arrays, MAX eager, the torch bridge, the
 benchmark) looks an op up here instead of keeping its own list. Adding an op
 means: register it in `op/registered_ops.mojo`, write its graph function in
-`ops.py`, add one `OpSpec` below (see docs/ARCHITECTURE.md).
+`ops.py`, add one `OpSpec` below (see docs/ARCHITECTURE.md). The row ops
+(softmax and friends) share every front door's generic path; the loss ops
+(cross-entropy, registered in `op/cross_entropy_ops.mojo`) have their own
+models and bridges (`kind="loss"`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from max.graph import TensorValue
+from typing import Any
 
 from . import ops
 
@@ -24,14 +26,20 @@ class OpSpec:
     """The name it is registered under in op/ and called by from Python."""
     inputs: tuple[str, ...]
     """Its tensor inputs, in order (the backward ops take the forward's output and dy)."""
-    graph: Callable[..., TensorValue]
-    """The graph-level function in `ops.py`: `graph(*inputs, axis=...)`."""
+    graph: Callable[..., Any]
+    """The graph-level function in `ops.py`: `graph(*inputs, axis=...)` for
+    row ops; for loss ops `graph(logits, targets, reduction=..., ...)`."""
     into: str
     """Its destination-passing twin in op/, which writes into a given buffer."""
     backward: str | None = None
     """The op that computes its gradient from its output and dy, if any."""
     has_variants: bool = False
     """Whether `variant=` picks among GPU kernel families for it."""
+    kind: str = "row"
+    """"row": a row op on (outer, n, inner) tensors of one dtype, as
+    `models.row_op_model` and the torch bridge's generic path run it;
+    "loss": cross-entropy, on (rows, classes) logits, int64 targets and a
+    float64 options tensor, with its own models (`models.cross_entropy_model`)."""
 
     @property
     def arity(self) -> int:
@@ -64,6 +72,20 @@ OPS: dict[str, OpSpec] = {
             ("logp", "dy"),
             ops.log_softmax_backward,
             "log_softmax_backward_into",
+        ),
+        OpSpec(
+            "cross_entropy",
+            ("logits", "targets", "options"),
+            ops.cross_entropy,
+            "cross_entropy_into",
+            kind="loss",
+        ),
+        OpSpec(
+            "cross_entropy_with_grad",
+            ("logits", "targets", "options"),
+            ops.cross_entropy_with_grad,
+            "cross_entropy_with_grad_into",
+            kind="loss",
         ),
     )
 }

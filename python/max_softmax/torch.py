@@ -1,8 +1,9 @@
 """PyTorch bridge: our Mojo kernels on `torch.Tensor`s, with autograd.
 
-    from max_softmax.torch import softmax, log_softmax, Softmax
+    from max_softmax.torch import softmax, log_softmax, Softmax, cross_entropy
     y = softmax(x, dim=-1)          # instead of torch.softmax(x, dim=-1)
     loss = F.nll_loss(log_softmax(logits, dim=-1), target); loss.backward()
+    loss = cross_entropy(logits, target); loss.backward()  # fused, F.cross_entropy
 
 Runs on CPU and CUDA tensors; dtype and device follow the input, like
 `torch.softmax`. The backward passes use our `softmax_backward` /
@@ -24,10 +25,10 @@ from __future__ import annotations
 import torch
 
 from . import torch_buffers, torch_replay
-from .models import into_model
+from .models import cross_entropy_into_model, into_model
 from .registry import OPS, op_spec
 from .torch_buffers import DTYPES
-from .validation import normalize_axis
+from .validation import check_cross_entropy_options, normalize_axis
 
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
@@ -69,7 +70,7 @@ def _register(name: str) -> object:
 
 # Registered at import, not on first use: torch.compile(fullgraph=True) must
 # not trace their construction. Kernels still compile lazily, on first call.
-_TORCH_OPS = {name: _register(name) for name in OPS}
+_TORCH_OPS = {name: _register(name) for name, spec in OPS.items() if spec.kind == "row"}
 
 
 def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -164,3 +165,198 @@ class Softmax(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Softmax of `x` along `self.dim`."""
         return softmax(x, self.dim)
+
+
+# Cross-entropy: a loss op with two outputs (loss, dlogits), int64 targets
+# and a float64 options tensor (ignore_index, label_smoothing), run by its
+# own destination-passing models (models.cross_entropy_into_model).
+
+
+def _call_cross_entropy(reduction: str, with_grad: bool, tensors: tuple[torch.Tensor, ...]) -> None:
+    """Write cross-entropy into `tensors`' outputs: (loss, [dlogits,] logits,
+    targets, options), on reused buffer views, ordered against torch's
+    stream on CUDA (no replay: the op is one graph call either way)."""
+    logits = tensors[-3]
+    kind = "gpu" if logits.is_cuda else "cpu"
+    model = cross_entropy_into_model(with_grad, DTYPES[logits.dtype], kind, reduction)
+    if not logits.is_cuda:
+        model.execute(*(torch_buffers.view(t) for t in tensors))
+        return
+    stream = torch.cuda.current_stream(logits.device)
+    torch_buffers.max_waits_for(stream)
+    model.execute(*(torch_buffers.view(t) for t in tensors))
+    torch_buffers.waits_for_max(stream)
+
+
+@torch.library.custom_op("max_softmax::cross_entropy", mutates_args=("loss", "dlogits"))
+def _cross_entropy_op(
+    loss: torch.Tensor,
+    dlogits: torch.Tensor,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    options: torch.Tensor,
+    reduction: str,
+    with_grad: bool,
+) -> None:
+    """Cross-entropy as a torch custom op, for torch.compile (whose tracer
+    cannot see into MAX); `dlogits` is not touched unless `with_grad`."""
+    head = (loss, dlogits) if with_grad else (loss,)
+    _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
+
+
+_options_cache: dict[tuple, torch.Tensor] = {}
+
+
+def _options(device: torch.device, ignore_index: int, eps: float) -> torch.Tensor:
+    """The (ignore_index, label_smoothing) float64 tensor the kernels read,
+    made once per (device, values): on CUDA a fresh one would cost a copy
+    from the host every call."""
+    key = (device, ignore_index, eps)
+    opts = _options_cache.get(key)
+    if opts is None:
+        opts = torch.tensor([ignore_index, eps], dtype=torch.float64, device=device)
+        if len(_options_cache) >= 64:
+            _options_cache.clear()
+        _options_cache[key] = opts
+    return opts
+
+
+def _cross_entropy_rows(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    eps: float,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(loss, dlogits or None) of contiguous (rows, classes) `logits` and
+    (rows,) int64 `targets`: the loss (1,) for "mean"/"sum", (rows,) for
+    "none"."""
+    rows, classes = logits.shape
+    loss = torch.empty(
+        (rows,) if reduction == "none" else (1,), dtype=logits.dtype, device=logits.device
+    )
+    dlogits = torch.empty_like(logits) if with_grad else None
+    if rows == 0 or classes == 0:
+        loss.fill_({"mean": float("nan"), "sum": 0.0, "none": 0.0}[reduction])
+        if dlogits is not None:
+            dlogits.zero_()
+        return loss, dlogits
+    options = _options(logits.device, ignore_index, eps)
+    # Without the gradient the op ignores `dlogits`: any tensor will do.
+    grad_out = dlogits if dlogits is not None else loss
+    if torch.compiler.is_compiling():
+        _cross_entropy_op(loss, grad_out, logits, targets, options, reduction, with_grad)
+    else:
+        head = (loss, grad_out) if with_grad else (loss,)
+        _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
+    return loss, dlogits
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Cross-entropy whose forward also writes the gradient (one fused pass
+    over the logits); backward scales it by the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index, reduction, eps):  # type: ignore[override]
+        loss, dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)
+        ctx.save_for_backward(dlogits)
+        ctx.reduction = reduction
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):  # type: ignore[override]
+        (dlogits,) = ctx.saved_tensors
+        # "none": a gradient a row; "mean"/"sum": one scalar (shape (1,)).
+        scale = grad_loss[:, None] if ctx.reduction == "none" else grad_loss
+        return dlogits * scale, None, None, None, None
+
+
+def cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """`torch.nn.functional.cross_entropy(input, target, ...)` computed by
+    our fused kernels, differentiable: the forward writes d loss / d input
+    too, and backward only scales it.
+
+    Args:
+        input: Logits (C,), (N, C) or (N, C, d1, ...): classes on dim 1 (or
+            0 for 1-D), as torch; float32/float16/bfloat16/float64, CPU or CUDA.
+        target: Integer class indices, (), (N,) or (N, d1, ...).
+        weight: Not supported (must be None).
+        size_average: Deprecated in torch; must be None.
+        ignore_index: Target value whose rows add nothing and count for
+            nothing in the mean.
+        reduce: Deprecated in torch; must be None.
+        reduction: "mean", "sum" or "none".
+        label_smoothing: eps in [0, 1].
+
+    Returns:
+        The loss in the input's dtype: 0-d for "mean"/"sum", the target's
+        shape for "none".
+
+    An out-of-range target (not ignore_index) raises ValueError for CPU
+    tensors; on CUDA it is not checked (that would sync with the host):
+    its row's loss and gradient come out NaN, and so does a reduced loss.
+    """
+    if weight is not None:
+        raise NotImplementedError("max_softmax: cross_entropy takes no class weights (weight=)")
+    if size_average is not None or reduce is not None:
+        raise ValueError(
+            "max_softmax: size_average and reduce are deprecated in torch; use reduction="
+        )
+    reduction, ignore_index, eps = check_cross_entropy_options(
+        reduction, ignore_index, label_smoothing
+    )
+    if input.dtype not in DTYPES:
+        raise TypeError(
+            f"max_softmax: cross_entropy needs floating-point logits, got {input.dtype}"
+        )
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise NotImplementedError(
+            "max_softmax: cross_entropy takes integer class indices, not class probabilities"
+        )
+    if input.device.type not in ("cpu", "cuda") or target.device != input.device:
+        raise ValueError(
+            f"max_softmax: cross_entropy needs input and target on one CPU or CUDA device, "
+            f"got {input.device} and {target.device}"
+        )
+    if input.is_cuda:
+        torch_buffers.check_cuda_device(input)
+    # Classes last, rows flat: the kernels' (rows, classes) view. Autograd
+    # follows the movedim/reshape (a copy only for (N, C, d1, ...)).
+    logits = input.unsqueeze(0) if input.dim() == 1 else input
+    if logits.dim() > 2:
+        logits = logits.movedim(1, -1)
+    expected = tuple(logits.shape[:-1])
+    targets = target.reshape(1) if input.dim() == 1 and target.dim() == 0 else target
+    if tuple(targets.shape) != expected:
+        raise ValueError(
+            f"max_softmax: cross_entropy target of shape {tuple(target.shape)} does not match "
+            f"input of shape {tuple(input.shape)}"
+        )
+    classes = logits.shape[-1]
+    logits = logits.reshape(-1, classes).contiguous()
+    targets = targets.reshape(-1).to(torch.int64).contiguous()
+    if not input.is_cuda and not torch.compiler.is_compiling():
+        bad = (targets != ignore_index) & ((targets < 0) | (targets >= classes))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"max_softmax: cross_entropy target {int(targets[i])} at row {i} is out of "
+                f"range for {classes} classes (and is not ignore_index {ignore_index})"
+            )
+    if _needs_grad(logits):
+        loss = _CrossEntropy.apply(logits, targets, ignore_index, reduction, eps)
+    else:
+        loss, _ = _cross_entropy_rows(logits.detach(), targets, ignore_index, reduction, eps, False)
+    if reduction == "none":
+        return loss.reshape(target.shape)
+    return loss.reshape(())

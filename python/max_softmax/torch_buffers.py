@@ -40,6 +40,9 @@ DTYPES: dict[torch.dtype, DType] = {
 }
 """The torch dtypes the bridge takes, and their MAX names."""
 
+_VIEW_DTYPES: dict[torch.dtype, DType] = {**DTYPES, torch.int64: DType.int64}
+"""What a view may hold: the float dtypes, and int64 for cross-entropy targets."""
+
 _DLPACK_CPU, _DLPACK_CUDA = 1, 2
 _LIMIT = 1024  # views kept; past this the cache starts over (a view costs ~3 µs)
 
@@ -83,7 +86,14 @@ def view(t: torch.Tensor) -> Buffer:
 def _make_view(t: torch.Tensor) -> Buffer:
     where = (_DLPACK_CUDA, t.device.index or 0) if t.is_cuda else (_DLPACK_CPU, 0)
     capsule = make_dlpack_capsule(
-        _NO_OWNER, t.data_ptr(), where[0], where[1], DTYPES[t.dtype], list(t.shape), None, None
+        _NO_OWNER,
+        t.data_ptr(),
+        where[0],
+        where[1],
+        _VIEW_DTYPES[t.dtype],
+        list(t.shape),
+        None,
+        None,
     )
     if t.is_cuda:
         queue = device("gpu").default_queue

@@ -101,3 +101,54 @@ def canonical_shape(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
     return outer, int(shape[axis]), inner
+
+
+REDUCTIONS: tuple[str, ...] = ("mean", "sum", "none")
+"""What `reduction=` of the cross-entropy functions accepts (as torch)."""
+
+
+def check_cross_entropy_options(
+    reduction: str, ignore_index: int, label_smoothing: float
+) -> tuple[str, int, float]:
+    """Return (reduction, ignore_index, label_smoothing) as the kernels take
+    them, or raise: a reduction of `REDUCTIONS`, an int ignore_index (exact
+    in the float64 the kernels read it from), smoothing in [0, 1] as torch."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"max_softmax: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"max_softmax: ignore_index must be an int, got {ignore_index!r}")
+    if not -(2**53) <= int(ignore_index) <= 2**53:
+        raise ValueError(f"max_softmax: ignore_index {ignore_index} is out of range (|i| <= 2^53)")
+    smoothing = float(label_smoothing)
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"max_softmax: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    return reduction, int(ignore_index), smoothing
+
+
+def check_cross_entropy_shapes(logits_shape: list, targets_shape: list) -> None:
+    """Raise unless logits are (..., classes) and targets (...): classes on
+    the last axis, one target per row."""
+    if len(logits_shape) == 0:
+        raise SoftmaxInputError(
+            "max_softmax: cross_entropy needs logits of rank >= 1 (..., classes), got a scalar"
+        )
+    if list(targets_shape) != list(logits_shape[:-1]):
+        raise ValueError(
+            "max_softmax: cross_entropy needs targets shaped like the logits without "
+            f"their last (class) axis: logits {list(logits_shape)} want targets "
+            f"{list(logits_shape[:-1])}, got {list(targets_shape)}"
+        )
+
+
+def check_targets_in_range(targets: np.ndarray, classes: int, ignore_index: int) -> None:
+    """Raise ValueError naming the first target outside [0, classes) that is
+    not ignore_index (host arrays only: checked before anything runs)."""
+    flat = targets.reshape(-1)
+    bad = (flat != ignore_index) & ((flat < 0) | (flat >= classes))
+    if bad.any():
+        i = int(np.argmax(bad))
+        where = tuple(int(k) for k in np.unravel_index(i, targets.shape)) if targets.ndim else ()
+        raise ValueError(
+            f"max_softmax: cross_entropy target {int(flat[i])} at index {where} "
+            f"is out of range for {classes} classes (and is not ignore_index {ignore_index})"
+        )

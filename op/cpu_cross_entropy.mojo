@@ -1,0 +1,212 @@
+"""Vectorized, multithreaded CPU cross-entropy (and its gradient), fused.
+
+Rows are split into tasks of whole rows as in cpu_rows.mojo. A row takes
+the SIMD sweeps of softmax there (max; exp and sum, the exps parked in the
+gradient row, or for 16-bit types in a float32 scratch row), then, with the
+gradient, one sweep writing (p - eps/V) * scale: the logits are read twice
+and the gradient written once, never read back from memory other than the
+parked exps. Without the gradient nothing is written but the loss.
+
+Targets are on the host here, so they are checked before any row runs: an
+out-of-range target (not `ignore_index`) raises, naming the row.
+"""
+
+from std.math import ceildiv
+from std.sys import simd_width_of, size_of
+
+from .cpu_rows import SUM_BLOCK, _exp_sum, _max_of
+from .cpu_tasks import items_per_task, run_tasks
+from .cross_entropy_math import (
+    IGNORED,
+    OUT_OF_RANGE,
+    grad_of,
+    row_loss,
+    smoothing_of,
+    target_grad,
+    target_kind,
+)
+from .row_math import accum_dtype, exp_nan
+
+
+def cross_entropy_cpu[
+    dtype: DType, with_grad: Bool, reduction: StaticString
+](
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    ignore_index: Int64,
+    eps: Float64,
+    rows: Int,
+    n: Int,
+) raises:
+    """Cross-entropy of `rows` rows of `n` logits against `targets`.
+
+    Parameters:
+        dtype: Element type of logits, loss and gradient.
+        with_grad: Also write d loss / d logits into `dlogits`.
+        reduction: "mean", "sum" (one loss) or "none" (a loss a row).
+
+    Args:
+        loss: One element ("mean", "sum") or `rows` ("none").
+        dlogits: `rows * n` elements (unused without the gradient).
+        logits: `rows * n` elements, row-major.
+        targets: `rows` class indices.
+        ignore_index: Target value whose rows are left out.
+        eps: Label smoothing, in [0, 1].
+        rows: Number of rows.
+        n: Classes (row length).
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime mean = reduction == "mean"
+    comptime reduce = reduction != "none"
+    # Checked first and serially: a bad target must stop the op before any
+    # output is written, and counting the kept rows is what "mean" needs.
+    var kept = 0
+    for r in range(rows):
+        var t = targets[unsafe_offset=r]
+        var kind = target_kind(t, ignore_index, n)
+        if kind == OUT_OF_RANGE:
+            raise Error(
+                "max_softmax: cross_entropy target "
+                + String(t)
+                + " at row "
+                + String(r)
+                + " is out of range for "
+                + String(n)
+                + " classes (and is not ignore_index "
+                + String(ignore_index)
+                + ")"
+            )
+        if kind != IGNORED:
+            kept += 1
+    # 1 / 0 = inf for "mean" over no kept rows: every row is then ignored
+    # and gets a zero gradient, so the inf is never used.
+    var scale = Scalar[acc](1) / Scalar[acc](kept) if mean else Scalar[acc](1)
+    var e = Scalar[acc](eps)
+    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
+    var losses = row_losses.unsafe_ptr()
+    var rows_per_task = items_per_task(n)
+
+    def task(k: Int) raises {imm}:
+        var scratch_row = List[Scalar[acc]](
+            capacity=n if with_grad and size_of[dtype]() < 4 else 0
+        )
+        var scratch = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+            scratch_row.unsafe_ptr()
+        )
+        for r in range(k * rows_per_task, min(rows, (k + 1) * rows_per_task)):
+            var value = _row[dtype, with_grad](
+                dlogits.unsafe_offset(r * n),
+                scratch,
+                logits.unsafe_offset(r * n),
+                targets[unsafe_offset=r],
+                ignore_index,
+                e,
+                scale,
+                n,
+            )
+            comptime if reduce:
+                losses[unsafe_offset=r] = value
+            else:
+                loss[unsafe_offset=r] = value.cast[dtype]()
+        _ = scratch_row^
+
+    if rows > 0:
+        run_tasks(task, ceildiv(rows, rows_per_task))
+    comptime if reduce:
+        # Summed in row order, in the accumulator type: repeatable, and a
+        # float32 total of many rows keeps its precision.
+        var total = Scalar[acc](0)
+        for r in range(rows):
+            total += losses[unsafe_offset=r]
+        comptime if mean:
+            total = total / Scalar[acc](kept)
+        loss[unsafe_offset=0] = total.cast[dtype]()
+    _ = row_losses^
+
+
+@always_inline
+def _row[
+    dtype: DType, with_grad: Bool
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    scratch: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int64,
+    ignore_index: Int64,
+    eps: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+    n: Int,
+) -> Scalar[accum_dtype[dtype]()]:
+    """One row's loss (0 if ignored); with the gradient, its gradient row."""
+    comptime acc = accum_dtype[dtype]()
+    comptime W = simd_width_of[acc]()
+    if t == ignore_index:
+        comptime if with_grad:
+            for j in range(0, n - n % W, W):
+                y.unsafe_offset(j).unsafe_store(SIMD[dtype, W](0))
+            for j in range(n - n % W, n):
+                y[unsafe_offset=j] = 0
+        return 0
+    # 32/64-bit types park exp(x - m) in the gradient row, 16-bit types in
+    # a float32 scratch row (parking them in y would round twice), by the
+    # lean exp (16-bit outputs need ~1e-6, see cpu_rows).
+    comptime park_in_dst = with_grad and size_of[dtype]() >= 4
+    comptime park_in_scratch = with_grad and size_of[dtype]() < 4
+    comptime lean = size_of[dtype]() < 4
+    var m = _max_of[dtype](x, n)
+    var s = _exp_sum[dtype, park_in_dst, park_in_scratch, lean](
+        y, scratch, x, n, m
+    )
+    var x_t = x[unsafe_offset=Int(t)].cast[acc]()
+    var sum_x = _sum_of[dtype](x, n) if eps != 0 else Scalar[acc](0)
+    comptime if with_grad:
+        var inv_s = 1 / s
+        var smooth = smoothing_of[acc](eps, n)
+        var n_vec = n - n % W
+        for j in range(0, n_vec, W):
+            var e: SIMD[acc, W]
+            comptime if park_in_dst:
+                e = y.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+            else:
+                e = scratch.unsafe_offset(j).unsafe_load[width=W]()
+            y.unsafe_offset(j).unsafe_store(
+                grad_of[acc, W](e, inv_s, smooth, scale).cast[dtype]()
+            )
+        for j in range(n_vec, n):
+            var e: Scalar[acc]
+            comptime if park_in_dst:
+                e = y[unsafe_offset=j].cast[acc]()
+            else:
+                e = scratch[unsafe_offset=j]
+            y[unsafe_offset=j] = grad_of[acc, 1](e, inv_s, smooth, scale).cast[
+                dtype
+            ]()
+        y[unsafe_offset=Int(t)] = target_grad[acc](
+            exp_nan[acc, 1](x_t - m) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
+    return row_loss[acc](m, s, x_t, sum_x, eps, n)
+
+
+@always_inline
+def _sum_of[
+    dtype: DType
+](x: Pointer[Scalar[dtype], MutAnyOrigin], count: Int) -> Scalar[
+    accum_dtype[dtype]()
+]:
+    """The sum of x[0:count] in the accumulator type, blocked as the sums
+    of exp in cpu_rows (label smoothing needs it)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime W = simd_width_of[acc]()
+    var n_vec = count - count % W
+    var s = Scalar[acc](0)
+    for b in range(0, n_vec, SUM_BLOCK):
+        var part = SIMD[acc, W](0)
+        for j in range(b, min(b + SUM_BLOCK, n_vec), W):
+            part += x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+        s += part.reduce_add()
+    for j in range(n_vec, count):
+        s += x[unsafe_offset=j].cast[acc]()
+    return s

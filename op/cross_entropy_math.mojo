@@ -1,0 +1,104 @@
+"""Numerics of the fused cross-entropy, shared by its CPU and GPU kernels.
+
+For a row x of V logits, target t and label smoothing eps (torch's
+`F.cross_entropy` with class-index targets), with m = max(x) and
+s = sum(exp(x - m)):
+
+    loss = log(s) + (1 - eps) * (m - x[t]) + eps * (m - sum(x) / V)
+    dlogits[c] = (exp(x[c] - m) / s - eps / V - (1 - eps) * [c == t]) * scale
+
+(loss = logsumexp(x) - (1 - eps) x[t] - eps/V sum(x), written with
+differences from the max so that x[t] == m gives log(s) exactly.) `scale`
+is 1 for "sum" and "none", 1 / (rows kept) for "mean". Rows whose target
+is `ignore_index` have loss 0 and gradient 0 and are not counted. A row
+holding NaN or +inf, or only -inf, has a NaN loss and gradient, as in torch.
+
+The kernels get `ignore_index` and `eps` at run time from a small float64
+tensor, `options` = (ignore_index, eps), so one compiled model serves every
+value; on the GPU the kernels read it on the device (no host sync).
+"""
+
+from std.math import log
+from std.utils.numerics import nan
+
+# What a row's target means (`target_kind`).
+comptime KEPT = 0
+comptime IGNORED = 1
+comptime OUT_OF_RANGE = 2
+
+
+@always_inline
+def target_kind(t: Int64, ignore_index: Int64, n: Int) -> Int:
+    """KEPT, IGNORED (t == ignore_index) or OUT_OF_RANGE (t outside [0, n))."""
+    if t == ignore_index:
+        return IGNORED
+    if t < 0 or t >= Int64(n):
+        return OUT_OF_RANGE
+    return KEPT
+
+
+@always_inline
+def row_loss[
+    acc: DType
+](
+    m: Scalar[acc],
+    s: Scalar[acc],
+    x_t: Scalar[acc],
+    sum_x: Scalar[acc],
+    eps: Scalar[acc],
+    n: Int,
+) -> Scalar[acc]:
+    """The loss of one kept row from its max `m`, sum of exp(x - m) `s`,
+    target logit `x_t` and (only read when eps != 0) logit sum `sum_x`."""
+    comptime assert acc.is_floating_point()
+    # Mojo's log does not keep NaN as NaN on the CPU.
+    var log_s = s if s != s else log(s)
+    var loss = log_s + (m - x_t)
+    if eps != 0:
+        # Not folded into the eps == 0 case: 0 * sum(x) is NaN for a row
+        # holding -inf, where torch (no smoothing) gives a finite loss.
+        loss = (
+            log_s + (1 - eps) * (m - x_t) + eps * (m - sum_x / Scalar[acc](n))
+        )
+    return loss
+
+
+@always_inline
+def smoothing_of[acc: DType](eps: Scalar[acc], n: Int) -> Scalar[acc]:
+    """eps / V: what every class's gradient loses to label smoothing."""
+    return eps / Scalar[acc](max(n, 1))
+
+
+@always_inline
+def grad_of[
+    acc: DType, w: Int
+](
+    e: SIMD[acc, w],
+    inv_s: Scalar[acc],
+    smooth: Scalar[acc],
+    scale: Scalar[acc],
+) -> SIMD[acc, w]:
+    """The gradient of non-target classes from their exp(x - m) `e`: (e / s
+    - eps / V) * scale. The target class then loses (1 - eps) * scale
+    (`target_grad`)."""
+    return (e * inv_s - smooth) * scale
+
+
+@always_inline
+def target_grad[
+    acc: DType
+](
+    p_t: Scalar[acc],
+    smooth: Scalar[acc],
+    eps: Scalar[acc],
+    scale: Scalar[acc],
+) -> Scalar[acc]:
+    """The target class's gradient from its probability `p_t`."""
+    return (p_t - smooth - (1 - eps)) * scale
+
+
+@always_inline
+def bad_row_loss[acc: DType]() -> Scalar[acc]:
+    """What the GPU kernels write for a row whose target is out of range
+    (loss and every gradient entry): NaN, so a reduced loss is NaN too."""
+    return nan[acc]()

@@ -1,0 +1,588 @@
+"""GPU cross-entropy (and its gradient), fused: a row's logits are reduced
+(max, sum of exp, and for label smoothing the sum) and its loss and
+gradient written in one kernel.
+
+Launches, in stream order, with no host synchronisation (so the op stays
+capturable for device-graph replay):
+
+1. "mean" only: `ce_count_kernel`, one block over the targets, counts the
+   rows kept (target != ignore_index) into a float64 word: the gradient's
+   scale 1 / count must be known before any gradient is written, and
+   counting 8 bytes a row first is what keeps the logits read once.
+2. The row kernel, choosing by row length like the softmax table:
+   - rows that a register plan holds (to 32K values, gpu_register_rows):
+     `ce_register_kernel`, 8 to 512 threads a row, the row loaded once
+     into registers with the softmax kernels' chunk loaders and plan
+     launcher, reduced with warp shuffles, the gradient written once;
+   - longer rows: `ce_block_kernel`, a block per row: an online (max, sum)
+     pass, then, with the gradient, a pass that re-reads the row (mostly
+     from L2) to write it. Loss-only reads the row once.
+   A row's loss goes to a float32 (float64 for float64) workspace for
+   "mean"/"sum", or straight to the output for "none".
+3. "mean"/"sum": `ce_reduce_kernel`, one block, sums the row losses in a
+   fixed order (repeatable, unlike atomics) and divides by the count.
+
+A target out of range that is not ignore_index cannot raise here without
+a host sync: that row's loss and gradient are NaN, so a reduced loss is NaN
+(the Python front doors check targets on the host where they are there).
+Ignored and out-of-range rows skip the logits: nothing is loaded for them.
+"""
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    WARP_SIZE,
+    block_idx,
+    thread_idx,
+)
+from max.gpu.host import DeviceContext
+from std.utils import StaticTuple
+from std.utils.numerics import inf, nan
+
+from .cross_entropy_math import (
+    IGNORED,
+    KEPT,
+    grad_of,
+    row_loss,
+    smoothing_of,
+    target_grad,
+    target_kind,
+)
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_launch import vector_flag_of
+from .gpu_reductions import block_max, block_max_sum, block_sum
+from .gpu_register_rows import (
+    MAX_PLAN_THREADS,
+    MAX_ROW_REGISTERS,
+    RegisterPlanKernel,
+    block_threads,
+    chunk_registers,
+    launch_register_plan,
+    load_row_chunks,
+    min_blocks_per_sm,
+    register_plan,
+    store_row_chunks,
+)
+from .row_math import (
+    accum_dtype,
+    exp_nan,
+    online_add,
+    online_sum_guard,
+    vector_width,
+)
+
+# Threads of the one-block count and reduce kernels.
+comptime CE_SMALL_THREADS = 1024
+# Rows longer than the register plans: a block of this many threads a row.
+comptime CE_BLOCK_THREADS = 512
+
+
+@always_inline
+def _options[
+    acc: DType
+](options: Pointer[Float64, MutAnyOrigin]) -> Tuple[Int64, Scalar[acc]]:
+    """(ignore_index, label smoothing) from the device's options tensor."""
+    return (
+        Int64(options[unsafe_offset=0]),
+        options[unsafe_offset=1].cast[acc](),
+    )
+
+
+@always_inline
+def _scale[
+    acc: DType, mean: Bool
+](count: Pointer[Float64, MutAnyOrigin]) -> Scalar[acc]:
+    """The gradient's scale: 1 / rows kept for "mean", else 1."""
+    comptime if mean:
+        return Scalar[acc](1 / count[unsafe_offset=0])
+    return Scalar[acc](1)
+
+
+# Launch bounds: without them ptxas may give a 1024-thread kernel more
+# registers than a block has (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES).
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(CE_SMALL_THREADS)
+    )
+)
+def ce_count_kernel(
+    count: Pointer[Float64, MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    rows: Int64,
+):
+    """Count the rows whose target is not ignore_index into `count[0]`
+    (float64: exact to 2^53 rows); one block of CE_SMALL_THREADS."""
+    var t = Int(thread_idx.x)
+    var ignore_index = Int64(options[unsafe_offset=0])
+    var c = Float64(0)
+    for r in range(t, Int(rows), CE_SMALL_THREADS):
+        if targets[unsafe_offset=r] != ignore_index:
+            c += 1
+    var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
+    if t == 0:
+        count[unsafe_offset=0] = total
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(CE_SMALL_THREADS)
+    )
+)
+def ce_reduce_kernel[
+    dtype: DType, mean: Bool
+](
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    rows: Int64,
+):
+    """`loss[0]` = the sum of the row losses (over the count for "mean":
+    0 / 0 = NaN when every row is ignored, as torch); one block of
+    CE_SMALL_THREADS, always the same order of additions."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var s = Scalar[acc](0)
+    for r in range(t, Int(rows), CE_SMALL_THREADS):
+        s += row_losses[unsafe_offset=r]
+    var total = block_sum[acc, CE_SMALL_THREADS](s)
+    if t == 0:
+        comptime if mean:
+            total = total / Scalar[acc](count[unsafe_offset=0])
+        loss[unsafe_offset=0] = total.cast[dtype]()
+
+
+@always_inline
+def _held_index[
+    threads: Int, V: Int
+](k: Int, v: Int, t: Int, vector_loads: Bool) -> Int:
+    """Which element of the row thread t holds at lane v of chunk k: the
+    layout of `load_row_chunks` (gpu_register_rows)."""
+    if vector_loads:
+        return (k * threads + t) * V + v
+    return (k * V + v) * threads + t
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(block_threads[threads]())
+    ),
+    `nvvm.minctasm`=SIMDLength(min_blocks_per_sm[dtype, threads, K]()),
+)
+def ce_register_kernel[
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    threads: Int,
+    V: Int,
+    K: Int,
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    vector_flag: Int32,
+):
+    """Cross-entropy of rows of `n <= threads * V * K` held in registers.
+
+    Parameters:
+        dtype: Element type of logits, loss and gradient.
+        with_grad: Write the gradient into `dlogits`.
+        mean: Scale the gradient by 1 / `count[0]`.
+        reduce: Row losses go to `row_losses` (else to `loss`, in dtype).
+        threads: Threads per row (as `register_rows_kernel`).
+        V: Elements per 16-byte chunk.
+        K: Chunks per thread.
+
+    Args:
+        dlogits: Gradient rows (written only `with_grad`).
+        logits: Logit rows.
+        targets: A class index a row.
+        options: (ignore_index, label smoothing), float64.
+        count: Rows kept (read only for `mean`).
+        row_losses: A loss a row, accumulator type (written if `reduce`).
+        loss: A loss a row in dtype (written unless `reduce`).
+        rows: Number of rows.
+        n: Row length (classes).
+        vector_flag: Nonzero when row starts are 16-byte aligned.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert chunk_registers(V) * K <= MAX_ROW_REGISTERS
+    comptime block = block_threads[threads]()
+    var vector_loads = vector_flag != 0
+    var t = Int(thread_idx.x) % threads
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    )
+    # Past the last row: stay for the block's barriers and touch nothing
+    # (as register_rows_kernel).
+    var len = Int(n)
+    var live = row < Int(rows)
+    if not live:
+        comptime if threads == WARP_SIZE:
+            return
+        len = 0
+        row = 0
+    var opts = _options[acc](options)
+    var eps = opts[1]
+    var tgt = targets[unsafe_offset=row]
+    var kind = target_kind(tgt, opts[0], Int(n))
+    var x = logits.unsafe_offset(row * Int(n))
+    # Ignored and bad rows load nothing (in LLM batches, padding rows are
+    # ignored, and many); every thread still takes part in the reductions.
+    var load_len = len if kind == KEPT else 0
+    var raw = load_row_chunks[dtype, threads, V, K, dtype](
+        x, load_len, t, vector_loads, -inf[dtype]()
+    )
+    var m = -inf[acc]()
+    comptime for k in range(K):
+        m = max(m, raw.slice[V, offset=k * V]().cast[acc]().reduce_max())
+    var row_max = block_max[acc, threads, block](m)
+    var s = Scalar[acc](0)
+    comptime for k in range(K):
+        s += exp_nan[acc, V](
+            raw.slice[V, offset=k * V]().cast[acc]() - row_max
+        ).reduce_add()
+    var row_sum = block_sum[acc, threads, block](s)
+    var sum_x = Scalar[acc](0)
+    if eps != 0:  # the same for every thread: the reduction stays uniform
+        var part = Scalar[acc](0)
+        comptime for k in range(K):
+            comptime for v in range(V):
+                if _held_index[threads, V](k, v, t, vector_loads) < load_len:
+                    part += raw[k * V + v].cast[acc]()
+        sum_x = block_sum[acc, threads, block](part)
+    var x_t = x[unsafe_offset=Int(tgt)].cast[acc]() if kind == KEPT else Scalar[
+        acc
+    ](0)
+    var value = Scalar[acc](0)
+    if kind == KEPT:
+        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, Int(n))
+    elif kind != IGNORED:
+        value = nan[acc]()
+    if live and t == 0:
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+    comptime if with_grad:
+        var scale = _scale[acc, mean](count)
+        var smooth = smoothing_of[acc](eps, Int(n))
+        var inv_s = 1 / row_sum
+        var out = SIMD[dtype, V * K](0)
+        if kind == KEPT:
+            comptime for k in range(K):
+                out = out.insert[offset=k * V](
+                    grad_of[acc, V](
+                        exp_nan[acc, V](
+                            raw.slice[V, offset=k * V]().cast[acc]() - row_max
+                        ),
+                        inv_s,
+                        smooth,
+                        scale,
+                    ).cast[dtype]()
+                )
+            var g_t = target_grad[acc](
+                exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+            ).cast[dtype]()
+            comptime for k in range(K):
+                comptime for v in range(V):
+                    if _held_index[threads, V](k, v, t, vector_loads) == Int(
+                        tgt
+                    ):
+                        out[k * V + v] = g_t
+        elif kind != IGNORED:
+            out = SIMD[dtype, V * K](nan[dtype]())
+        store_row_chunks[dtype, threads, V, K, dtype](
+            dlogits.unsafe_offset(row * Int(n)), out, len, t, vector_loads
+        )
+
+
+@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
+def ce_block_kernel[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Cross-entropy of rows of any length, a block of T threads a row:
+    online (max, sum of exp) over the row, then the gradient from a second
+    read. Arguments as `ce_register_kernel`; `aligned_flag` is nonzero when
+    the buffers start 16-byte aligned (each row then has a scalar head,
+    an aligned vector body and a scalar tail, as in gpu_smem_rows)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var tail_begin = head + nvec * V
+    var opts = _options[acc](options)
+    var eps = opts[1]
+    var tgt = targets[unsafe_offset=row]
+    var kind = target_kind(tgt, opts[0], len)
+    var scale = _scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, len)
+    # kind is the same for the whole block, so the reductions inside the
+    # branch are reached by every thread or by none.
+    var value = Scalar[acc](0)
+    var row_max = Scalar[acc](0)
+    var inv_s = Scalar[acc](0)
+    var x_t = Scalar[acc](0)
+    if kind == KEPT:
+        var m = -inf[acc]()
+        var s = Scalar[acc](0)
+        var sx = Scalar[acc](0)
+        for i in range(t, nvec, T):
+            var v = (
+                x.unsafe_offset(head + i * V)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+            (m, s) = online_add[acc, V](m, s, v)
+            sx += v.reduce_add()
+        for e in range(t, head, T):
+            var v = x[unsafe_offset=e].cast[acc]()
+            (m, s) = online_add[acc, 1](m, s, v)
+            sx += v
+        for e in range(tail_begin + t, len, T):
+            var v = x[unsafe_offset=e].cast[acc]()
+            (m, s) = online_add[acc, 1](m, s, v)
+            sx += v
+        var pair = block_max_sum[acc, T](m, s)
+        row_max = pair[0]
+        var row_sum = online_sum_guard[acc](pair[0], pair[1])
+        var sum_x = block_sum[acc, T](sx) if eps != 0 else Scalar[acc](0)
+        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
+        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
+        inv_s = 1 / row_sum
+    elif kind != IGNORED:
+        value = nan[acc]()
+    if t == 0:
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+    comptime if with_grad:
+        var y = dlogits.unsafe_offset(start)
+        var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
+        for i in range(t, nvec, T):
+            var out = SIMD[dtype, V](fill)
+            if kind == KEPT:
+                var v = (
+                    x.unsafe_offset(head + i * V)
+                    .unsafe_load[width=V, alignment=16]()
+                    .cast[acc]()
+                )
+                out = grad_of[acc, V](
+                    exp_nan[acc, V](v - row_max), inv_s, smooth, scale
+                ).cast[dtype]()
+            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](out)
+        for e in range(t, head, T):
+            y[unsafe_offset=e] = _scalar_grad[dtype](
+                x, e, kind, fill, row_max, inv_s, smooth, scale
+            )
+        for e in range(tail_begin + t, len, T):
+            y[unsafe_offset=e] = _scalar_grad[dtype](
+                x, e, kind, fill, row_max, inv_s, smooth, scale
+            )
+        # The target's entry, by the thread that wrote it (its vector or
+        # scalar store above came first in program order).
+        if kind == KEPT:
+            var owner: Int
+            if Int(tgt) < head or Int(tgt) >= tail_begin:
+                owner = (
+                    Int(tgt) if Int(tgt) < head else Int(tgt) - tail_begin
+                ) % T
+            else:
+                owner = ((Int(tgt) - head) // V) % T
+            if t == owner:
+                y[unsafe_offset=Int(tgt)] = target_grad[acc](
+                    exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+                ).cast[dtype]()
+
+
+@always_inline
+def _scalar_grad[
+    dtype: DType
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    e: Int,
+    kind: Int,
+    fill: Scalar[dtype],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+) -> Scalar[dtype]:
+    """The gradient of element `e` outside the row's vector body."""
+    comptime acc = accum_dtype[dtype]()
+    if kind != KEPT:
+        return fill
+    return grad_of[acc, 1](
+        exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - row_max),
+        inv_s,
+        smooth,
+        scale,
+    ).cast[dtype]()
+
+
+@fieldwise_init
+struct CERegisterRows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
+    RegisterPlanKernel
+):
+    """`ce_register_kernel` with its arguments, for `launch_register_plan`."""
+
+    var dlogits: HeldRows[Self.dtype]
+    """Gradient rows."""
+    var logits: HeldRows[Self.dtype]
+    """Logit rows."""
+    var targets: HeldRows[DType.int64]
+    """A class index a row."""
+    var options: HeldRows[DType.float64]
+    """(ignore_index, label smoothing)."""
+    var count: HeldRows[DType.float64]
+    """Rows kept ("mean")."""
+    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
+    """A loss a row, accumulator type ("mean", "sum")."""
+    var loss: HeldRows[Self.dtype]
+    """A loss a row ("none")."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var vector_flag: Int32
+    """`vector_flag_of` the buffers and `n`."""
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue `ce_register_kernel` for T threads a row, K chunks a
+        thread."""
+        comptime V = vector_width[Self.dtype]()
+        comptime kernel = ce_register_kernel[
+            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, V, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dlogits),
+            kernel_arg(self.logits),
+            kernel_arg(self.targets),
+            kernel_arg(self.options),
+            kernel_arg(self.count),
+            kernel_arg(self.row_losses),
+            kernel_arg(self.loss),
+            Int64(self.rows),
+            Int64(self.n),
+            self.vector_flag,
+            grid_dim=grid,
+            block_dim=block,
+        )
+
+
+def launch_cross_entropy[
+    dtype: DType, with_grad: Bool, reduction: StaticString
+](
+    ctx: DeviceContext,
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    rows: Int,
+    n: Int,
+) raises:
+    """Enqueue the cross-entropy of `rows` rows of `n` logits (see the
+    module docstring): the count ("mean"), the row kernel the row length
+    picks, the reduction ("mean", "sum"). Arguments as `cross_entropy_cpu`,
+    with `options` on the device."""
+    comptime acc = accum_dtype[dtype]()
+    comptime V = vector_width[dtype]()
+    comptime mean = reduction == "mean"
+    comptime reduce = reduction != "none"
+    var count = ctx.enqueue_create_buffer[DType.float64](1)
+    # Row losses in the accumulator type, for the reduction ("none" writes
+    # them to the output instead and gets a placeholder).
+    var row_losses = ctx.enqueue_create_buffer[acc](
+        max(rows, 1) if reduce else 1
+    )
+    var count_ptr = rebind[Pointer[Float64, MutAnyOrigin]](count.unsafe_ptr())
+    var losses_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        row_losses.unsafe_ptr()
+    )
+    comptime if mean:
+        ctx.enqueue_function[ce_count_kernel](
+            count_ptr,
+            targets,
+            options,
+            Int64(rows),
+            grid_dim=1,
+            block_dim=CE_SMALL_THREADS,
+        )
+    if rows > 0:
+        var aligned = (Int(logits) | Int(dlogits)) % 16 == 0
+        var plan = register_plan(n, V, 0)
+        if plan >= 0:
+            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+                ctx,
+                CERegisterRows[dtype, with_grad, mean, reduce](
+                    held(dlogits),
+                    held(logits),
+                    held(targets),
+                    held(options),
+                    held(count_ptr),
+                    held(losses_ptr),
+                    held(loss),
+                    rows,
+                    n,
+                    vector_flag_of(aligned, n, V),
+                ),
+                plan,
+                rows,
+            )
+        else:
+            comptime kernel = ce_block_kernel[
+                dtype, with_grad, mean, reduce, V, CE_BLOCK_THREADS
+            ]
+            ctx.enqueue_function[kernel](
+                dlogits,
+                logits,
+                targets,
+                options,
+                count_ptr,
+                losses_ptr,
+                loss,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=rows,
+                block_dim=CE_BLOCK_THREADS,
+            )
+    comptime if reduce:
+        comptime kernel = ce_reduce_kernel[dtype, mean]
+        ctx.enqueue_function[kernel](
+            loss,
+            losses_ptr,
+            count_ptr,
+            Int64(rows),
+            grid_dim=1,
+            block_dim=CE_SMALL_THREADS,
+        )
+    # Freed in stream order, after the kernels.
+    _ = count^
+    _ = row_losses^

@@ -1,0 +1,37 @@
+# Compiles every cross-entropy GPU kernel for sm_90 on a machine without a GPU:
+#   mojo build -I . --target-accelerator sm_90 tests/gpu_cross_entropy_check.mojo
+# Running the binary needs a GPU; building it is the check
+# (tests/test_cross_entropy.py::test_gpu_kernels_compile).
+from max.gpu.host import DeviceContext
+
+from op.gpu_cross_entropy import launch_cross_entropy
+
+
+def launch_all[dtype: DType](ctx: DeviceContext) raises:
+    var x = ctx.enqueue_create_buffer[dtype](1 << 20)
+    var g = ctx.enqueue_create_buffer[dtype](1 << 20)
+    var l = ctx.enqueue_create_buffer[dtype](1024)
+    var t = ctx.enqueue_create_buffer[DType.int64](1024)
+    var o = ctx.enqueue_create_buffer[DType.float64](2)
+    var logits = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](x.unsafe_ptr())
+    var dlogits = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](g.unsafe_ptr())
+    var loss = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](l.unsafe_ptr())
+    var targets = rebind[Pointer[Int64, MutAnyOrigin]](t.unsafe_ptr())
+    var options = rebind[Pointer[Float64, MutAnyOrigin]](o.unsafe_ptr())
+    comptime for with_grad in [False, True]:
+        # "sum" takes the branches of "mean" (reduce) and "none" (no count).
+        comptime for reduction in ["mean", "none"]:
+            # A register plan (n = 1000) and the block-per-row kernel
+            # (n = 50257, past the register plans).
+            comptime launch = launch_cross_entropy[dtype, with_grad, reduction]
+            launch(ctx, loss, dlogits, logits, targets, options, 16, 1000)
+            launch(ctx, loss, dlogits, logits, targets, options, 16, 50257)
+
+
+def main() raises:
+    var ctx = DeviceContext()
+    launch_all[DType.float32](ctx)
+    launch_all[DType.float16](ctx)
+    launch_all[DType.bfloat16](ctx)
+    launch_all[DType.float64](ctx)
+    ctx.synchronize()
