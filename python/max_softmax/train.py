@@ -1,6 +1,7 @@
 """`softmax train`: a 2-layer MLP classifier trained with MAX graphs whose
-forward pass uses our log_softmax and whose hand-written backward pass uses
-our log_softmax_backward (MAX graphs have no autodiff).
+loss and its gradient come from our fused cross-entropy
+(`ops.cross_entropy_with_grad`: one pass over the logits) and whose
+hand-written backward pass does the rest (MAX graphs have no autodiff).
 
 Data: Gaussian blobs, one per class, generated in code. The step graph
 computes the loss, the accuracy and every gradient; numpy applies SGD with
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from max.dtype import DType
 from max.graph import Graph, TensorType, ops
 
 from . import ops as our_ops
@@ -31,7 +33,9 @@ class Problem:
     """A synthetic classification problem and its MLP sizes."""
 
     x: np.ndarray
-    onehot: np.ndarray
+    labels: np.ndarray
+    """Class indices, int64."""
+    classes: int
     hidden: int
 
 
@@ -50,14 +54,13 @@ def make_problem(
     centers = rng.standard_normal((classes, features)) * 0.45
     labels = rng.integers(0, classes, samples)
     x = centers[labels] + rng.standard_normal((samples, features))
-    onehot = np.eye(classes)[labels]
-    return Problem(x.astype(dtype), onehot.astype(dtype), hidden)
+    return Problem(x.astype(dtype), labels.astype(np.int64), classes, hidden)
 
 
 def init_params(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
     """He-initialised weights, zero biases."""
     rng = np.random.default_rng(seed + 1)
-    d, k, h = problem.x.shape[1], problem.onehot.shape[1], problem.hidden
+    d, k, h = problem.x.shape[1], problem.classes, problem.hidden
     dt = problem.x.dtype
     return {
         "w1": (rng.standard_normal((d, h)) * np.sqrt(2 / d)).astype(dt),
@@ -68,31 +71,31 @@ def init_params(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def build_step_graph(problem: Problem, kind: str) -> Graph:
-    """Graph (x, onehot, w1, b1, w2, b2) -> (loss, accuracy, dw1, db1, dw2, db2)."""
+    """Graph (x, labels, w1, b1, w2, b2) -> (loss, accuracy, dw1, db1, dw2, db2)."""
     dt = max_dtype(problem.x.dtype)
     ref = device_ref(kind)
     n, d = problem.x.shape
-    k, h = problem.onehot.shape[1], problem.hidden
+    k, h = problem.classes, problem.hidden
     types = [
         TensorType(dt, [n, d], ref),
-        TensorType(dt, [n, k], ref),
+        TensorType(DType.int64, [n], ref),
         TensorType(dt, [d, h], ref),
         TensorType(dt, [1, h], ref),
         TensorType(dt, [h, k], ref),
         TensorType(dt, [1, k], ref),
     ]
 
-    def step(x, onehot, w1, b1, w2, b2):
+    def step(x, labels, w1, b1, w2, b2):
         # Forward.
         pre = ops.matmul(x, w1) + b1
         hid = ops.relu(pre)
         logits = ops.matmul(hid, w2) + b2
-        logp = our_ops.log_softmax(logits, axis=-1)
-        loss = -ops.sum(ops.sum(logp * onehot, axis=1), axis=0) / float(n)
-        hits = ops.cast(ops.equal(ops.argmax(logits, axis=-1), ops.argmax(onehot, axis=-1)), dt)
+        # The mean loss and d loss / d logits, fused.
+        loss, dlogits = our_ops.cross_entropy_with_grad(logits, labels)
+        predicted = ops.reshape(ops.argmax(logits, axis=-1), [n])
+        hits = ops.cast(ops.equal(predicted, labels), dt)
         accuracy = ops.sum(hits, axis=0) / float(n)
-        # Backward, by hand: d loss / d logp = -onehot / n.
-        dlogits = our_ops.log_softmax_backward(logp, -onehot / float(n), axis=-1)
+        # Backward, by hand, from dlogits.
         dw2 = ops.matmul(ops.transpose(hid, 0, 1), dlogits)
         db2 = ops.sum(dlogits, axis=0)
         dhid = ops.matmul(dlogits, ops.transpose(w2, 0, 1))
@@ -110,7 +113,7 @@ class Trainer:
     def __init__(self, problem: Problem, device_name: str = "auto"):
         self.kind = resolve_device(device_name)
         self.problem = problem
-        shapes = (problem.x.shape, problem.onehot.shape, problem.hidden, str(problem.x.dtype))
+        shapes = (problem.x.shape, problem.classes, problem.hidden, str(problem.x.dtype))
         self.model = compiled(
             ("mlp_step", shapes, self.kind),
             self.kind,
@@ -118,7 +121,7 @@ class Trainer:
             "the training step graph",
         )
         self.dev = device(self.kind)
-        self.data = [to_buffer(a).to(self.dev) for a in (problem.x, problem.onehot)]
+        self.data = [to_buffer(a).to(self.dev) for a in (problem.x, problem.labels)]
 
     def step(self, params: dict[str, np.ndarray]) -> tuple[float, float, dict[str, np.ndarray]]:
         """Loss, accuracy and gradients at `params`."""
