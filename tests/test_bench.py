@@ -20,7 +20,7 @@ from max_softmax.bench.latency import latency_table
 from max_softmax.bench.measure import measure_replay
 from max_softmax.bench.record import RUN_KEYS, append_record, run_kind, tracked_files
 from max_softmax.bench.report import document, plot
-from max_softmax.reference import backward_reference, reference
+from max_softmax.reference import backward_reference, cross_entropy_reference, reference
 
 SHAPE = "4096 x 1024"
 
@@ -30,6 +30,9 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
     w = WORKLOADS[op]
     inputs = w.make_inputs(np.random.default_rng(0), 8, 300, "float32")
     assert len(inputs) == w.arity
+    if op == "cross_entropy":
+        _check_cross_entropy_workload(w, inputs)
+        return
     if op == "softmax":
         right = reference("softmax", inputs[0], -1)
     elif op == "torch_fwd_bwd":
@@ -43,6 +46,39 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
     wrong[3, 7] += 0.01
     ok, why = w.check(wrong, inputs)
     assert not ok and "max_rel_err" in why
+
+
+def _check_cross_entropy_workload(w, inputs):
+    """(loss, dlogits) of the mean over the whole batch: the reference
+    passes, a wrong gradient entry or a wrong loss fails, and so does a
+    provider that returned a per-row loss."""
+    x, t = inputs
+    assert t.dtype == np.int64 and t[0] != -100 and np.all((t == -100) | ((t >= 0) & (t < 300)))
+    loss, grad = cross_entropy_reference(x, t, -100, "mean", 0.0)
+    loss, grad = np.float32(loss), grad.astype(np.float32)
+    assert w.check((loss, grad), inputs)[0]
+    wrong = grad.copy()
+    wrong[3, 7] += 0.01
+    ok, why = w.check((loss, wrong), inputs)
+    assert not ok and "max_rel_err" in why
+    assert not w.check((loss * np.float32(1.001), grad), inputs)[0]
+    per_row = cross_entropy_reference(x, t, -100, "none", 0.0)[0].astype(np.float32)
+    assert not w.check((per_row, grad), inputs)[0]
+
+
+def test_cross_entropy_check_uses_the_whole_batch_for_the_mean():
+    """Past CHECK_ROWS rows the loss is still the mean over every row, and
+    dlogits of the first rows is scaled by the count of the whole batch."""
+    from max_softmax.bench.workloads import CHECK_ROWS
+
+    w = WORKLOADS["cross_entropy"]
+    x, t = w.make_inputs(np.random.default_rng(1), 2 * CHECK_ROWS + 3, 50, "float32")
+    assert np.any(t == -100)
+    loss, grad = cross_entropy_reference(x, t, -100, "mean", 0.0)
+    assert w.check((np.float32(loss), grad.astype(np.float32)), (x, t))[0]
+    first = cross_entropy_reference(x[:CHECK_ROWS], t[:CHECK_ROWS], -100, "mean", 0.0)
+    ok, why = w.check((np.float32(first[0]), first[1].astype(np.float32)), (x, t))
+    assert not ok, why  # a mean over the first rows only is another answer
 
 
 def _ours(gbps: float | None = 16.0, **kw) -> Row:
@@ -332,3 +368,31 @@ def test_cpu_sweep_end_to_end(tmp_path):
     lines = [json.loads(x) for x in rec.read_text().splitlines()]
     assert len(lines) == len(rows) and {x["run"]["kind"] for x in lines} == {"cpu_forward"}
     assert all(x["run"]["command"].startswith("softmax bench --device cpu") for x in lines)
+
+
+def test_cpu_cross_entropy_end_to_end(tmp_path):
+    """`--op cross_entropy` on the CPU: ours (a K-op graph of
+    cross_entropy_with_grad), torch's F.cross_entropy + backward and our
+    torch bridge pass the float64 check of loss and dlogits and are timed;
+    the legend says what GB/s counts."""
+    out = tmp_path / "out"
+    argv = ["--device", "cpu", "--op", "cross_entropy", "--dtype", "float32"]
+    argv += ["--shape", "8x1000", "--reps", "3", "--max-k", "4", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "bench_cpu_cross_entropy.json").read_text())
+    assert data["meta"]["kind"] == "cpu_cross_entropy"
+    by = {r["provider"]: r for r in data["results"]}
+    names = {"ours", "copy"} | (
+        {"torch", "ours:torch"} if importlib.util.find_spec("torch") else set()
+    )
+    assert names <= set(by), set(by)
+    for name in names:
+        row = by[name]
+        assert not row["note"].startswith(("wrong", "error")), row
+        assert (row["ok"] and row["gbps"] > 0) or row["note"].startswith("unreliable"), row
+    assert by["ours"]["extra"]["graph"] and not by.get("ours:torch", {"extra": {}})["extra"].get(
+        "graph"
+    )
+    md = (out / "bench_cpu_cross_entropy.md").read_text()
+    assert md.startswith("# softmax bench: cross_entropy on ")
+    assert "GB/s = 2 x logits bytes / time" in md and "| ours exec |" in md

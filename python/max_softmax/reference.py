@@ -145,3 +145,80 @@ def compare(
         rtol=rtol,
         atol=atol,
     )
+
+
+CROSS_ENTROPY_TOLERANCES: dict[str, float] = {
+    "float64": 1e-10,
+    "float32": 2e-5,
+    "float16": 2e-3,
+    "bfloat16": 1.6e-2,
+}
+"""rtol per logits dtype for cross-entropy's loss and dlogits, with an
+absolute term of rtol x the largest reference value (each is rounded once
+to the output type; a gradient entry may cancel to ~0)."""
+
+
+def cross_entropy_reference(
+    logits: np.ndarray,
+    targets: np.ndarray,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """torch.nn.functional.cross_entropy (class indices, classes on the
+    last axis) in float64: (loss, d loss / d logits). For "none" the
+    gradient is that of sum(loss); "mean" over the rows kept (NaN if none)."""
+    x = np.asarray(logits).astype(np.float64)
+    eps = label_smoothing
+    classes = x.shape[-1]
+    x2 = x.reshape(-1, classes)
+    t1 = np.asarray(targets).reshape(-1)
+    kept = t1 != ignore_index
+    safe = np.where(kept, t1, 0)
+    rows = np.arange(len(t1))
+    with np.errstate(all="ignore"):
+        m = x2.max(axis=-1, keepdims=True)
+        logp = x2 - (m + np.log(np.exp(x2 - m).sum(axis=-1, keepdims=True)))
+        loss = -logp[rows, safe]
+        if eps:
+            loss = (1 - eps) * loss - eps / classes * logp.sum(axis=-1)
+        loss = np.where(kept, loss, 0.0)
+        grad = np.exp(logp) - eps / classes
+        grad[rows, safe] -= 1 - eps
+        grad = np.where(kept[:, None], grad, 0.0)
+        if reduction == "mean":
+            count = kept.sum()
+            return loss.sum() / count, (grad / count).reshape(x.shape)
+    if reduction == "sum":
+        return loss.sum(), grad.reshape(x.shape)
+    return loss.reshape(x.shape[:-1]), grad.reshape(x.shape)
+
+
+def compare_cross_entropy(
+    got_loss: np.ndarray,
+    got_grad: np.ndarray,
+    want_loss: np.ndarray,
+    want_grad: np.ndarray,
+    dtype: str,
+) -> tuple[bool, float, float]:
+    """Whether a cross-entropy (loss, dlogits) matches the float64 reference
+    under `CROSS_ENTROPY_TOLERANCES[dtype]`: (ok, loss error, dlogits error),
+    each error the largest |got - want| over the largest |want| (NaNs must
+    match)."""
+    tol = CROSS_ENTROPY_TOLERANCES[dtype]
+    ok, errs = True, []
+    for got, want in ((got_loss, want_loss), (got_grad, want_grad)):
+        g = np.asarray(got).astype(np.float64)
+        w = np.asarray(want).astype(np.float64)
+        if g.shape != w.shape or not np.array_equal(np.isnan(g), np.isnan(w)):
+            ok = False
+            errs.append(float("inf"))
+            continue
+        finite = np.abs(w[np.isfinite(w)])
+        size = max(float(finite.max()) if finite.size else 0.0, 1e-30)
+        with np.errstate(invalid="ignore"):
+            same = np.isnan(w) | (g == w)  # NaNs, and equal infinities
+            diff = np.where(same, 0.0, np.abs(g - w))
+        ok = ok and bool(np.all(diff <= tol * size + tol * np.abs(np.where(same, 0.0, w))))
+        errs.append(float(diff.max(initial=0.0)) / size)
+    return ok, errs[0], errs[1]

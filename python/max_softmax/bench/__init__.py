@@ -47,10 +47,18 @@ exec figure when they were timed by wall clock.
 `--op` picks what is timed: `softmax` (default; our graph op and every
 peer), `softmax_backward` / `log_softmax_backward` (read y or log y and dy,
 write dx: 3 tensors a call; peers torch's backward and, for softmax, QuACK's
-where importable), or `torch_fwd_bwd` (a torch training step's
+where importable), `torch_fwd_bwd` (a torch training step's
 softmax, forward + backward through autograd: 5 tensors a call; our op
 through the `max_softmax.torch` bridge, its overhead included, against
-`torch.softmax`). With `--bridge` the softmax sweep also times our op called
+`torch.softmax`), or `cross_entropy` (the mean loss and its gradient
+dlogits of (rows, V) logits and int64 targets, 5% of them ignore_index
+-100; GB/s = 2 x logits bytes, what a fused kernel must move: read the
+logits once, write dlogits once. Ours is a K-op graph of
+`ops.cross_entropy_with_grad`; peers torch's `F.cross_entropy` + `.backward()`,
+its `torch.compile` (GPU), our torch bridge `ours:torch`, and on the GPU
+Liger-Kernel and QuACK where importable; the check is against a float64
+reference of the mean over the whole batch, computed in chunks). With
+`--bridge` the softmax sweep also times our op called
 from torch (`ours:torch`); `--latency` times one call on a tiny input
 instead (latency.py).
 
@@ -121,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--op",
         choices=list(WORKLOADS),
         default="softmax",
-        help="what a call computes (the backward ops: 3 tensors; torch_fwd_bwd: 5)",
+        help="what a call computes (the backward ops: 3 tensors; torch_fwd_bwd: 5; "
+        "cross_entropy: loss and dlogits, 2 x logits)",
     )
     p.add_argument(
         "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"
@@ -184,7 +193,7 @@ def _finish(results: list[Row], meta: dict, out: Path, stem: str, json_too: bool
     print(text)
     png = out / f"{stem}.png"
     wrote = f"{out / stem}.json, .md" if json_too else f"{out / stem}.md"
-    if plot(results, png):
+    if plot(results, png, meta.get("op", "softmax")):
         say(f"wrote {wrote} and .png")
     else:
         say(

@@ -1,5 +1,7 @@
 """Everything the bench times: our op and MAX's built-in as K-op MAX graphs,
-and the peers (torch, the Triton tutorial kernel, JAX, NumPy/SciPy, copies).
+and the peers (torch, the Triton tutorial kernel, JAX, NumPy/SciPy, copies;
+for cross_entropy torch, torch.compile, our torch bridge, Liger-Kernel and
+QuACK, each a forward and a `.backward()` to the logits' gradient).
 
 A provider is prepared with K input tuples, then `run(k)` computes the
 workload for the first k of them and waits for the results. MAX providers
@@ -19,9 +21,10 @@ import numpy as np
 from ..devices import device as max_device
 from ..dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from ..models import build_graph, compiled, device_ref
+from ..ops import cross_entropy_with_grad
 from ..registry import OPS
 from .progress import say
-from .workloads import BACKWARD_OPS, WORKLOADS
+from .workloads import BACKWARD_OPS, CHECK_ROWS, IGNORE_INDEX, WORKLOADS
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves
 # MAX's allocator for the large shapes measured after it.
@@ -84,17 +87,28 @@ class MaxGraphProvider(Provider):
             from max.graph import ops as max_ops
 
             groups = [xs[i * arity : (i + 1) * arity] for i in range(k)]
+            if self.op == "cross_entropy":  # (loss, dlogits) per op: 2K outputs
+                return [
+                    out
+                    for g in groups
+                    for out in cross_entropy_with_grad(*g, ignore_index=IGNORE_INDEX)
+                ]
             if not ours:
                 return [max_ops.softmax(g[0], axis=-1) for g in groups]
             kw = {"variant": variant} if spec.has_variants and variant != "auto" else {}
             return [spec.graph(*g, axis=-1, **kw) for g in groups]
 
         def build() -> Any:
+            from max.dtype import DType
             from max.graph import TensorType
 
-            t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], device_ref(self.kind))
+            ref = device_ref(self.kind)
+            t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], ref)
+            types = [t] * arity
+            if self.op == "cross_entropy":  # (logits, int64 targets) per op
+                types = [t, TensorType(DType.int64, ["rows"], ref)]
             name = f"bench_{self.name.replace(':', '_').replace('.', '_')}_{self.op}_{k}"
-            return build_graph(name, [t] * (k * arity), body)
+            return build_graph(name, types * k, body)
 
         what = f"{self.name} {self.op} {self.dtype} ({k}-op bench graph)"
         return compiled(key, self.kind, build, what)
@@ -118,8 +132,11 @@ class MaxGraphProvider(Provider):
         self.last = self.model(k).execute(*self.inputs(k))
         self.sync()
 
-    def output0(self) -> np.ndarray:
-        """Output 0 of the last execution, as numpy."""
+    def output0(self) -> Any:
+        """Output 0 of the last execution, as numpy; for cross_entropy
+        (loss, dlogits) of op 0."""
+        if self.op == "cross_entropy":
+            return to_numpy(self.last[0]), to_numpy(self.last[1])
         return to_numpy(self.last[0])
 
 
@@ -226,6 +243,110 @@ class QuackProvider(TorchProvider):
         self.torch.cuda.synchronize()
 
 
+class CrossEntropyProvider(TorchProvider):
+    """torch's `F.cross_entropy(x, t, ignore_index=-100)` (mean) and
+    `.backward()`, x a fresh leaf on the logits each call: (loss, x.grad).
+    Subclasses swap the loss function: torch.compile, our torch bridge,
+    Liger-Kernel, QuACK."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind, op="cross_entropy")
+        import torch.nn.functional as F
+
+        self.F = F
+
+    def loss(self, x: Any, t: Any) -> Any:
+        """The scalar mean loss of logits `x` against targets `t`."""
+        return self.F.cross_entropy(x, t, ignore_index=IGNORE_INDEX)
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Copy the (logits, targets) pairs into torch tensors on the device."""
+        self.xs = [tuple(to_torch(self.torch, a, self.dev) for a in case) for case in xs]
+        self.ys: list[Any] = [None] * len(xs)
+
+    def run(self, k: int) -> None:
+        """Loss and gradient of the first k cases, then wait."""
+        for i, (logits, targets) in enumerate(self.xs[:k]):
+            x = logits.detach().requires_grad_()
+            loss = self.loss(x, targets)
+            loss.backward()
+            self.ys[i] = (loss.detach(), x.grad)
+        if self.kind == "gpu":
+            self.torch.cuda.synchronize()
+
+    def output0(self) -> Any:
+        """(loss, the first CHECK_ROWS rows of dlogits) of case 0, as numpy."""
+        loss, grad = self.ys[0]
+        return from_torch(loss), from_torch(grad[:CHECK_ROWS])
+
+
+class CompiledCrossEntropy(CrossEntropyProvider):
+    """`torch.compile` of the same loss function (static shapes; the
+    backward is compiled by AOT autograd). Compiling is warm-up, untimed."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        # A fresh cache per shape: recompiles of one function past dynamo's
+        # limit would silently fall back to eager.
+        self.torch._dynamo.reset()
+        self.fn = self.torch.compile(super().loss, dynamic=False)
+        self.name = "torch.compile"
+
+    def loss(self, x: Any, t: Any) -> Any:
+        """The compiled loss."""
+        return self.fn(x, t)
+
+
+class BridgeCrossEntropy(CrossEntropyProvider):
+    """Our fused cross-entropy from torch, `max_softmax.torch.cross_entropy`
+    (its forward writes the gradient; backward scales it by the incoming
+    gradient: a second pass over dlogits that the bridge pays)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        from .. import torch as bridge
+
+        self.bridge = bridge
+        self.name = "ours:torch"
+
+    def loss(self, x: Any, t: Any) -> Any:
+        """Our loss, through the torch bridge."""
+        return self.bridge.cross_entropy(x, t, ignore_index=IGNORE_INDEX)
+
+
+class LigerCrossEntropy(CrossEntropyProvider):
+    """Liger-Kernel's Triton cross-entropy (`liger_cross_entropy`). Its
+    forward writes the gradient over the logits (to save memory), so after
+    the checked first call each call runs on the previous one's gradient:
+    the same work, as its kernel does not depend on the values."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        from liger_kernel.transformers.functional import liger_cross_entropy
+
+        self.fn = liger_cross_entropy
+        self.name = "liger"
+
+    def loss(self, x: Any, t: Any) -> Any:
+        """Liger's loss (its forward also computes the gradient)."""
+        return self.fn(x, t, ignore_index=IGNORE_INDEX)
+
+
+class QuackCrossEntropy(CrossEntropyProvider):
+    """QuACK's CuTe-DSL cross-entropy, `quack.cross_entropy.cross_entropy`
+    (forward kernel, then a backward kernel that reads the logits again)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        # quack/__init__ exports names that shadow its submodules.
+        self.q = importlib.import_module("quack.cross_entropy")
+        self.name = "quack"
+
+    def loss(self, x: Any, t: Any) -> Any:
+        """QuACK's mean loss (float32 whatever the logits' dtype)."""
+        return self.q.cross_entropy(x, t, ignore_index=IGNORE_INDEX, reduction="mean")
+
+
 class JaxProvider(Provider):
     """jax.nn.softmax, jitted."""
 
@@ -298,9 +419,13 @@ def from_torch(y: Any) -> np.ndarray:
     return y.numpy()
 
 
+PEER_MODULES = ("torch", "triton", "jax", "quack", "liger_kernel")
+"""The optional peers' top-level modules."""
+
+
 def installed() -> set[str]:
-    """Which optional peers are importable here: a subset of torch, triton, jax, quack."""
-    return {m for m in ("torch", "triton", "jax", "quack") if importlib.util.find_spec(m)}
+    """Which optional peers are importable here: a subset of PEER_MODULES."""
+    return {m for m in PEER_MODULES if importlib.util.find_spec(m)}
 
 
 def is_max_graph(factory: Callable[[], Provider]) -> bool:
@@ -320,6 +445,8 @@ def make_providers(
         out.append(lambda: TorchProvider(kind, copy=True))
     if kind == "cpu":
         out.append(lambda: NumpyProvider("copy"))
+    if op == "cross_entropy":
+        return out + _cross_entropy_providers(kind, dtype, have)
     if op == "torch_fwd_bwd":
         if "torch" in have:
             out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
@@ -347,4 +474,24 @@ def make_providers(
     if kind == "cpu" and dtype in ("float32", "float64"):
         out.append(lambda: NumpyProvider("scipy"))
         out.append(lambda: NumpyProvider("numpy"))
+    return out
+
+
+def _cross_entropy_providers(kind: str, dtype: str, have: set[str]) -> list[Callable[[], Provider]]:
+    """Factories for `--op cross_entropy`: ours, then torch eager, its
+    compiled twin (GPU), our torch bridge, Liger-Kernel and QuACK (GPU, where
+    importable)."""
+    out: list[Callable[[], Provider]] = [
+        partial(MaxGraphProvider, kind, dtype, ours=True, op="cross_entropy")
+    ]
+    if "torch" not in have:
+        return out
+    out.append(lambda: CrossEntropyProvider(kind))
+    if kind == "gpu":
+        out.append(lambda: CompiledCrossEntropy(kind))
+    out.append(lambda: BridgeCrossEntropy(kind))
+    if kind == "gpu" and "liger_kernel" in have:
+        out.append(lambda: LigerCrossEntropy(kind))
+    if kind == "gpu" and "quack" in have:
+        out.append(lambda: QuackCrossEntropy(kind))
     return out

@@ -105,13 +105,19 @@ def table(results: list[Row]) -> str:
 
 
 def legend(results: list[Row], op: str) -> str:
-    """What the table's figures are, in two sentences."""
-    transfers = WORKLOADS[op].transfers if op in WORKLOADS else 2
+    """What the table's figures are, in a few sentences (first what a call
+    of the workload is and what its GB/s counts, where that needs saying)."""
+    workload = WORKLOADS.get(op)
+    transfers = workload.transfers if workload else 2
     timer = peer_timer(results)
     peer = "GPU busy time (CUPTI)" if timer == "device" else "marginal wall-clock time"
     ours = "device" if timer == "device" else "exec"
+    if workload and workload.bytes_note:
+        what = f"{workload.bytes_note} Copy: 2 x tensor bytes / time."
+    else:
+        what = f"GB/s = {transfers} x tensor bytes / time (copy: 2 x)."
     return (
-        f"GB/s = {transfers} x tensor bytes / time (copy: 2 x). MAX graphs (ours, "
+        f"{what} MAX graphs (ours, "
         "ours:<variant>, max.ops.softmax) have three figures: **exec**, the K-op graph "
         "executed (marginal wall time per op, the headline); **replay**, the same graph "
         "captured once and replayed (wall / K); **device**, GPU busy time (CUPTI). "
@@ -176,10 +182,10 @@ def _draw(ax: Any, pts: list[tuple[int, float, bool]], label: str, style: dict) 
             )
 
 
-def plot(results: list[Row], path: Path) -> bool:
+def plot(results: list[Row], path: Path, op: str = "softmax") -> bool:
     """GB/s per provider at each shape, shapes sorted by row length N (one
-    panel per dtype): every provider's comparable figure, plus ours' other
-    figures dashed. False (nothing written) without matplotlib."""
+    panel per dtype, titled by `op`): every provider's comparable figure,
+    plus ours' other figures dashed. False (nothing written) without matplotlib."""
     try:
         import matplotlib
 
@@ -212,7 +218,7 @@ def plot(results: list[Row], path: Path) -> bool:
         ax.set_xticklabels([f"{rows}x{n}" for n, rows in shapes], rotation=45, ha="right")
         ax.set_xlabel("rows x N (sorted by row length N); hollow marker: unreliable")
         ax.set_ylabel("GB/s (bytes that must move / time)")
-        ax.set_title(f"softmax {dtype}, {results[0].device}")
+        ax.set_title(f"{op} {dtype}, {results[0].device}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -27,11 +27,23 @@ from .measure import (
 )
 from .progress import progress, say
 from .providers import Provider, is_max_graph, make_providers
-from .workloads import ISSUE_SHAPES_GPU, SHAPES_CPU, SWEEP_GPU, WORKLOADS, Row, Workload
+from .workloads import (
+    ISSUE_SHAPES_GPU,
+    SHAPES_CPU,
+    SHAPES_CROSS_ENTROPY_CPU,
+    SHAPES_CROSS_ENTROPY_GPU,
+    SWEEP_GPU,
+    WORKLOADS,
+    Row,
+    Workload,
+)
 
 
-def default_shapes(kind: str) -> list[tuple[int, int]]:
-    """The shapes swept when `--shape` is not given."""
+def default_shapes(kind: str, op: str = "softmax") -> list[tuple[int, int]]:
+    """The shapes swept when `--shape` is not given (cross_entropy: token
+    batches against LLM vocabularies)."""
+    if op == "cross_entropy":
+        return list(SHAPES_CROSS_ENTROPY_GPU if kind == "gpu" else SHAPES_CROSS_ENTROPY_CPU)
     return ISSUE_SHAPES_GPU + SWEEP_GPU if kind == "gpu" else list(SHAPES_CPU)
 
 
@@ -44,11 +56,11 @@ def run_sweep(
     short (a time limit, Ctrl-C) still leaves its data."""
     kind = resolve_device(args.device)
     workload = WORKLOADS[args.op]
-    shapes = args.shapes or default_shapes(kind)
+    shapes = args.shapes or default_shapes(kind, args.op)
     rng = np.random.default_rng(args.seed)
     results: list[Row] = []
     jobs = [(d, s) for d in args.dtype for s in shapes]
-    say(f"{len(jobs)} case(s) on {kind}: each provider is checked against SciPy, then timed")
+    say(f"{len(jobs)} case(s) on {kind}: each provider is checked against float64, then timed")
     with progress(len(jobs)) as bar:
         for dtype, (rows, n) in jobs:
             here = sweep_shape(kind, workload, dtype, rows, n, rng, args)

@@ -1,4 +1,10 @@
-"""What the benchmark times (workloads, shapes) and what one measurement is (`Row`)."""
+"""What the benchmark times (workloads, shapes) and what one measurement is (`Row`).
+
+`cross_entropy`: one call is the loss (reduction "mean", ignore_index
+-100) and its gradient dlogits of (rows, V) logits and int64 targets. GB/s
+counts 2 x the logits' bytes: a fused kernel reads the logits once and
+writes the gradient once (the targets, 8 bytes a row, are not counted).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,13 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DTYPE_NAMES
-from ..reference import compare, compare_backward, reference
+from ..reference import (
+    compare,
+    compare_backward,
+    compare_cross_entropy,
+    cross_entropy_reference,
+    reference,
+)
 
 ISSUE_SHAPES_GPU: list[tuple[int, int]] = [
     (4096, 1024),
@@ -43,6 +55,27 @@ SHAPES_CPU: list[tuple[int, int]] = [
 ]
 """The CPU's default shapes (each >= 1 MB; most >= 16 MB)."""
 
+SHAPES_CROSS_ENTROPY_GPU: list[tuple[int, int]] = [
+    (4096, 32000),
+    (8192, 50257),
+    (16384, 32000),
+    (4096, 128256),
+]
+"""Cross-entropy on the GPU: a batch of tokens against Llama-2's, GPT-2's and
+Llama-3's vocabularies."""
+
+SHAPES_CROSS_ENTROPY_CPU: list[tuple[int, int]] = [(512, 50257), (128, 128256)]
+"""Cross-entropy on the CPU (the issue's target is 512 x 50257 float32)."""
+
+IGNORE_INDEX = -100
+"""The ignore_index of the cross-entropy workload (torch's default)."""
+
+IGNORED_FRACTION = 0.05
+"""About this share of the cross-entropy targets is IGNORE_INDEX."""
+
+CROSS_ENTROPY_CHUNK = 64
+"""Rows of the float64 reference computed at a time (bounded memory at any shape)."""
+
 L2_BYTES = 50 << 20
 """The H100's L2: the K rotating inputs together must exceed it (4x)."""
 
@@ -57,17 +90,23 @@ BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
 @dataclass(frozen=True)
 class Workload:
     """What one timed call computes: its inputs and how many tensor-sized
-    transfers it must make (GB/s = transfers x tensor bytes / time)."""
+    transfers it must make (GB/s = transfers x tensor bytes / time; for
+    cross_entropy the tensor is the logits)."""
 
     op: str
     transfers: int
     arity: int
+    bytes_note: str = ""
+    """What the GB/s counts, where it needs saying (the report's legend)."""
 
     def make_inputs(self, rng: np.random.Generator, rows: int, n: int, dtype: str) -> tuple:
-        """Fresh random inputs of one call: (x,), (y, dy) or (x, dy)."""
+        """Fresh random inputs of one call: (x,), (y, dy), (x, dy) or
+        (logits, targets)."""
         x = (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
         if self.op == "softmax":
             return (x,)
+        if self.op == "cross_entropy":
+            return (x, cross_entropy_targets(rng, rows, n))
         dy = rng.standard_normal((rows, n), dtype=np.float32).astype(DTYPE_NAMES[dtype])
         if self.op in BACKWARD_OPS:  # y = softmax(x) or log_softmax(x), in float32 to stay quick
             z = x.astype(np.float32) - x.max(axis=-1, keepdims=True).astype(np.float32)
@@ -76,8 +115,13 @@ class Workload:
             return (a.astype(x.dtype), dy)
         return (x, dy)
 
-    def check(self, got: np.ndarray, inputs: tuple) -> tuple[bool, str]:
-        """Whether `got` (first CHECK_ROWS rows) matches the float64 reference."""
+    def check(self, got: Any, inputs: tuple) -> tuple[bool, str]:
+        """Whether `got` (its first CHECK_ROWS rows) matches the float64
+        reference; for cross_entropy `got` is (loss, dlogits), the loss over
+        the whole batch and dlogits of at least its first CHECK_ROWS rows."""
+        if self.op == "cross_entropy":
+            return check_cross_entropy(got[0], got[1], inputs[0], inputs[1])
+        got = got[:CHECK_ROWS]
         first = [a[:CHECK_ROWS] for a in inputs]
         if self.op == "softmax":
             c = compare("softmax", got, first[0], -1)
@@ -96,11 +140,73 @@ class Workload:
         return max_k if 3 * self.arity * nbytes < 4 * L2_BYTES else 3
 
 
+def cross_entropy_targets(rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
+    """int64 class indices uniform in [0, n), about IGNORED_FRACTION of them
+    IGNORE_INDEX; row 0 is always kept, so the mean is over >= 1 row."""
+    t = rng.integers(0, n, size=rows, dtype=np.int64)
+    ignored = rng.random(rows) < IGNORED_FRACTION
+    ignored[0] = False
+    return np.where(ignored, IGNORE_INDEX, t)
+
+
+_ce_cache: list[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]] = []
+
+
+def cross_entropy_expected(
+    logits: np.ndarray, targets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference of the workload (reduction "mean" over the
+    whole batch): (loss, dlogits of the first CHECK_ROWS rows). The loss is
+    summed chunk by chunk, so any shape fits in memory; dlogits of a row is
+    (softmax(row) - onehot) / count, count the rows kept in the whole batch.
+    The last answer is cached: every provider of a shape checks the same inputs."""
+    for x, t, answer in _ce_cache:
+        if x is logits and t is targets:
+            return answer
+    count = int(np.count_nonzero(targets != IGNORE_INDEX))
+    total = 0.0
+    for i in range(0, logits.shape[0], CROSS_ENTROPY_CHUNK):
+        part = slice(i, i + CROSS_ENTROPY_CHUNK)
+        total += float(cross_entropy_reference(logits[part], targets[part], IGNORE_INDEX, "sum")[0])
+    first = slice(0, CHECK_ROWS)
+    grad = cross_entropy_reference(logits[first], targets[first], IGNORE_INDEX, "sum")[1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        answer = (np.float64(total) / count, grad / count)
+    _ce_cache[:] = [(logits, targets, answer)]
+    return answer
+
+
+def check_cross_entropy(
+    loss: Any, dlogits: Any, logits: np.ndarray, targets: np.ndarray
+) -> tuple[bool, str]:
+    """Whether a provider's mean loss and the first CHECK_ROWS rows of its
+    dlogits match the float64 reference of (logits, targets)."""
+    loss = np.asarray(loss)
+    if loss.size != 1:
+        return False, f"max_rel_err=inf (the loss has shape {loss.shape}, not a scalar)"
+    want_loss, want_grad = cross_entropy_expected(logits, targets)
+    rows = want_grad.shape[0]
+    got_grad = np.asarray(dlogits)[:rows]
+    ok, loss_err, grad_err = compare_cross_entropy(
+        loss.reshape(()), got_grad, want_loss, want_grad, np.dtype(logits.dtype).name
+    )
+    worst = max(loss_err, grad_err)
+    return ok, f"max_rel_err={worst:.2g} (loss {loss_err:.2g}, dlogits {grad_err:.2g})"
+
+
 WORKLOADS: dict[str, Workload] = {
     "softmax": Workload("softmax", 2, 1),
     "softmax_backward": Workload("softmax_backward", 3, 2),
     "log_softmax_backward": Workload("log_softmax_backward", 3, 2),
     "torch_fwd_bwd": Workload("torch_fwd_bwd", 5, 2),
+    "cross_entropy": Workload(
+        "cross_entropy",
+        2,
+        2,
+        "cross_entropy: one call = the mean loss and its gradient dlogits of (rows, N) "
+        "logits and int64 targets (5% ignore_index); GB/s = 2 x logits bytes / time, as a "
+        "fused kernel reads the logits once and writes dlogits once (targets not counted).",
+    ),
 }
 """Every `--op`, by name."""
 
