@@ -293,6 +293,56 @@ def test_torch_matches_f_cross_entropy(device, reduction, shape):
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad_scale", [1.0, 2.5])
+def test_torch_backward_repeated_with_retain_graph(device, grad_scale):
+    """Backward scales the fused gradient in place (or passes it through for a
+    gradient of 1): backpropagating the same loss again still gives torch's
+    gradients, accumulated."""
+    import torch
+    import torch.nn.functional as F
+
+    from max_softmax.torch import cross_entropy
+
+    where = "cuda" if device == "gpu" else "cpu"
+    torch.manual_seed(1)
+    x = torch.randn(6, 40, device=where, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    t = torch.randint(0, 40, (6,), device=where)
+    ours, theirs = cross_entropy(x, t) * grad_scale, F.cross_entropy(ref, t) * grad_scale
+    for _ in range(3):
+        ours.backward(retain_graph=True)
+        theirs.backward(retain_graph=True)
+        torch.testing.assert_close(x.grad, ref.grad, rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_torch_compile_fullgraph_forward_and_backward():
+    """Under torch.compile the loss runs as one registered custom op, without
+    graph breaks, forward and backward equal to F.cross_entropy."""
+    import torch
+    import torch.nn.functional as F
+
+    from max_softmax.torch import cross_entropy
+
+    torch.manual_seed(2)
+    x = torch.randn(8, 50, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    t = torch.randint(0, 50, (8,))
+    step = torch.compile(
+        lambda x, t: cross_entropy(x, t, label_smoothing=0.1) * 2.0,
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    loss = step(x, t)
+    loss.backward()
+    expected = F.cross_entropy(ref, t, label_smoothing=0.1) * 2.0
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 def test_torch_errors_and_no_grad():
     import torch
 

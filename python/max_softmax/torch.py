@@ -255,21 +255,40 @@ def _cross_entropy_rows(
 
 class _CrossEntropy(torch.autograd.Function):
     """Cross-entropy whose forward also writes the gradient (one fused pass
-    over the logits); backward scales it by the incoming gradient."""
+    over the logits); backward hands that gradient on, scaled in place."""
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, reduction, eps):  # type: ignore[override]
         loss, dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)
-        ctx.save_for_backward(dlogits)
-        ctx.reduction = reduction
+        ctx.save_for_backward(logits, targets)
+        # Held outside save_for_backward: the first backward gives it away
+        # (scaled in place, or as it is), so torch's version check on saved
+        # tensors would refuse a second backward that never reads it.
+        ctx.dlogits = dlogits
+        ctx.args = (ignore_index, reduction, eps)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):  # type: ignore[override]
-        (dlogits,) = ctx.saved_tensors
+        logits, targets = ctx.saved_tensors
+        ignore_index, reduction, eps = ctx.args
+        dlogits, ctx.dlogits = ctx.dlogits, None
+        if dlogits is None:  # a second backward (retain_graph): compute it again
+            dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)[1]
+        none = (None, None, None, None)
+        # A loss backpropagated as is (grad 1) passes dlogits on untouched;
+        # the check reads a CPU scalar only (on CUDA it would sync the host;
+        # under torch.compile it would break the graph).
+        if (
+            not grad_loss.is_cuda
+            and reduction != "none"
+            and not torch.compiler.is_compiling()
+            and float(grad_loss) == 1.0
+        ):
+            return (dlogits, *none)
         # "none": a gradient a row; "mean"/"sum": one scalar (shape (1,)).
-        scale = grad_loss[:, None] if ctx.reduction == "none" else grad_loss
-        return dlogits * scale, None, None, None, None
+        scale = grad_loss[:, None] if reduction == "none" else grad_loss
+        return (dlogits.mul_(scale), *none)
 
 
 def cross_entropy(
