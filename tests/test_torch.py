@@ -72,13 +72,21 @@ def test_bad_dtype():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n", [1000, 50257, 131073])
-def test_unaligned_storage(device, n):
-    """A contiguous view starting 4 bytes into its storage: the kernels must
-    not issue 16-byte vector loads there."""
-    flat = torch.randn(4 * n + 1, device=device)
-    x = flat[1:].view(4, n)
-    torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))
+@pytest.mark.parametrize("rows,n", [(4, 1000), (4, 50257), (4, 131073), (300, 20001)])
+def test_unaligned_storage(device, rows, n):
+    """Views starting 4 bytes into their storage, forward and backward (on
+    the GPU: register rows, the split stream, and rows on chip): the kernels
+    must not issue 16-byte vector loads there."""
+    flat = torch.randn(2 * rows * n + 2, device=device)
+    x = flat[1 : rows * n + 1].view(rows, n).requires_grad_()
+    dy = flat[rows * n + 2 :].view(rows, n)
+    ref = x.detach().clone().requires_grad_()
+    y = mst.softmax(x, dim=-1)
+    expected = torch.softmax(ref, dim=-1)
+    torch.testing.assert_close(y, expected)
+    y.backward(dy)
+    expected.backward(dy)
+    torch.testing.assert_close(x.grad, ref.grad, rtol=1e-4, atol=1e-7)
 
 
 # --- CUDA: replaying captured graphs when torch hands back the same memory ---
