@@ -374,25 +374,34 @@ class JaxProvider(Provider):
 
 
 class NumpyProvider(Provider):
-    """CPU peers: scipy.special.softmax, a plain numpy softmax, and np.copyto."""
+    """CPU peers: scipy.special.softmax, a plain numpy softmax or backward
+    (`op`), and np.copyto."""
 
-    def __init__(self, which: str) -> None:
-        self.name = which
+    def __init__(self, which: str, op: str = "softmax") -> None:
+        self.name, self.op = which, op
+        self.transfers = 2 if which == "copy" else WORKLOADS[op].transfers
 
     def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
         """Keep the inputs; allocate the outputs."""
-        self.xs = [case[0] for case in xs]
-        self.ys = [np.empty_like(x) for x in self.xs]
+        self.xs = xs
+        self.ys = [np.empty_like(case[0]) for case in xs]
 
     def run(self, k: int) -> None:
         """Compute the first k cases."""
         import scipy.special
 
-        for x, y in zip(self.xs[:k], self.ys[:k]):
+        for case, y in zip(self.xs[:k], self.ys[:k]):
+            x = case[0]
             if self.name == "copy":
                 np.copyto(y, x)
             elif self.name == "scipy":
                 y[...] = scipy.special.softmax(x, axis=-1)
+            elif self.op == "softmax_backward":  # y * (dy - sum(dy * y))
+                dy = case[1]
+                np.multiply(x, dy - (dy * x).sum(axis=-1, keepdims=True), out=y)
+            elif self.op == "log_softmax_backward":  # dy - exp(logp) * sum(dy)
+                dy = case[1]
+                np.subtract(dy, np.exp(x) * dy.sum(axis=-1, keepdims=True), out=y)
             else:
                 e = np.exp(x - x.max(axis=-1, keepdims=True))
                 np.divide(e, e.sum(axis=-1, keepdims=True), out=y)
@@ -455,6 +464,8 @@ def make_providers(
     if op in BACKWARD_OPS:
         if "torch" in have:
             out.append(lambda: TorchProvider(kind, op=op))
+        if kind == "cpu" and dtype in ("float32", "float64"):
+            out.append(lambda: NumpyProvider("numpy", op))
         if kind == "gpu" and "quack" in have and op == "softmax_backward":
             out.append(lambda: QuackProvider(kind, op))
         return out
