@@ -305,6 +305,90 @@ def ce_register_kernel[
         )
 
 
+@always_inline
+def _online_pass[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    tail_begin: Int,
+    len: Int,
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+]:
+    """Thread `t`'s share of the row: its online (max, sum of exp) pair
+    and its plain sum (for label smoothing)."""
+    comptime acc = accum_dtype[dtype]()
+    var m = -inf[acc]()
+    var s = Scalar[acc](0)
+    var sx = Scalar[acc](0)
+    for i in range(t, nvec, T):
+        var v = (
+            x.unsafe_offset(head + i * V)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc]()
+        )
+        (m, s) = online_add[acc, V](m, s, v)
+        sx += v.reduce_add()
+    for e in range(t, head, T):
+        var v = x[unsafe_offset=e].cast[acc]()
+        (m, s) = online_add[acc, 1](m, s, v)
+        sx += v
+    for e in range(tail_begin + t, len, T):
+        var v = x[unsafe_offset=e].cast[acc]()
+        (m, s) = online_add[acc, 1](m, s, v)
+        sx += v
+    return (m, s, sx)
+
+
+@always_inline
+def _write_grad[
+    dtype: DType, V: Int, T: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    tail_begin: Int,
+    len: Int,
+    kind: Int,
+    fill: Scalar[dtype],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+):
+    """Thread `t`'s share of the row's gradient into `y` (`fill` for rows
+    not kept), from a second read of the logits `x`: the vector body, then
+    the scalar head and tail. The target's entry is fixed up after."""
+    comptime acc = accum_dtype[dtype]()
+    for i in range(t, nvec, T):
+        var out = SIMD[dtype, V](fill)
+        if kind == KEPT:
+            var v = (
+                x.unsafe_offset(head + i * V)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+            out = grad_of[acc, V](
+                exp_nan[acc, V](v - row_max), inv_s, smooth, scale
+            ).cast[dtype]()
+        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](out)
+    for e in range(t, head, T):
+        y[unsafe_offset=e] = _scalar_grad[dtype](
+            x, e, kind, fill, row_max, inv_s, smooth, scale
+        )
+    for e in range(tail_begin + t, len, T):
+        y[unsafe_offset=e] = _scalar_grad[dtype](
+            x, e, kind, fill, row_max, inv_s, smooth, scale
+        )
+
+
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
 def ce_block_kernel[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
@@ -347,29 +431,11 @@ def ce_block_kernel[
     var inv_s = Scalar[acc](0)
     var x_t = Scalar[acc](0)
     if kind == KEPT:
-        var m = -inf[acc]()
-        var s = Scalar[acc](0)
-        var sx = Scalar[acc](0)
-        for i in range(t, nvec, T):
-            var v = (
-                x.unsafe_offset(head + i * V)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc]()
-            )
-            (m, s) = online_add[acc, V](m, s, v)
-            sx += v.reduce_add()
-        for e in range(t, head, T):
-            var v = x[unsafe_offset=e].cast[acc]()
-            (m, s) = online_add[acc, 1](m, s, v)
-            sx += v
-        for e in range(tail_begin + t, len, T):
-            var v = x[unsafe_offset=e].cast[acc]()
-            (m, s) = online_add[acc, 1](m, s, v)
-            sx += v
-        var pair = block_max_sum[acc, T](m, s)
+        var part = _online_pass[dtype, V, T](x, t, head, nvec, tail_begin, len)
+        var pair = block_max_sum[acc, T](part[0], part[1])
         row_max = pair[0]
         var row_sum = online_sum_guard[acc](pair[0], pair[1])
-        var sum_x = block_sum[acc, T](sx) if eps != 0 else Scalar[acc](0)
+        var sum_x = block_sum[acc, T](part[2]) if eps != 0 else Scalar[acc](0)
         x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
         value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
         inv_s = 1 / row_sum
@@ -383,26 +449,21 @@ def ce_block_kernel[
     comptime if with_grad:
         var y = dlogits.unsafe_offset(start)
         var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
-        for i in range(t, nvec, T):
-            var out = SIMD[dtype, V](fill)
-            if kind == KEPT:
-                var v = (
-                    x.unsafe_offset(head + i * V)
-                    .unsafe_load[width=V, alignment=16]()
-                    .cast[acc]()
-                )
-                out = grad_of[acc, V](
-                    exp_nan[acc, V](v - row_max), inv_s, smooth, scale
-                ).cast[dtype]()
-            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](out)
-        for e in range(t, head, T):
-            y[unsafe_offset=e] = _scalar_grad[dtype](
-                x, e, kind, fill, row_max, inv_s, smooth, scale
-            )
-        for e in range(tail_begin + t, len, T):
-            y[unsafe_offset=e] = _scalar_grad[dtype](
-                x, e, kind, fill, row_max, inv_s, smooth, scale
-            )
+        _write_grad[dtype, V, T](
+            y,
+            x,
+            t,
+            head,
+            nvec,
+            tail_begin,
+            len,
+            kind,
+            fill,
+            row_max,
+            inv_s,
+            smooth,
+            scale,
+        )
         # The target's entry, by the thread that wrote it (its vector or
         # scalar store above came first in program order).
         if kind == KEPT:
