@@ -163,6 +163,59 @@ def _held_index[
     return (k * V + v) * threads + t
 
 
+@always_inline
+def _held_sum[
+    dtype: DType, threads: Int, V: Int, K: Int
+](raw: SIMD[dtype, V * K], t: Int, vector_loads: Bool, load_len: Int) -> Scalar[
+    accum_dtype[dtype]()
+]:
+    """This thread's sum of the row values it holds (label smoothing's sum
+    of x), padding left out."""
+    comptime acc = accum_dtype[dtype]()
+    var part = Scalar[acc](0)
+    comptime for k in range(K):
+        comptime for v in range(V):
+            if _held_index[threads, V](k, v, t, vector_loads) < load_len:
+                part += raw[k * V + v].cast[acc]()
+    return part
+
+
+@always_inline
+def _held_grad[
+    dtype: DType, threads: Int, V: Int, K: Int
+](
+    raw: SIMD[dtype, V * K],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+    g_t: Scalar[dtype],
+    tgt: Int,
+    t: Int,
+    vector_loads: Bool,
+) -> SIMD[dtype, V * K]:
+    """The gradient of the row values this thread holds: (softmax - eps/V)
+    * scale, with `g_t` at the target's entry."""
+    comptime acc = accum_dtype[dtype]()
+    var out = SIMD[dtype, V * K](0)
+    comptime for k in range(K):
+        out = out.insert[offset=k * V](
+            grad_of[acc, V](
+                exp_nan[acc, V](
+                    raw.slice[V, offset=k * V]().cast[acc]() - row_max
+                ),
+                inv_s,
+                smooth,
+                scale,
+            ).cast[dtype]()
+        )
+    comptime for k in range(K):
+        comptime for v in range(V):
+            if _held_index[threads, V](k, v, t, vector_loads) == tgt:
+                out[k * V + v] = g_t
+    return out
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
         Int32(block_threads[threads]())
@@ -253,12 +306,9 @@ def ce_register_kernel[
     var row_sum = block_sum[acc, threads, block](s)
     var sum_x = Scalar[acc](0)
     if eps != 0:  # the same for every thread: the reduction stays uniform
-        var part = Scalar[acc](0)
-        comptime for k in range(K):
-            comptime for v in range(V):
-                if _held_index[threads, V](k, v, t, vector_loads) < load_len:
-                    part += raw[k * V + v].cast[acc]()
-        sum_x = block_sum[acc, threads, block](part)
+        sum_x = block_sum[acc, threads, block](
+            _held_sum[dtype, threads, V, K](raw, t, vector_loads, load_len)
+        )
     var x_t = x[unsafe_offset=Int(tgt)].cast[acc]() if kind == KEPT else Scalar[
         acc
     ](0)
@@ -278,26 +328,20 @@ def ce_register_kernel[
         var inv_s = 1 / row_sum
         var out = SIMD[dtype, V * K](0)
         if kind == KEPT:
-            comptime for k in range(K):
-                out = out.insert[offset=k * V](
-                    grad_of[acc, V](
-                        exp_nan[acc, V](
-                            raw.slice[V, offset=k * V]().cast[acc]() - row_max
-                        ),
-                        inv_s,
-                        smooth,
-                        scale,
-                    ).cast[dtype]()
-                )
             var g_t = target_grad[acc](
                 exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
             ).cast[dtype]()
-            comptime for k in range(K):
-                comptime for v in range(V):
-                    if _held_index[threads, V](k, v, t, vector_loads) == Int(
-                        tgt
-                    ):
-                        out[k * V + v] = g_t
+            out = _held_grad[dtype, threads, V, K](
+                raw,
+                row_max,
+                inv_s,
+                smooth,
+                scale,
+                g_t,
+                Int(tgt),
+                t,
+                vector_loads,
+            )
         elif kind != IGNORED:
             out = SIMD[dtype, V * K](nan[dtype]())
         store_row_chunks[dtype, threads, V, K, dtype](
