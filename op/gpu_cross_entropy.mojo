@@ -47,7 +47,7 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_launch import HeldRows, aligned16, aligned_flag_of, held, kernel_arg
 from .gpu_launch import vector_flag_of
 from .gpu_reductions import block_max, block_max_sum, block_sum
 from .gpu_register_rows import (
@@ -641,7 +641,7 @@ def launch_cross_entropy[
             block_dim=CE_SMALL_THREADS,
         )
     if rows > 0:
-        var aligned = (Int(logits) | Int(dlogits)) % 16 == 0
+        var aligned = aligned16(Int(logits), Int(dlogits))
         var plan = register_plan(n, V, 0)
         if plan >= 0:
             launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](

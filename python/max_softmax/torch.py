@@ -22,29 +22,36 @@ Under `torch.compile` the op is a registered torch custom op
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import torch_buffers, torch_replay
 from .models import cross_entropy_into_model, into_model
 from .registry import OPS, op_spec
 from .torch_buffers import DTYPES
-from .validation import check_cross_entropy_options, normalize_axis
+from .validation import check_cross_entropy_options, check_targets_in_range, normalize_axis
 
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
-    """Write op `name` of (outer, n, inner) tensors `inputs` into `out`:
-    its destination-passing model on reused buffer views of the tensors
-    (torch_buffers), or a replay of its captured graph; on CUDA ordered
-    against torch's stream on the device."""
+    """Write op `name` of (outer, n, inner) tensors `inputs` into `out` by
+    its destination-passing model, or a replay of its captured graph."""
     model = into_model(name, DTYPES[out.dtype], "gpu" if out.is_cuda else "cpu")
-    tensors = (out, *inputs)
-    if not out.is_cuda:
+    _execute(model, (out, *inputs), replay_key=name)
+
+
+def _execute(model: Any, tensors: tuple[torch.Tensor, ...], replay_key: str | None = None) -> None:
+    """Run `model` on reused buffer views of `tensors` (torch_buffers); on
+    CUDA ordered against torch's stream on the device, and replayed where
+    `replay_key` is given and replay is on."""
+    first = tensors[0]
+    if not first.is_cuda:
         model.execute(*(torch_buffers.view(t) for t in tensors))
         return
-    stream = torch.cuda.current_stream(out.device)
+    stream = torch.cuda.current_stream(first.device)
     torch_buffers.max_waits_for(stream)
-    replay = torch_replay.ENABLED and torch_replay.CACHE.active
-    if not (replay and torch_replay.CACHE.run(model, name, tensors, torch_buffers.view)):
+    replay = replay_key is not None and torch_replay.ENABLED and torch_replay.CACHE.active
+    if not (replay and torch_replay.CACHE.run(model, replay_key, tensors, torch_buffers.view)):
         model.execute(*(torch_buffers.view(t) for t in tensors))
     torch_buffers.waits_for_max(stream)
 
@@ -174,18 +181,10 @@ class Softmax(torch.nn.Module):
 
 def _call_cross_entropy(reduction: str, with_grad: bool, tensors: tuple[torch.Tensor, ...]) -> None:
     """Write cross-entropy into `tensors`' outputs: (loss, [dlogits,] logits,
-    targets, options), on reused buffer views, ordered against torch's
-    stream on CUDA (no replay: the op is one graph call either way)."""
+    targets, options) (no replay: the op is one graph call either way)."""
     logits = tensors[-3]
     kind = "gpu" if logits.is_cuda else "cpu"
-    model = cross_entropy_into_model(with_grad, DTYPES[logits.dtype], kind, reduction)
-    if not logits.is_cuda:
-        model.execute(*(torch_buffers.view(t) for t in tensors))
-        return
-    stream = torch.cuda.current_stream(logits.device)
-    torch_buffers.max_waits_for(stream)
-    model.execute(*(torch_buffers.view(t) for t in tensors))
-    torch_buffers.waits_for_max(stream)
+    _execute(cross_entropy_into_model(with_grad, DTYPES[logits.dtype], kind, reduction), tensors)
 
 
 @torch.library.custom_op("max_softmax::cross_entropy", mutates_args=("loss", "dlogits"))
@@ -365,13 +364,9 @@ def cross_entropy(
     logits = logits.reshape(-1, classes).contiguous()
     targets = targets.reshape(-1).to(torch.int64).contiguous()
     if not input.is_cuda and not torch.compiler.is_compiling():
-        bad = (targets != ignore_index) & ((targets < 0) | (targets >= classes))
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"max_softmax: cross_entropy target {int(targets[i])} at row {i} is out of "
-                f"range for {classes} classes (and is not ignore_index {ignore_index})"
-            )
+        # On the host numpy checks in a fraction of torch's time (65536
+        # targets: 41 vs 630 us); CUDA targets are not checked (a host sync).
+        check_targets_in_range(targets.view(expected).numpy(), classes, ignore_index)
     if _needs_grad(logits):
         loss = _CrossEntropy.apply(logits, targets, ignore_index, reduction, eps)
     else:

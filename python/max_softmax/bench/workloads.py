@@ -21,6 +21,7 @@ from ..reference import (
     cross_entropy_reference,
     reference,
 )
+from ..registry import OPS
 
 ISSUE_SHAPES_GPU: list[tuple[int, int]] = [
     (4096, 1024),
@@ -83,8 +84,9 @@ CHECK_ROWS = 64
 """Rows of each provider's output checked against the float64 reference."""
 
 
-BACKWARD_OPS = ("softmax_backward", "log_softmax_backward")
-"""The ops that read a forward's output and dy and write dx."""
+BACKWARD_OPS = tuple(spec.backward for spec in OPS.values() if spec.backward)
+"""The ops that read a forward's output and dy and write dx (the registry's
+gradients of softmax and log_softmax)."""
 
 
 @dataclass(frozen=True)
