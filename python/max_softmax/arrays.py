@@ -15,10 +15,12 @@ from .devices import device, resolve_device
 from .dtypes import max_dtype, to_buffer, to_numpy
 from .models import ModelKey, cross_entropy_model, row_op_model
 from .validation import (
+    EMPTY_LOSS,
     canonical_shape,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
     check_dy_like,
+    check_integer_targets,
     check_targets_in_range,
     check_variant,
     normalize_axis,
@@ -157,11 +159,7 @@ def _cross_entropy(
     )
     target_array = as_array(targets)
     check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
-    if target_array.dtype.kind not in "iu":
-        raise TypeError(
-            "max_softmax: cross_entropy needs integer class-index targets, got "
-            f"{target_array.dtype}"
-        )
+    check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
     classes = array.shape[-1]
     # The targets are on the host here: a bad one is an exception now,
     # before anything runs (the GPU kernel could only mark its row NaN).
@@ -172,7 +170,7 @@ def _cross_entropy(
     if rows == 0 or classes == 0:
         # Nothing to run (every row ignored when there are no classes):
         # torch's values for empty sums and means.
-        empty = {"mean": np.nan, "sum": 0.0, "none": 0.0}[reduction]
+        empty = EMPTY_LOSS[reduction]
         out = [np.full(loss_shape, empty, dtype=array.dtype)]
         return out + ([np.zeros(array.shape, dtype=array.dtype)] if with_grad else [])
     model = cross_entropy_model(with_grad, dtype, kind, reduction)

@@ -29,6 +29,7 @@ from .validation import (
     check_cross_entropy_shapes,
     check_dtype,
     check_dy_like,
+    check_integer_targets,
     check_variant,
     normalize_axis,
 )
@@ -183,11 +184,7 @@ def _cross_entropy(
     )
     shape = list(logits.shape)
     check_cross_entropy_shapes(shape, list(targets.shape))
-    if not targets.dtype.is_integral():
-        raise TypeError(
-            "max_softmax: cross_entropy needs integer class-index targets, got "
-            f"{targets.dtype.name}"
-        )
+    check_integer_targets(targets.dtype.is_integral(), targets.dtype.name)
     if targets.device != logits.device:
         raise ValueError(
             f"max_softmax: cross_entropy needs targets on the logits' device ({logits.device}), "

@@ -30,7 +30,12 @@ from . import torch_buffers, torch_replay
 from .models import cross_entropy_into_model, into_model
 from .registry import OPS, op_spec
 from .torch_buffers import DTYPES
-from .validation import check_cross_entropy_options, check_targets_in_range, normalize_axis
+from .validation import (
+    EMPTY_LOSS,
+    check_cross_entropy_options,
+    check_targets_in_range,
+    normalize_axis,
+)
 
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
@@ -237,7 +242,7 @@ def _cross_entropy_rows(
     )
     dlogits = torch.empty_like(logits) if with_grad else None
     if rows == 0 or classes == 0:
-        loss.fill_({"mean": float("nan"), "sum": 0.0, "none": 0.0}[reduction])
+        loss.fill_(EMPTY_LOSS[reduction])
         if dlogits is not None:
             dlogits.zero_()
         return loss, dlogits

@@ -125,6 +125,19 @@ def check_cross_entropy_options(
     return reduction, int(ignore_index), smoothing
 
 
+EMPTY_LOSS: dict[str, float] = {"mean": float("nan"), "sum": 0.0, "none": 0.0}
+"""Cross-entropy of an empty batch by reduction, as torch: the mean of
+nothing is NaN."""
+
+
+def check_integer_targets(is_integer: bool, dtype: object) -> None:
+    """Raise TypeError unless cross-entropy's targets are integer class indices."""
+    if not is_integer:
+        raise TypeError(
+            f"max_softmax: cross_entropy needs integer class-index targets, got {dtype}"
+        )
+
+
 def check_cross_entropy_shapes(logits_shape: list, targets_shape: list) -> None:
     """Raise unless logits are (..., classes) and targets (...): classes on
     the last axis, one target per row."""
