@@ -216,6 +216,84 @@ def _held_grad[
     return out
 
 
+@always_inline
+def _held_loss[
+    dtype: DType, threads: Int, block: Int, V: Int, K: Int
+](
+    raw: SIMD[dtype, V * K],
+    t: Int,
+    vector_loads: Bool,
+    load_len: Int,
+    kind: Int,
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    n: Int,
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+]:
+    """The row's (max, sum of exp, loss) from the chunks its threads hold,
+    reduced over the row's threads; the loss is NaN for a bad target and 0
+    for an ignored row."""
+    comptime acc = accum_dtype[dtype]()
+    var m = -inf[acc]()
+    comptime for k in range(K):
+        m = max(m, raw.slice[V, offset=k * V]().cast[acc]().reduce_max())
+    var row_max = block_max[acc, threads, block](m)
+    var s = Scalar[acc](0)
+    comptime for k in range(K):
+        s += exp_nan[acc, V](
+            raw.slice[V, offset=k * V]().cast[acc]() - row_max
+        ).reduce_add()
+    var row_sum = block_sum[acc, threads, block](s)
+    var sum_x = Scalar[acc](0)
+    if eps != 0:  # the same for every thread: the reduction stays uniform
+        sum_x = block_sum[acc, threads, block](
+            _held_sum[dtype, threads, V, K](raw, t, vector_loads, load_len)
+        )
+    var value = Scalar[acc](0)
+    if kind == KEPT:
+        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, n)
+    elif kind != IGNORED:
+        value = nan[acc]()
+    return (row_max, row_sum, value)
+
+
+@always_inline
+def _held_grad_row[
+    dtype: DType, mean: Bool, threads: Int, V: Int, K: Int
+](
+    raw: SIMD[dtype, V * K],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_max: Scalar[accum_dtype[dtype]()],
+    row_sum: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    n: Int,
+    kind: Int,
+    tgt: Int,
+    t: Int,
+    vector_loads: Bool,
+) -> SIMD[dtype, V * K]:
+    """The gradient of the row values this thread holds: `_held_grad` for a
+    kept row, zeros for an ignored one, NaN for a bad target."""
+    comptime acc = accum_dtype[dtype]()
+    var scale = _scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, n)
+    var inv_s = 1 / row_sum
+    if kind == KEPT:
+        var g_t = target_grad[acc](
+            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
+        return _held_grad[dtype, threads, V, K](
+            raw, row_max, inv_s, smooth, scale, g_t, tgt, t, vector_loads
+        )
+    if kind != IGNORED:
+        return SIMD[dtype, V * K](nan[dtype]())
+    return SIMD[dtype, V * K](0)
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
         Int32(block_threads[threads]())
@@ -294,56 +372,31 @@ def ce_register_kernel[
     var raw = load_row_chunks[dtype, threads, V, K, dtype](
         x, load_len, t, vector_loads, -inf[dtype]()
     )
-    var m = -inf[acc]()
-    comptime for k in range(K):
-        m = max(m, raw.slice[V, offset=k * V]().cast[acc]().reduce_max())
-    var row_max = block_max[acc, threads, block](m)
-    var s = Scalar[acc](0)
-    comptime for k in range(K):
-        s += exp_nan[acc, V](
-            raw.slice[V, offset=k * V]().cast[acc]() - row_max
-        ).reduce_add()
-    var row_sum = block_sum[acc, threads, block](s)
-    var sum_x = Scalar[acc](0)
-    if eps != 0:  # the same for every thread: the reduction stays uniform
-        sum_x = block_sum[acc, threads, block](
-            _held_sum[dtype, threads, V, K](raw, t, vector_loads, load_len)
-        )
     var x_t = x[unsafe_offset=Int(tgt)].cast[acc]() if kind == KEPT else Scalar[
         acc
     ](0)
-    var value = Scalar[acc](0)
-    if kind == KEPT:
-        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, Int(n))
-    elif kind != IGNORED:
-        value = nan[acc]()
+    var (row_max, row_sum, value) = _held_loss[dtype, threads, block, V, K](
+        raw, t, vector_loads, load_len, kind, x_t, eps, Int(n)
+    )
     if live and t == 0:
         comptime if reduce:
             row_losses[unsafe_offset=row] = value
         else:
             loss[unsafe_offset=row] = value.cast[dtype]()
     comptime if with_grad:
-        var scale = _scale[acc, mean](count)
-        var smooth = smoothing_of[acc](eps, Int(n))
-        var inv_s = 1 / row_sum
-        var out = SIMD[dtype, V * K](0)
-        if kind == KEPT:
-            var g_t = target_grad[acc](
-                exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-            ).cast[dtype]()
-            out = _held_grad[dtype, threads, V, K](
-                raw,
-                row_max,
-                inv_s,
-                smooth,
-                scale,
-                g_t,
-                Int(tgt),
-                t,
-                vector_loads,
-            )
-        elif kind != IGNORED:
-            out = SIMD[dtype, V * K](nan[dtype]())
+        var out = _held_grad_row[dtype, mean, threads, V, K](
+            raw,
+            count,
+            row_max,
+            row_sum,
+            x_t,
+            eps,
+            Int(n),
+            kind,
+            Int(tgt),
+            t,
+            vector_loads,
+        )
         store_row_chunks[dtype, threads, V, K, dtype](
             dlogits.unsafe_offset(row * Int(n)), out, len, t, vector_loads
         )
