@@ -83,3 +83,17 @@ def test_eager_errors():
 def test_eager_empty():
     t = Tensor.from_dlpack(np.ones((0, 5), dtype=np.float32))
     assert from_tensor(max_softmax.softmax(t)).shape == (0, 5)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 5)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_buffer_round_trip_keeps_values_and_shape(rng, dtype, shape):
+    """to_buffer / to_numpy move every dtype's bits both ways, 0-d too (a
+    reduced loss is a 0-d buffer, and MAX cannot deduce a bfloat16 view's
+    shape from it)."""
+    from max_softmax.dtypes import DTYPE_NAMES
+
+    x = np.asarray(rng.standard_normal(shape)).astype(DTYPE_NAMES[dtype])
+    got = to_numpy(to_buffer(x))
+    assert got.shape == x.shape and got.dtype == x.dtype
+    assert np.array_equal(got.reshape(-1).view(np.uint8), x.reshape(-1).view(np.uint8))

@@ -42,7 +42,7 @@ def to_buffer(array: np.ndarray) -> Buffer:
     """A host Buffer sharing `array`'s memory (array must be C-contiguous)."""
     if array.dtype == BFLOAT16:
         # DLPack has no bfloat16 from numpy: move the bits as uint16.
-        return Buffer.from_numpy(array.view(np.uint16)).view(DType.bfloat16)
+        return Buffer.from_numpy(array.view(np.uint16)).view(DType.bfloat16, array.shape)
     return Buffer.from_numpy(array)
 
 
@@ -51,5 +51,6 @@ def to_numpy(buffer: Buffer) -> np.ndarray:
     if not buffer.device.is_host:
         buffer = buffer.to(device("cpu"))
     if buffer.dtype == DType.bfloat16:
-        return buffer.view(DType.uint16).to_numpy().view(BFLOAT16)
+        # The shape is given: MAX cannot deduce it for a 0-d buffer (a loss).
+        return buffer.view(DType.uint16, buffer.shape).to_numpy().view(BFLOAT16)
     return buffer.to_numpy()
