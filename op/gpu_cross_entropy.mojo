@@ -9,14 +9,20 @@ capturable for device-graph replay):
    rows kept (target != ignore_index) into a float64 word: the gradient's
    scale 1 / count must be known before any gradient is written, and
    counting 8 bytes a row first is what keeps the logits read once.
-2. The row kernel, choosing by row length like the softmax table:
-   - rows that a register plan holds (to 32K values, gpu_register_rows):
+2. The row kernel, choosing by rows and row length like the softmax
+   table (`ce_kernel_for`):
+   - rows that a register plan holds (to 32K values, gpu_register_rows;
+     to 256 threads a row where the smem kernel can take the rows):
      `ce_register_kernel`, 8 to 512 threads a row, the row loaded once
      into registers with the softmax kernels' chunk loaders and plan
      launcher, reduced with warp shuffles, the gradient written once;
-   - longer rows: `ce_block_kernel`, a block per row: an online (max, sum)
-     pass, then, with the gradient, a pass that re-reads the row (mostly
-     from L2) to write it. Loss-only reads the row once.
+   - at least SPLIT_BELOW_ROWS rows to `smem_capacity(V)` (~74K fp32,
+     ~148K 16-bit classes): `ce_smem_kernel`, a block per row holding it
+     on chip as the softmax forward's gpu_smem_rows (registers, the rest
+     in shared memory by cp.async), read once, the gradient written once;
+   - longer rows, or fewer: `ce_block_kernel`, a block per row: an online
+     (max, sum) pass, then, with the gradient, a pass that re-reads the
+     row (mostly from L2) to write it. Loss-only reads the row once.
    A row's loss goes to a float32 (float64 for float64) workspace for
    "mean"/"sum", or straight to the output for "none".
 3. "mean"/"sum": `ce_reduce_kernel`, one block, sums the row losses in a
@@ -34,7 +40,8 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.memory import AddressSpace, external_memory
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -47,6 +54,7 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
+from .dispatch import SPLIT_BELOW_ROWS
 from .gpu_launch import HeldRows, aligned16, aligned_flag_of, held, kernel_arg
 from .gpu_launch import vector_flag_of
 from .gpu_reductions import block_max, block_max_sum, block_sum
@@ -59,8 +67,18 @@ from .gpu_register_rows import (
     launch_register_plan,
     load_row_chunks,
     min_blocks_per_sm,
+    plan_threads,
     register_plan,
     store_row_chunks,
+)
+from .gpu_smem_rows import (
+    REG_CHUNKS,
+    SMEM_HALF_THREADS,
+    SMEM_THREADS,
+    load_row,
+    smem_bytes_for,
+    smem_capacity,
+    smem_threads_for,
 )
 from .row_math import (
     accum_dtype,
@@ -74,6 +92,10 @@ from .row_math import (
 comptime CE_SMALL_THREADS = 1024
 # Rows longer than the register plans: a block of this many threads a row.
 comptime CE_BLOCK_THREADS = 512
+# Most threads a row of the register plans that many rows keep (rows to
+# 4096 fp32, 8192 16-bit, 2048 float64 classes); longer rows go to the
+# smem kernel (`ce_kernel_for`).
+comptime CE_PLAN_THREADS = 256
 
 
 @always_inline
@@ -564,14 +586,7 @@ def ce_block_kernel[
         # The target's entry, by the thread that wrote it (its vector or
         # scalar store above came first in program order).
         if kind == KEPT:
-            var owner: Int
-            if Int(tgt) < head or Int(tgt) >= tail_begin:
-                owner = (
-                    Int(tgt) if Int(tgt) < head else Int(tgt) - tail_begin
-                ) % T
-            else:
-                owner = ((Int(tgt) - head) // V) % T
-            if t == owner:
+            if t == _target_owner[V, T](Int(tgt), head, tail_begin):
                 y[unsafe_offset=Int(tgt)] = target_grad[acc](
                     exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
                 ).cast[dtype]()
@@ -600,6 +615,261 @@ def _scalar_grad[
         smooth,
         scale,
     ).cast[dtype]()
+
+
+@always_inline
+def _fill_row[
+    dtype: DType, V: Int, T: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    tail_begin: Int,
+    len: Int,
+    fill: Scalar[dtype],
+):
+    """Thread `t`'s share of a gradient row not kept (0 for an ignored row,
+    NaN for a bad target), reading nothing."""
+    for i in range(t, nvec, T):
+        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+            SIMD[dtype, V](fill)
+        )
+    for e in range(t, head, T):
+        y[unsafe_offset=e] = fill
+    for e in range(tail_begin + t, len, T):
+        y[unsafe_offset=e] = fill
+
+
+@always_inline
+def _target_owner[V: Int, T: Int](tgt: Int, head: Int, tail_begin: Int) -> Int:
+    """The thread of a T-thread block that writes the row's element `tgt`
+    in `_write_grad` and `ce_smem_kernel`: element e of the scalar head by
+    thread e % T, vector i of the body by thread i % T, tail element
+    tail_begin + j by thread j."""
+    if tgt < head:
+        return tgt % T
+    if tgt >= tail_begin:
+        return (tgt - tail_begin) % T
+    return ((tgt - head) // V) % T
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def ce_smem_kernel[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Cross-entropy of rows of `n <= smem_capacity(V)` held on chip, a row
+    per block of `T` threads (`smem_threads_for`), read once: the softmax
+    forward's `smem_rows_kernel` layout (gpu_smem_rows), `REG_CHUNKS`
+    vectors a thread in registers, the rest of the row in dynamic shared
+    memory, the head and tail in the registers of the threads that load
+    them. Arguments as `ce_block_kernel`.
+
+    Sweep 1 (`load_row`) loads the row and its max; sweep 2 sums exp(x -
+    max) and x (label smoothing) over the on-chip copy; sweep 3 writes
+    the gradient from it, and the target's owner fixes its entry up.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime R = REG_CHUNKS
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    # head: elements before the row's first 16-byte boundary (all of them
+    # when the buffers themselves are unaligned: scalar throughout). A
+    # head under V elements and the tail sit in `edge`; a longer (scalar)
+    # head is read from global memory at each sweep, from element `lead`.
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var tail_begin = head + nvec * V
+    var has_head = t < head and head < V
+    var has_tail = tail_begin + t < len
+    var lead = t + (T if head < V else 0)
+    var opts = _options[acc](options)
+    var eps = opts[1]
+    var tgt = targets[unsafe_offset=row]
+    var kind = target_kind(tgt, opts[0], len)
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var regs = SIMD[dtype, V * R](0)
+    var edge = SIMD[acc, 2](-inf[acc]())
+    # kind is the same for the whole block, so the reductions inside the
+    # branch are reached by every thread or by none; rows not kept load
+    # nothing.
+    var value = Scalar[acc](0)
+    var row_max = Scalar[acc](0)
+    var inv_s = Scalar[acc](0)
+    var x_t = Scalar[acc](0)
+    if kind == KEPT:
+        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
+        var m = load_row[dtype, V, T](x, smem, t, head, nvec, regs)
+        if has_head:
+            edge[0] = x[unsafe_offset=t].cast[acc]()
+        if has_tail:
+            edge[1] = x[unsafe_offset=tail_begin + t].cast[acc]()
+        m = max(m, edge.reduce_max())
+        for e in range(lead, head, T):
+            m = max(m, x[unsafe_offset=e].cast[acc]())
+        row_max = block_max[acc, T](m)
+
+        # Sweep 2: sum of exp(x - max), and of x, over the on-chip copy.
+        # -inf padding in `edge` adds exp(-inf) = 0 to the first unless
+        # the row is all -inf (NaN anyway); the second leaves it out.
+        var s = Scalar[acc](0)
+        var sx = Scalar[acc](0)
+        comptime for k in range(R):
+            if k * T + t < nvec:
+                var v = regs.slice[V, offset=k * V]().cast[acc]()
+                s += exp_nan[acc, V](v - row_max).reduce_add()
+                sx += v.reduce_add()
+        for i in range(R * T + t, nvec, T):
+            var v = (
+                smem.unsafe_offset((i - R * T) * V)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+            s += exp_nan[acc, V](v - row_max).reduce_add()
+            sx += v.reduce_add()
+        s += exp_nan[acc, 2](edge - row_max).reduce_add()
+        if has_head:
+            sx += edge[0]
+        if has_tail:
+            sx += edge[1]
+        for e in range(lead, head, T):
+            var v = x[unsafe_offset=e].cast[acc]()
+            s += exp_nan[acc, 1](v - row_max)
+            sx += v
+        var row_sum = block_sum[acc, T](s)
+        var sum_x = block_sum[acc, T](sx) if eps != 0 else Scalar[acc](0)
+        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
+        inv_s = 1 / row_sum
+    elif kind != IGNORED:
+        value = nan[acc]()
+    if t == 0:
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+
+    # Sweep 3: the gradient, from the on-chip copy.
+    comptime if with_grad:
+        var y = dlogits.unsafe_offset(start)
+        if kind != KEPT:
+            var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
+            _fill_row[dtype, V, T](y, t, head, nvec, tail_begin, len, fill)
+            return
+        var scale = _scale[acc, mean](count)
+        var smooth = smoothing_of[acc](eps, len)
+        comptime for k in range(R):
+            var i = k * T + t
+            if i < nvec:
+                y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+                    grad_of[acc, V](
+                        exp_nan[acc, V](
+                            regs.slice[V, offset=k * V]().cast[acc]() - row_max
+                        ),
+                        inv_s,
+                        smooth,
+                        scale,
+                    ).cast[dtype]()
+                )
+        for i in range(R * T + t, nvec, T):
+            var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+                grad_of[acc, V](
+                    exp_nan[acc, V](v.cast[acc]() - row_max),
+                    inv_s,
+                    smooth,
+                    scale,
+                ).cast[dtype]()
+            )
+        var edges = grad_of[acc, 2](
+            exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
+        ).cast[dtype]()
+        if has_head:
+            y[unsafe_offset=t] = edges[0]
+        if has_tail:
+            y[unsafe_offset=tail_begin + t] = edges[1]
+        for e in range(lead, head, T):
+            y[unsafe_offset=e] = _scalar_grad[dtype](
+                x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
+            )
+        # The target's entry, by the thread that wrote it (its store above
+        # came first in program order).
+        if t == _target_owner[V, T](Int(tgt), head, tail_begin):
+            y[unsafe_offset=Int(tgt)] = target_grad[acc](
+                exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+            ).cast[dtype]()
+
+
+def launch_ce_smem[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `ce_smem_kernel` on `rows` rows of `n`, a block a row with the
+    shared memory the row needs (as `launch_smem_rows`). Raises past
+    `smem_capacity(V)`."""
+    comptime V = vector_width[dtype]()
+    if n > smem_capacity(V):
+        raise Error(
+            "max_softmax: the cross-entropy 'smem' kernel handles rows up to "
+            + String(smem_capacity(V))
+            + " classes, got "
+            + String(n)
+        )
+    var threads = smem_threads_for(n, V)
+    var smem_bytes = smem_bytes_for(n, V, threads)
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = ce_smem_kernel[
+                dtype, with_grad, mean, reduce, V, T
+            ]
+            ctx.enqueue_function[kernel](
+                dlogits,
+                logits,
+                targets,
+                options,
+                count,
+                row_losses,
+                loss,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=rows,
+                block_dim=T,
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )
 
 
 @fieldwise_init
@@ -654,6 +924,34 @@ struct CERegisterRows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         )
 
 
+def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
+    """The row kernel `launch_cross_entropy` picks for `rows` rows of `n`
+    classes: "register", "smem" or "block".
+
+    Where the smem kernel can take the rows (rows >= SPLIT_BELOW_ROWS, so
+    a block a row fills the GPU twice over, and n <= `smem_capacity(V)`),
+    register plans keep only rows of at most `CE_PLAN_THREADS` threads:
+    the 512-thread plans get one block an SM (fp32: 102-128 registers a
+    thread; 16-bit: capped at 64 and spilling), whose HBM idles while it
+    reduces. The smem kernel runs two 512-thread blocks an SM at 64
+    registers (to ~37K fp32 / ~74K 16-bit classes, then one of 1024
+    threads). H100, 2026-11-25, wall GB/s, "mean" (copy ~3000), register
+    plan -> smem: fp32 8192 x 16384 2473 -> 2833, 16384 x 32000 1556 ->
+    2914; bf16 8192 x 16384 1277 -> 2102; but fp32 32768 x 4096 2159 ->
+    1895 (512 threads are too many for such rows).
+    Fewer rows keep every register plan (a row read once), and rows past
+    the smem kernel's capacity the block kernel.
+    """
+    var plan = register_plan(n, V, 0)
+    if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
+        if plan >= 0 and plan_threads(plan) <= CE_PLAN_THREADS:
+            return "register"
+        return "smem"
+    if plan >= 0:
+        return "register"
+    return "block"
+
+
 def launch_cross_entropy[
     dtype: DType, with_grad: Bool, reduction: StaticString
 ](
@@ -695,8 +993,23 @@ def launch_cross_entropy[
         )
     if rows > 0:
         var aligned = aligned16(Int(logits), Int(dlogits))
-        var plan = register_plan(n, V, 0)
-        if plan >= 0:
+        var family = ce_kernel_for(rows, n, V)
+        if family == "smem":
+            launch_ce_smem[dtype, with_grad, mean, reduce](
+                ctx,
+                dlogits,
+                logits,
+                targets,
+                options,
+                count_ptr,
+                losses_ptr,
+                loss,
+                rows,
+                n,
+                aligned,
+            )
+        elif family == "register":
+            var plan = register_plan(n, V, 0)
             launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
                 ctx,
                 CERegisterRows[dtype, with_grad, mean, reduce](

@@ -104,7 +104,7 @@ def start_row_copy[
 
 
 @always_inline
-def _load_row[
+def load_row[
     dtype: DType, V: Int, T: Int
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -172,7 +172,7 @@ def smem_rows_kernel[
     ]()
 
     var regs = SIMD[dtype, V * REG_CHUNKS](0)
-    var m = _load_row[dtype, V, T](x, smem, t, head, nvec, regs)
+    var m = load_row[dtype, V, T](x, smem, t, head, nvec, regs)
     # Head and tail: fewer than V elements each, unless the row is scalar.
     var edge = SIMD[acc, 2](-inf[acc]())
     if t < head and head < V:

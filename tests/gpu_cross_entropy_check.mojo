@@ -19,13 +19,14 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var targets = rebind[Pointer[Int64, MutAnyOrigin]](t.unsafe_ptr())
     var options = rebind[Pointer[Float64, MutAnyOrigin]](o.unsafe_ptr())
     comptime for with_grad in [False, True]:
-        # "sum" takes the branches of "mean" (reduce) and "none" (no count).
-        comptime for reduction in ["mean", "none"]:
-            # A register plan (n = 1000) and the block-per-row kernel
-            # (n = 50257, past the register plans).
+        comptime for reduction in ["mean", "sum", "none"]:
+            # A register plan (n = 1000), the block-per-row kernel (16 rows
+            # of 50257, past the register plans) and the smem kernel (300
+            # rows of 20001; the launcher compiles both of its block sizes).
             comptime launch = launch_cross_entropy[dtype, with_grad, reduction]
             launch(ctx, loss, dlogits, logits, targets, options, 16, 1000)
             launch(ctx, loss, dlogits, logits, targets, options, 16, 50257)
+            launch(ctx, loss, dlogits, logits, targets, options, 300, 20001)
 
 
 def main() raises:

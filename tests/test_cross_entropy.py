@@ -365,3 +365,66 @@ def test_gpu_kernels_compile(tmp_path):
     from test_gpu_build import _build
 
     _build(tmp_path / "check", source=CHECK)
+
+
+@GPU_SKIP
+@pytest.mark.parametrize(
+    ("dtype", "shape", "eps"),
+    [
+        ("float32", (300, 20001), 0.0),  # 512 threads a row, unaligned rows
+        ("float32", (264, 32000), 0.1),  # Llama-2's vocabulary, aligned rows
+        ("bfloat16", (300, 20001), 0.1),
+        ("bfloat16", (264, 37000), 0.0),
+        ("float16", (264, 80001), 0.1),  # 1024 threads a row
+        ("float64", (264, 20001), 0.0),  # 1024 threads a row
+        ("float32", (264, 6001), 0.1),  # all in registers, no shared memory
+        ("bfloat16", (264, 12001), 0.0),
+    ],
+)
+def test_gpu_smem_rows(rng, dtype, shape, eps):
+    """Rows the GPU holds on chip (ce_smem_kernel: rows >= 264, past the
+    256-thread register plans), a fifth of them ignored."""
+    x = random_logits(rng, shape, dtype)
+    t = targets_for(rng, shape[:-1], shape[-1])
+    t[:3] = [0, shape[-1] - 1, -100]
+    check("gpu", dtype, x, t, label_smoothing=eps)
+    if dtype in ("float32", "bfloat16"):  # models the tests above compile
+        check("gpu", dtype, x, t, reduction="none", label_smoothing=eps)
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gpu_smem_special_rows(rng, eps):
+    """ce_smem_kernel's rows of every kind, in one batch: ignored, a bad
+    target (NaN loss and gradient row), targets in a row's scalar head and
+    tail, -inf logits (a -inf target: infinite loss, finite gradient), NaN
+    and +inf (NaN rows)."""
+    from max.dtype import DType
+
+    from max_softmax.devices import device
+    from max_softmax.dtypes import to_buffer, to_numpy
+    from max_softmax.models import cross_entropy_model
+
+    n = 20001  # row r starts r % 4 elements past a 16-byte boundary
+    x = random_logits(rng, (264, n), "float32")
+    t = rng.integers(0, n, size=264)
+    t[0] = -100  # ignored
+    t[1] = n  # bad
+    t[2] = 1  # in row 2's 2-element head
+    t[8], t[9] = n - 1, n - 2  # in row 8's 1-element tail, row 9's 2
+    x[4, ::3] = -np.inf
+    t[4] = 3  # a -inf target
+    x[5, 100] = np.nan
+    x[6, 17] = np.inf
+    gpu = device("gpu")
+    model = cross_entropy_model(True, DType.float32, "gpu", "none")
+    args = (x, t, np.array([-100, eps]))
+    loss, dlogits = (to_numpy(b) for b in model.execute(*(to_buffer(a).to(gpu) for a in args)))
+    assert np.isnan(loss[1]) and np.all(np.isnan(dlogits[1]))
+    good = np.arange(264) != 1
+    want_loss, want_grad = reference(x[good], t[good], reduction="none", label_smoothing=eps)
+    assert_close(loss[good], want_loss, "float32", "loss")
+    assert_close(dlogits[good], want_grad, "float32", "dlogits")
+    assert loss[0] == 0 and np.all(dlogits[0] == 0)
+    assert np.isposinf(loss[4]) and np.all(np.isfinite(dlogits[4]))
+    assert np.all(np.isnan(loss[5:7])) and np.all(np.isnan(dlogits[5:7]))
