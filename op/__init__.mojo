@@ -69,3 +69,12 @@
 #   gpu_cross_entropy.mojo  the GPU kernels: register rows (the softmax plans),
 #                           a block per longer row, target count and the
 #                           loss reduction, and their launcher
+#
+# Scaled, masked and causal softmax (softmax of scale * x + mask, causal
+# masks computed in the kernel; a row with nothing kept gives 0 / -inf):
+#   masked_softmax_ops.mojo the @extensibility.register structs
+#                           (softmax_masked, log_softmax_masked and their
+#                           *_into twins) and the CPU/GPU routing
+#   cpu_masked_rows.mojo    the CPU kernel (rows as tasks, SIMD sweeps)
+#   gpu_masked_rows.mojo    the GPU kernels: register rows (the softmax
+#                           plans), a block per longer row, and the launcher

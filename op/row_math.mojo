@@ -219,3 +219,50 @@ def backward_out[
         return g - exp_nan(a) * s
     else:
         return a * (g - s)
+
+
+# Scaled, masked and causal softmax (softmax_masked, log_softmax_masked).
+# Each value is z = x * scale + mask, or -inf where the additive mask is
+# -inf (a dropped position: x there is not looked at, so a NaN or inf under
+# the mask drops too). A row with nothing kept (its max is -inf) gives 0
+# (softmax) or -inf (log-softmax) everywhere instead of NaN, as torch's
+# attention does; NaN and +inf among the kept values still make the row NaN.
+
+
+@always_inline
+def masked_value[
+    acc: DType, w: Int
+](x: SIMD[acc, w], scale: Scalar[acc], mask: SIMD[acc, w]) -> SIMD[acc, w]:
+    """`x * scale + mask`, or -inf where `mask` is -inf (dropped)."""
+    comptime assert acc.is_floating_point()
+    return mask.eq(-inf[acc]()).select(
+        SIMD[acc, w](-inf[acc]()), x * scale + mask
+    )
+
+
+@always_inline
+def masked_row_scale[
+    log_out: Bool, acc: DType
+](sum: Scalar[acc], row_max: Scalar[acc]) -> Scalar[acc]:
+    """`row_scale`, but 0 for a row with nothing kept (its max is -inf):
+    `masked_epilogue` then gives exp(-inf) * 0 = 0 for softmax and -inf - 0
+    = -inf for log-softmax. (The sum is not the test: the CPU's vector exp
+    of -inf is 4e-39, not 0.) A NaN sum (NaN kept: the CPU's max leaves it
+    out) keeps the row NaN."""
+    if row_max == -inf[acc]() and not isnan(sum):
+        return 0
+    return row_scale[log_out, acc](sum)
+
+
+@always_inline
+def masked_epilogue[
+    log_out: Bool, acc: DType, w: Int
+](z: SIMD[acc, w], shift: Scalar[acc], scale: Scalar[acc]) -> SIMD[acc, w]:
+    """Softmax exp(z - shift) * scale, or log-softmax (z - shift) - scale,
+    with `shift` = `sum_shift(row max)` and `scale` from `masked_row_scale`.
+    """
+    comptime assert acc.is_floating_point()
+    comptime if log_out:
+        return (z - shift) - scale
+    else:
+        return exp_nan[acc, w](z - shift) * scale

@@ -13,7 +13,7 @@ import numpy as np
 from . import eager
 from .devices import device, resolve_device
 from .dtypes import max_dtype, to_buffer, to_numpy
-from .models import ModelKey, cross_entropy_model, row_op_model
+from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
 from .validation import (
     EMPTY_LOSS,
     canonical_shape,
@@ -21,8 +21,14 @@ from .validation import (
     check_cross_entropy_shapes,
     check_dy_like,
     check_integer_targets,
+    check_mask_dtype,
+    check_masked_options,
+    check_scale,
     check_targets_in_range,
     check_variant,
+    is_masked_call,
+    mask_suffix,
+    masked_view,
     normalize_axis,
 )
 
@@ -31,7 +37,14 @@ if TYPE_CHECKING:
 
 
 def softmax(
-    x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto"
+    x: Any,
+    axis: int = -1,
+    *,
+    device: str = "auto",
+    variant: str = "auto",
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
 ) -> np.ndarray | Tensor:
     """Softmax of array `x` along `axis`, computed by our Mojo kernels.
 
@@ -41,47 +54,73 @@ def softmax(
         axis: Axis to normalise; negative counts from the end.
         device: "auto" (a GPU if MAX finds one, else the CPU), "cpu" or "gpu".
         variant: GPU kernel family, for benchmarks; "auto" picks by shape.
+        scale: Multiply x by this first (temperature T: 1 / T); a finite
+            float, a run-time value (no recompile per scale).
+        mask: An array broadcastable to x: boolean (True keeps, as torch's
+            scaled_dot_product_attention) or floating (added after scaling;
+            -inf drops).
+        causal: Over the last two axes (L, n), row i keeps columns j <= i
+            (torch's `is_causal`, top-left aligned), computed in the kernel.
 
     A `max.experimental.tensor.Tensor` gives a `Tensor` on its own device
-    (see `max_softmax.eager`).
+    (see `max_softmax.eager`; not with scale, mask or causal).
 
     Returns:
         A new numpy array of the same shape and dtype. Rows holding NaN or
-        +inf, and rows of only -inf, come out NaN, as in SciPy. An empty
-        array gives an empty array.
+        +inf, and rows of only -inf, come out NaN, as in SciPy. With scale,
+        mask or causal a row with nothing kept (masked out, or only -inf)
+        comes out 0. An empty array gives an empty array.
     """
+    if is_masked_call(scale, mask, causal):
+        return _run_masked("softmax", x, axis, device, variant, scale, mask, causal)
     return _run("softmax", x, axis, device, variant)
 
 
 def log_softmax(
-    x: Any, axis: int = -1, *, device: str = "auto", variant: str = "auto"
+    x: Any,
+    axis: int = -1,
+    *,
+    device: str = "auto",
+    variant: str = "auto",
+    scale: float | None = None,
+    mask: Any = None,
+    causal: bool = False,
 ) -> np.ndarray | Tensor:
-    """Log-softmax of array `x` along `axis`; arguments as for `softmax`."""
+    """Log-softmax of array `x` along `axis`; arguments as for `softmax`. A
+    row with nothing kept comes out -inf."""
+    if is_masked_call(scale, mask, causal):
+        return _run_masked("log_softmax", x, axis, device, variant, scale, mask, causal)
     return _run("log_softmax", x, axis, device, variant)
 
 
 def softmax_backward(
-    y: Any, dy: Any, axis: int = -1, *, device: str = "auto"
+    y: Any, dy: Any, axis: int = -1, *, device: str = "auto", scale: float | None = None
 ) -> np.ndarray | Tensor:
     """Gradient of softmax, dx = y * (dy - sum(dy * y, axis)), as numpy.
 
     Args:
-        y: `softmax(x, axis)`.
+        y: `softmax(x, axis)` (with any scale, mask, causal).
         dy: Gradient of the loss with respect to y (same shape and dtype).
         axis: The axis softmax was taken along.
         device: "auto", "cpu" or "gpu".
+        scale: The forward's scale; dx is multiplied by it. Masked
+            positions (y = 0) get 0.
     """
-    return _run("softmax_backward", y, axis, device, "auto", dy)
+    return _scaled("softmax_backward", _run("softmax_backward", y, axis, device, "auto", dy), scale)
 
 
 def log_softmax_backward(
-    logp: Any, dy: Any, axis: int = -1, *, device: str = "auto"
+    logp: Any, dy: Any, axis: int = -1, *, device: str = "auto", scale: float | None = None
 ) -> np.ndarray | Tensor:
     """Gradient of log-softmax, dx = dy - exp(logp) * sum(dy, axis), as numpy.
 
     Arguments as for `softmax_backward`, with `logp = log_softmax(x, axis)`.
+    The formula applies as it is at masked positions (logp = -inf): dx =
+    scale * dy there; the torch bridge gives 0 (the gradient of masked_fill).
     """
-    return _run("log_softmax_backward", logp, axis, device, "auto", dy)
+    return _scaled(
+        "log_softmax_backward", _run("log_softmax_backward", logp, axis, device, "auto", dy), scale
+    )
 
 
 def cross_entropy(
@@ -227,3 +266,81 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
         buffers = [b.to(device("gpu")) for b in buffers]
     (out,) = model.execute(*buffers)
     return to_numpy(out).reshape(array.shape)
+
+
+def _scaled(op: str, dx: Any, scale: float | None) -> Any:
+    """dx * scale, on the host in the accumulator type, rounded once (the
+    result is numpy anyway; a MAX Tensor takes no scale)."""
+    value = check_scale(op, scale)
+    if value == 1.0:
+        return dx
+    if eager.is_max_tensor(dx):
+        raise NotImplementedError(
+            f"max_softmax: {op} with scale on a MAX Tensor; use max_softmax.ops in a graph"
+        )
+    wide = np.float64 if dx.dtype == np.float64 else np.float32
+    return (dx.astype(wide) * wide(value)).astype(dx.dtype)
+
+
+def additive_mask(op: str, mask: Any, dtype: np.dtype) -> np.ndarray:
+    """A boolean (True keeps) or floating mask as the additive mask the
+    kernels read, in `dtype`: 0 where kept, -inf where dropped."""
+    array = as_array(mask)
+    is_float = array.dtype.kind == "f" or array.dtype.name == "bfloat16"
+    check_mask_dtype(op, array.dtype == np.bool_, is_float, array.dtype)
+    if array.dtype == np.bool_:
+        return np.where(array, 0.0, -np.inf).astype(dtype)
+    return array.astype(dtype, copy=False)
+
+
+def _run_masked(
+    op: str,
+    x: Any,
+    axis: int,
+    device_name: str,
+    variant: str,
+    scale: float | None,
+    mask: Any,
+    causal: bool,
+) -> np.ndarray:
+    """softmax / log_softmax with scale, mask, causal: the edge (checks
+    once, the mask reduced to (mask_rows, n) rows, the axis moved last if
+    it is not), then the masked model."""
+    if eager.is_max_tensor(x):
+        raise NotImplementedError(
+            f"max_softmax: {op} with scale, mask or causal on a MAX Tensor; "
+            "use max_softmax.ops in a graph"
+        )
+    array = as_array(x)
+    dtype = max_dtype(array.dtype)
+    axis = normalize_axis(axis, array.ndim)
+    value, causal = check_masked_options(op, scale, causal, array.ndim, axis, variant)
+    kind = resolve_device(device_name)
+    last = axis == array.ndim - 1
+    work = array if last else np.moveaxis(array, axis, -1)
+    m = np.zeros((1, 1), dtype=array.dtype)  # a placeholder the kernel does not read
+    if mask is not None:
+        m = additive_mask(op, mask, array.dtype)
+        k = mask_suffix(op, list(array.shape), list(m.shape), last)
+        if array.size == 0:
+            return np.empty(array.shape, dtype=array.dtype)
+        if not k:  # one mask row per row of x
+            m = np.broadcast_to(m, array.shape)
+            m = m if last else np.moveaxis(m, axis, -1)
+        # k: the mask is x's last k dims (leading size-1 axes aside), so
+        # (mask_rows, n) with row r of x reading mask row r % mask_rows.
+        m = np.ascontiguousarray(m).reshape(-1, work.shape[-1])
+    if array.size == 0:
+        return np.empty(array.shape, dtype=array.dtype)
+    model = masked_model(f"{op}_masked", dtype, kind, mask is not None, causal)
+    view = masked_view(list(work.shape))
+    buffers = [
+        to_buffer(np.ascontiguousarray(work).reshape(view)),
+        to_buffer(m),
+        to_buffer(np.array([value], dtype=np.float64)),
+    ]
+    if kind == "gpu":
+        buffers = [b.to(device("gpu")) for b in buffers]
+    (out,) = model.execute(*buffers)
+    result = to_numpy(out).reshape(work.shape)
+    return result if last else np.moveaxis(result, -1, axis).copy()

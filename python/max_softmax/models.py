@@ -217,35 +217,58 @@ def cross_entropy_into_model(with_grad: bool, dtype: DType, kind: str, reduction
     "none"), dlogits (rows, n) where `with_grad`, then logits, targets and
     options as in `cross_entropy_model`. The torch bridge runs these."""
     op = "cross_entropy_with_grad" if with_grad else "cross_entropy"
-    key = ("into", op, dtype, kind, reduction)
-    model = _models.get(key)  # the bridge's hot path
-    if model is not None:
-        return model
-    spec = op_spec(op)
-    ref = device_ref(kind)
 
-    def body(*values: Any) -> list[TensorValue]:
-        ops.inplace_custom(
-            name=spec.into,
-            device=ref,
-            values=list(values),
-            out_types=[],
-            parameters={"reduction": reduction},
-        )
-        return []
-
-    def build() -> Graph:
+    def inputs() -> list[Any]:
+        ref = device_ref(kind)
         loss_dims: list[str | int] = ["rows"] if reduction == "none" else [1]
         outs = [BufferType(dtype, loss_dims, device=ref)]
         if with_grad:
             outs.append(BufferType(dtype, ["rows", "n"], device=ref))
-        return build_graph(
-            f"max_softmax_{spec.into}_{dtype.name}_{kind}_{reduction}",
-            outs + _cross_entropy_types(dtype, kind),
-            body,
-        )
+        return outs + _cross_entropy_types(dtype, kind)
 
-    return compiled(key, kind, build, f"{op} ({reduction}, into buffers) {dtype.name}")
+    return _inplace_model(
+        ("into", op, dtype, kind, reduction),
+        op,
+        kind,
+        {"reduction": reduction},
+        inputs,
+        f"{dtype.name}_{kind}_{reduction}",
+        f"{op} ({reduction}, into buffers) {dtype.name}",
+    )
+
+
+def _inplace_model(
+    key: Hashable,
+    op: str,
+    kind: str,
+    parameters: dict[str, Any],
+    inputs: Callable[[], list[Any]],
+    suffix: str,
+    what: str,
+) -> Model:
+    """The compiled model (cached under `key`) that runs `op`'s
+    destination-passing twin with compile-time `parameters` on `inputs()`,
+    the buffers it writes first. The bridge's hot path: a cached model
+    returns before anything is built."""
+    model = _models.get(key)
+    if model is not None:
+        return model
+    spec = op_spec(op)
+
+    def body(*values: Any) -> list[TensorValue]:
+        ops.inplace_custom(
+            name=spec.into,
+            device=device_ref(kind),
+            values=list(values),
+            out_types=[],
+            parameters=parameters,
+        )
+        return []
+
+    def build() -> Graph:
+        return build_graph(f"max_softmax_{spec.into}_{suffix}", inputs(), body)
+
+    return compiled(key, kind, build, what)
 
 
 @cache
@@ -261,4 +284,61 @@ def declaration(op: str) -> Any:
         inputs={name: view for name in spec.inputs},
         outputs=[view],
         custom_extensions=[kernel_library()],
+    )
+
+
+MASKED_DIMS = ["outer", "L", "n"]
+"""The symbolic (outer, L, n) view of x the masked ops take (see ops.py)."""
+
+
+def _masked_types(dtype: DType, kind: str) -> list[TensorType]:
+    """The inputs of a masked model: x (outer, L, n), the additive mask
+    (mask_rows, mask_n) in x's dtype ((1, 1) placeholder without a mask),
+    the float64 (1,) options (scale): symbolic but the options, so one
+    model serves every shape and scale."""
+    ref = device_ref(kind)
+    return [
+        TensorType(dtype, MASKED_DIMS, device=ref),
+        TensorType(dtype, ["mask_rows", "mask_n"], device=ref),
+        TensorType(DType.float64, [1], device=ref),
+    ]
+
+
+def masked_model(op: str, dtype: DType, kind: str, has_mask: bool, causal: bool) -> Model:
+    """The compiled model running `op` ("softmax_masked" or
+    "log_softmax_masked") on (x, mask, options) as `_masked_types` lists
+    them. One per (op, dtype, device, has_mask, causal)."""
+    key = (op, dtype, kind, has_mask, causal)
+    spec = op_spec(op)
+
+    def body(x: TensorValue, mask: TensorValue, options: TensorValue) -> list[TensorValue]:
+        return [spec.graph(x, mask, options, has_mask=has_mask, causal=causal)]
+
+    flags = f"{'_mask' if has_mask else ''}{'_causal' if causal else ''}"
+    return compiled(
+        key,
+        kind,
+        lambda: build_graph(
+            f"max_softmax_{op}_{dtype.name}_{kind}{flags}", _masked_types(dtype, kind), body
+        ),
+        f"{op}{flags.replace('_', ' ')} {dtype.name}",
+    )
+
+
+def masked_into_model(op: str, dtype: DType, kind: str, has_mask: bool, causal: bool) -> Model:
+    """The compiled model writing `op` into a given (outer, L, n) buffer, its
+    first input, by the op's destination-passing twin; then x, mask and
+    options as in `masked_model`. The torch bridge runs these."""
+    flags = f"{'_mask' if has_mask else ''}{'_causal' if causal else ''}"
+    return _inplace_model(
+        ("into", op, dtype, kind, has_mask, causal),
+        op,
+        kind,
+        {"has_mask": has_mask, "causal": causal},
+        lambda: [
+            BufferType(dtype, MASKED_DIMS, device=device_ref(kind)),
+            *_masked_types(dtype, kind),
+        ],
+        f"{dtype.name}_{kind}{flags}",
+        f"{op}{flags.replace('_', ' ')} (into a buffer) {dtype.name}",
     )

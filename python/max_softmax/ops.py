@@ -30,13 +30,26 @@ from .validation import (
     check_dtype,
     check_dy_like,
     check_integer_targets,
+    check_mask_dtype,
+    check_masked_options,
+    check_scale,
     check_variant,
+    is_masked_call,
+    mask_suffix,
     normalize_axis,
 )
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
 
 
-def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
+def softmax(
+    x: TensorValue,
+    axis: int = -1,
+    *,
+    variant: str = "auto",
+    scale: float | None = None,
+    mask: TensorValue | np.ndarray | None = None,
+    causal: bool = False,
+) -> TensorValue:
     """Softmax of `x` along `axis`, computed by our Mojo kernels.
 
     Args:
@@ -44,48 +57,216 @@ def softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorV
             rank >= 1 in the current graph; dims may be symbolic.
         axis: The axis to normalise; negative values count from the end.
         variant: GPU kernel family (see `VARIANTS`); "auto" picks by shape.
+        scale: Multiply x by this first (temperature T: 1 / T); a finite
+            float, baked into the graph as a constant.
+        mask: Broadcastable to x: boolean (True keeps, as torch's
+            scaled_dot_product_attention) or floating (added after
+            scaling; -inf drops). A tensor of this graph on x's device, or
+            a numpy array (a constant).
+        causal: Over the last two axes (L, n), row i keeps columns j <= i
+            (torch's `is_causal`, top-left aligned), computed in the kernel.
+
+    With any of scale, mask, causal the fused masked op runs (one pass;
+    along another axis than the last, x and the broadcast mask are moved
+    there and back, and causal is an error). A row with nothing kept gives
+    zeros. Without them the plain op runs, unchanged.
 
     Returns:
         A tensor of the shape, dtype and device of `x`.
     """
+    if is_masked_call(scale, mask, causal):
+        return _masked("softmax", x, axis, variant, scale, mask, causal)
     return _row_op("softmax", x, axis, variant)
 
 
-def log_softmax(x: TensorValue, axis: int = -1, *, variant: str = "auto") -> TensorValue:
+def log_softmax(
+    x: TensorValue,
+    axis: int = -1,
+    *,
+    variant: str = "auto",
+    scale: float | None = None,
+    mask: TensorValue | np.ndarray | None = None,
+    causal: bool = False,
+) -> TensorValue:
     """Log-softmax of `x` along `axis`: x - max - log(sum(exp(x - max))).
 
-    Same arguments and result as `softmax`.
+    Same arguments and result as `softmax`; a row with nothing kept gives
+    -inf everywhere (log of softmax's zeros).
     """
+    if is_masked_call(scale, mask, causal):
+        return _masked("log_softmax", x, axis, variant, scale, mask, causal)
     return _row_op("log_softmax", x, axis, variant)
 
 
-def softmax_backward(y: TensorValue, dy: TensorValue, axis: int = -1) -> TensorValue:
+def softmax_backward(
+    y: TensorValue, dy: TensorValue, axis: int = -1, *, scale: float | None = None
+) -> TensorValue:
     """Gradient of softmax: dx = y * (dy - sum(dy * y, axis)).
 
     Args:
-        y: The output of `softmax(x, axis)`.
+        y: The output of `softmax(x, axis)` (with any scale, mask, causal).
         dy: The gradient of the loss with respect to `y`; same shape,
             dtype and device as `y`.
         axis: The axis softmax was taken along.
+        scale: The forward's scale: dx is multiplied by it (a graph
+            multiply after the op). Masked positions (y = 0) get 0.
 
     Returns:
         dx, the gradient with respect to `x`, shaped like `y`.
     """
-    return _row_op("softmax_backward", y, axis, "auto", dy)
+    return _scaled(_row_op("softmax_backward", y, axis, "auto", dy), "softmax_backward", scale)
 
 
-def log_softmax_backward(logp: TensorValue, dy: TensorValue, axis: int = -1) -> TensorValue:
+def log_softmax_backward(
+    logp: TensorValue, dy: TensorValue, axis: int = -1, *, scale: float | None = None
+) -> TensorValue:
     """Gradient of log-softmax: dx = dy - exp(logp) * sum(dy, axis).
 
     Args:
         logp: The output of `log_softmax(x, axis)`.
         dy: The gradient of the loss with respect to `logp`.
         axis: The axis log_softmax was taken along.
+        scale: The forward's scale: dx is multiplied by it (a graph
+            multiply after the op). The formula is applied as it is: at a
+            masked position (logp = -inf) dx = scale * dy; the torch bridge
+            gives 0 there (the gradient of masked_fill).
 
     Returns:
         dx, the gradient with respect to `x`, shaped like `logp`.
     """
-    return _row_op("log_softmax_backward", logp, axis, "auto", dy)
+    return _scaled(
+        _row_op("log_softmax_backward", logp, axis, "auto", dy), "log_softmax_backward", scale
+    )
+
+
+def _scaled(dx: TensorValue, op: str, scale: float | None) -> TensorValue:
+    """dx * scale, by a graph multiply (nothing for None or 1)."""
+    value = check_scale(op, scale)
+    if value == 1.0:
+        return dx
+    return ops.mul(dx, ops.constant(value, dx.dtype, device=dx.device))
+
+
+def softmax_masked(
+    x: TensorValue, mask: TensorValue, options: TensorValue, *, has_mask: bool, causal: bool
+) -> TensorValue:
+    """The fused masked softmax on its own view: `x` (outer, L, n), `mask`
+    (mask_rows, n) additive in x's dtype (row r = o * L + i of x uses mask
+    row r % mask_rows; a placeholder, not read, unless `has_mask`),
+    `options` a float64 (1,) tensor (scale) on x's device, so that a model
+    built on this (`models.masked_model`) serves every scale. `causal`:
+    row i keeps columns j <= i. The front doors (`softmax(..., mask=...)`)
+    make this view; call it directly only to build such models."""
+    return _masked_rows("softmax_masked", x, mask, options, has_mask, causal)
+
+
+def log_softmax_masked(
+    x: TensorValue, mask: TensorValue, options: TensorValue, *, has_mask: bool, causal: bool
+) -> TensorValue:
+    """`softmax_masked`'s log-softmax twin; same arguments."""
+    return _masked_rows("log_softmax_masked", x, mask, options, has_mask, causal)
+
+
+def _masked_rows(
+    name: str,
+    x: TensorValue,
+    mask: TensorValue,
+    options: TensorValue,
+    has_mask: bool,
+    causal: bool,
+) -> TensorValue:
+    check_graph_device(x.device, f"the input of {name}")
+    _ensure_kernels_loaded()
+    (y,) = ops.custom(
+        name=name,
+        device=x.device,
+        values=[x, mask, options],
+        out_types=[TensorType(x.dtype, x.shape, x.device)],
+        parameters={"has_mask": bool(has_mask), "causal": bool(causal)},
+    )
+    return y.tensor
+
+
+def _product(dims: list) -> Dim:
+    return reduce(mul, dims, Dim(1))
+
+
+def _masked(
+    op: str,
+    x: TensorValue,
+    axis: int,
+    variant: str,
+    scale: float | None,
+    mask: TensorValue | np.ndarray | None,
+    causal: bool,
+) -> TensorValue:
+    """softmax / log_softmax with scale, mask, causal: the edge. Checks
+    once, reduces the mask to (mask_rows, n) rows in x's dtype (booleans to
+    0 / -inf), moves `axis` last if it is not, runs the fused op."""
+    x = TensorValue(x)
+    check_dtype(x.dtype)
+    check_graph_device(x.device, f"the input of {op}")
+    shape = list(x.shape)
+    axis = normalize_axis(axis, len(shape))
+    value, causal = check_masked_options(op, scale, causal, len(shape), axis, variant)
+    last = axis == len(shape) - 1
+    # Along another axis: the same op on x (and the mask, broadcast) with
+    # that axis moved last, and the result moved back (two transposes).
+    perm = [d for d in range(len(shape)) if d != axis] + [axis]
+    work = shape if last else [shape[d] for d in perm]
+    m = None
+    if mask is not None:
+        m = mask if isinstance(mask, TensorValue) else _mask_value(mask, x)
+        m = TensorValue(m)
+        check_mask_dtype(op, m.dtype == DType.bool, m.dtype.is_float(), m.dtype.name)
+        if m.device != x.device:
+            raise ValueError(
+                f"max_softmax: {op} needs the mask on the input's device ({x.device}), "
+                f"got {m.device}"
+            )
+        k = mask_suffix(op, shape, list(m.shape), last)
+        if m.dtype == DType.bool:
+            m = ops.where(
+                m,
+                ops.constant(0.0, x.dtype, device=x.device),
+                ops.constant(float("-inf"), x.dtype, device=x.device),
+            )
+        elif m.dtype != x.dtype:
+            m = ops.cast(m, x.dtype)
+        if k:
+            m = ops.reshape(m, [_product(shape[len(shape) - k : -1]), shape[-1]])
+        else:
+            m = ops.broadcast_to(m, shape)
+            if not last:
+                m = ops.permute(m, perm)
+            m = ops.reshape(m, [_product(work[:-1]), work[-1]])
+    else:
+        m = ops.constant(np.zeros((1, 1), dtype=np.float32), DType.float32, device=x.device)
+        m = ops.cast(m, x.dtype)
+    xw = x if last else ops.permute(x, perm)
+    if len(work) == 1:
+        view = [Dim(1), Dim(1), work[0]]
+    else:
+        view = [_product(work[:-2]), work[-2], work[-1]]
+    options = ops.constant(np.array([value], dtype=np.float64), DType.float64, device=x.device)
+    graph_op = log_softmax_masked if op == "log_softmax" else softmax_masked
+    y = graph_op(ops.reshape(xw, view), m, options, has_mask=mask is not None, causal=causal)
+    y = ops.reshape(y, work)
+    if last:
+        return y
+    inverse = [perm.index(d) for d in range(len(shape))]
+    return ops.permute(y, inverse)
+
+
+def _mask_value(mask: np.ndarray, x: TensorValue) -> TensorValue:
+    """A numpy mask as a constant of the graph on x's device (booleans stay
+    boolean; floats in x's dtype)."""
+    array = np.asarray(mask)
+    if array.dtype == np.bool_:
+        return ops.constant(array, DType.bool, device=x.device)
+    if array.dtype.kind != "f":
+        check_mask_dtype("softmax", False, False, array.dtype)
+    return ops.cast(ops.constant(array.astype(np.float64), DType.float64, device=x.device), x.dtype)
 
 
 def cross_entropy(

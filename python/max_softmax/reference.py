@@ -222,3 +222,46 @@ def compare_cross_entropy(
         ok = ok and bool(np.all(diff <= tol * size + tol * np.abs(np.where(same, 0.0, w))))
         errs.append(float(diff.max(initial=0.0)) / size)
     return ok, errs[0], errs[1]
+
+
+def masked_reference(
+    op: str,
+    x: np.ndarray,
+    axis: int = -1,
+    scale: float | None = None,
+    mask: np.ndarray | None = None,
+    causal: bool = False,
+) -> np.ndarray:
+    """softmax / log_softmax of `x * scale + mask` in float64, with
+    torch's semantics for attention masks: a boolean mask keeps True, a
+    floating mask is added (rounded to x's dtype first, as the kernels read
+    it; -inf drops), causal keeps j <= i over the last two axes (top-left
+    aligned, torch.ones(L, S).tril()). A dropped position is dropped
+    whatever x holds there; a row with nothing kept gives 0 (softmax) or
+    -inf (log_softmax); NaN or +inf among the kept values makes the row NaN.
+    """
+    x64 = np.asarray(x).astype(np.float64)
+    z = x64 * (1.0 if scale is None else float(scale))
+    keep = np.ones(x64.shape, dtype=bool)
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype == np.bool_:
+            keep &= np.broadcast_to(m, x64.shape)
+        else:
+            m64 = np.broadcast_to(m.astype(np.asarray(x).dtype).astype(np.float64), x64.shape)
+            keep &= m64 != -np.inf
+            with np.errstate(invalid="ignore"):
+                z = z + np.where(keep, m64, 0.0)
+    if causal:
+        rows, cols = x64.shape[-2:]
+        keep &= np.tril(np.ones((rows, cols), dtype=bool))
+    z = np.where(keep, z, -np.inf)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        mx = np.max(z, axis=axis, keepdims=True)
+        empty = mx == -np.inf
+        shift = np.where(empty, 0.0, mx)
+        e = np.exp(z - shift)
+        s = np.sum(e, axis=axis, keepdims=True)
+        if op == "softmax":
+            return np.where(empty, 0.0, e / s)
+        return np.where(empty, -np.inf, z - shift - np.log(s))

@@ -28,7 +28,8 @@ class OpSpec:
     """Its tensor inputs, in order (the backward ops take the forward's output and dy)."""
     graph: Callable[..., Any]
     """The graph-level function in `ops.py`: `graph(*inputs, axis=...)` for
-    row ops; for loss ops `graph(logits, targets, reduction=..., ...)`."""
+    row ops; for loss ops `graph(logits, targets, reduction=..., ...)`; for
+    masked ops `graph(x, mask, options, has_mask=..., causal=...)`."""
     into: str
     """Its destination-passing twin in op/, which writes into a given buffer."""
     backward: str | None = None
@@ -39,7 +40,11 @@ class OpSpec:
     """"row": a row op on (outer, n, inner) tensors of one dtype, as
     `models.row_op_model` and the torch bridge's generic path run it;
     "loss": cross-entropy, on (rows, classes) logits, int64 targets and a
-    float64 options tensor, with its own models (`models.cross_entropy_model`)."""
+    float64 options tensor, with its own models (`models.cross_entropy_model`);
+    "masked": softmax / log_softmax of scale * x + mask (and causal), on an
+    (outer, L, n) x, a (mask_rows, n) additive mask and a float64 (scale,)
+    options tensor, with its own models (`models.masked_model`); the
+    front doors reach it by `softmax(..., scale=, mask=, causal=)`."""
 
     @property
     def arity(self) -> int:
@@ -72,6 +77,20 @@ OPS: dict[str, OpSpec] = {
             ("logp", "dy"),
             ops.log_softmax_backward,
             "log_softmax_backward_into",
+        ),
+        OpSpec(
+            "softmax_masked",
+            ("x", "mask", "options"),
+            ops.softmax_masked,
+            "softmax_masked_into",
+            kind="masked",
+        ),
+        OpSpec(
+            "log_softmax_masked",
+            ("x", "mask", "options"),
+            ops.log_softmax_masked,
+            "log_softmax_masked_into",
+            kind="masked",
         ),
         OpSpec(
             "cross_entropy",

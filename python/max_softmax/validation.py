@@ -6,6 +6,7 @@ before anything reaches MAX or Mojo.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -164,4 +165,107 @@ def check_targets_in_range(targets: np.ndarray, classes: int, ignore_index: int)
         raise ValueError(
             f"max_softmax: cross_entropy target {int(flat[i])} at index {where} "
             f"is out of range for {classes} classes (and is not ignore_index {ignore_index})"
+        )
+
+
+# Scaled, masked and causal softmax: the checks every front door shares, and
+# how a mask is reduced to the (mask_rows, n) rows the kernels read.
+
+
+def is_masked_call(scale: Any, mask: Any, causal: Any) -> bool:
+    """Whether a softmax call asks for the masked op (any of scale, mask,
+    causal given); plain calls keep the plain op, unchanged."""
+    return scale is not None or mask is not None or bool(causal)
+
+
+def check_scale(op: str, scale: Any) -> float:
+    """`scale` as a float (None is 1.0), or raise: a finite real number
+    (0 and negative values are fine; inf would make every row NaN)."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"max_softmax: {op} scale must be a real number, got {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value):  # math, not numpy: torch.compile traces this
+        raise ValueError(f"max_softmax: {op} scale must be finite, got {scale!r}")
+    return value
+
+
+def check_masked_options(
+    op: str, scale: Any, causal: Any, rank: int, axis: int, variant: str = "auto"
+) -> tuple[float, bool]:
+    """Return (scale, causal) as the kernels take them, or raise.
+
+    `scale` must be a finite real number (None is 1); `causal` a bool and
+    only along the last axis of a tensor of rank >= 2 (its rows are the
+    last two axes); `variant` must stay "auto" (the plain op's families).
+    """
+    value = check_scale(op, scale)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"max_softmax: {op} causal must be a bool, got {causal!r}")
+    if causal and rank < 2:
+        raise SoftmaxInputError(
+            f"max_softmax: {op} with causal=True needs rank >= 2 (rows over the last two "
+            f"axes), got rank {rank}"
+        )
+    if causal and axis != rank - 1:
+        raise SoftmaxInputError(
+            f"max_softmax: {op} with causal=True works along the last axis only, got axis "
+            f"{axis} of rank {rank}"
+        )
+    if variant != "auto":
+        raise ValueError(
+            f"max_softmax: variant= picks a plain softmax kernel family; leave it 'auto' "
+            f"with scale, mask or causal (got {variant!r})"
+        )
+    return value, bool(causal)
+
+
+def mask_suffix(op: str, x_shape: list, mask_shape: list, last_axis: bool) -> int:
+    """How the kernels read a mask broadcastable to `x_shape`: k >= 1 when
+    the mask without its leading size-1 axes is x_shape[-k:] (it is then
+    (prod(x_shape[-k:-1]), n), and row r of x uses mask row r % that), 0
+    when it must be broadcast to x's full shape (one mask row per row of
+    x). Works on ints and on graph `Dim`s; raises ValueError naming both
+    shapes if the mask does not broadcast to x."""
+    xs, ms = list(x_shape), list(mask_shape)
+    fits = len(ms) <= len(xs) and all(m == 1 or m == d for m, d in zip(reversed(ms), reversed(xs)))
+    if not fits:
+        raise ValueError(
+            f"max_softmax: {op} needs a mask broadcastable to the input's shape "
+            f"{[_dim_str(d) for d in xs]}, got {[_dim_str(d) for d in ms]}"
+        )
+    while ms and ms[0] == 1 and len(ms) > 1:
+        ms = ms[1:]
+    if not last_axis or not ms or ms[-1] != xs[-1]:
+        return 0
+    k = len(ms)
+    return k if all(m == d for m, d in zip(ms, xs[-k:])) else 0
+
+
+def _dim_str(d: Any) -> Any:
+    try:
+        return int(d)
+    except (TypeError, ValueError):
+        return str(d)
+
+
+def masked_view(x_shape: list) -> list:
+    """The (outer, L, n) view the masked op takes: L = the second-to-last
+    dim (the causal rows), 1 for rank 1."""
+    if len(x_shape) == 1:
+        return [1, 1, x_shape[0]]
+    outer = 1
+    for d in x_shape[:-2]:
+        outer = outer * d
+    return [outer, x_shape[-2], x_shape[-1]]
+
+
+def check_mask_dtype(op: str, is_bool: bool, is_float: bool, dtype: object) -> None:
+    """Raise TypeError unless a mask is boolean (True keeps) or floating
+    (added after scaling; -inf drops)."""
+    if not (is_bool or is_float):
+        raise TypeError(
+            f"max_softmax: {op} needs a boolean mask (True keeps) or a floating-point "
+            f"additive mask (-inf drops), got {dtype}"
         )

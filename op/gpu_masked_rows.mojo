@@ -1,0 +1,401 @@
+"""Scaled, masked and causal softmax on the GPU, rows along the last axis.
+
+Each value is z = x * scale + mask (`row_math.masked_value`); row r of the
+(rows, n) input uses mask row `r % mask_rows` and, when causal, keeps
+columns j <= i with i = r % L, the mask computed here rather than read.
+`scale` is a run-time value read from a float64 `options` tensor on the
+device (no host sync), so a new scale re-uses the compiled model; L is a
+launch argument; whether there is a
+mask and whether it is causal are compile-time flags.
+
+- rows up to 32K elements (any dtype): a register plan of
+  gpu_register_rows (8 to 512 threads a row, several rows a block for
+  short rows); x and the mask row are read once, z held in registers in
+  the accumulator type, the row written once. A causal row reads nothing
+  past its diagonal: whole chunks there are skipped.
+- longer rows: a block of 512 threads a row, an online (max, sum of exp)
+  pass, then a pass that reads x (and the mask) again and writes.
+
+16-byte vector loads where x, the mask and the output start aligned and
+n % V == 0; coalesced scalar loads otherwise. Nothing synchronises with the
+host: the launch is capture-safe.
+"""
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    WARP_SIZE,
+    block_idx,
+    thread_idx,
+)
+from max.gpu.host import DeviceContext
+from std.utils import StaticTuple
+from std.utils.numerics import inf
+
+from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
+from .gpu_reductions import block_max, block_max_sum, block_sum
+from .gpu_register_rows import (
+    MAX_PLAN_THREADS,
+    MAX_ROW_REGISTERS,
+    RegisterPlanKernel,
+    block_threads,
+    launch_register_plan,
+    register_plan,
+)
+from .row_math import (
+    accum_dtype,
+    masked_epilogue,
+    masked_row_scale,
+    masked_value,
+    online_add,
+    sum_shift,
+    vector_width,
+)
+
+# Threads of the block-per-row kernel for rows past the register plans.
+comptime BLOCK_ROW_THREADS = 512
+
+
+@always_inline
+def row_limit[causal: Bool](row: Int, n: Int, causal_rows: Int) -> Int:
+    """Columns [0, limit) of `row` are kept: all n, or to the diagonal."""
+    comptime if causal:
+        return min(n, row % causal_rows + 1)
+    return n
+
+
+@always_inline
+def _chunk[
+    dtype: DType, has_mask: Bool, causal: Bool, V: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    e0: Int,
+    limit: Int,
+    scale: Scalar[accum_dtype[dtype]()],
+) -> SIMD[accum_dtype[dtype](), V]:
+    """z of the aligned vector [e0, e0 + V), -inf past `limit` (read only
+    where e0 < limit; n % V == 0, so the vector lies inside the row)."""
+    comptime acc = accum_dtype[dtype]()
+    var z = SIMD[acc, V](-inf[acc]())
+    if e0 < limit:
+        var mk = SIMD[acc, V](0)
+        comptime if has_mask:
+            mk = (
+                mask.unsafe_offset(e0)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+        z = masked_value[acc, V](
+            x.unsafe_offset(e0)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc](),
+            scale,
+            mk,
+        )
+        comptime if causal:
+            comptime for v in range(V):
+                if e0 + v >= limit:
+                    z[v] = -inf[acc]()
+    return z
+
+
+@always_inline
+def _element[
+    dtype: DType, has_mask: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    e: Int,
+    limit: Int,
+    scale: Scalar[accum_dtype[dtype]()],
+) -> Scalar[accum_dtype[dtype]()]:
+    """z of element e, -inf past `limit` (read only where e < limit)."""
+    comptime acc = accum_dtype[dtype]()
+    if e >= limit:
+        return -inf[acc]()
+    var mk = Scalar[acc](0)
+    comptime if has_mask:
+        mk = mask[unsafe_offset=e].cast[acc]()
+    return masked_value[acc, 1](x[unsafe_offset=e].cast[acc](), scale, mk)
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(block_threads[threads]())
+    ),
+)
+def masked_register_kernel[
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+    threads: Int,
+    V: Int,
+    K: Int,
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    mask_rows: Int64,
+    causal_rows: Int64,
+    vector_flag: Int32,
+):
+    """Masked softmax of rows of length `n <= threads * V * K`, z held in
+    registers (thread t's chunks as in gpu_register_rows: vector chunk k is
+    elements [(k*threads + t)*V, +V), scalar element (k*V + v)*threads + t).
+
+    Args:
+        dst: Output rows.
+        src: Input rows.
+        mask: Additive mask rows (not read unless `has_mask`).
+        options: (scale,) on the device.
+        rows: Number of rows.
+        n: Row length.
+        mask_rows: Rows of the mask; row r uses row r % mask_rows.
+        causal_rows: L: causal row r keeps columns j <= r % L.
+        vector_flag: Nonzero when dst, src and mask rows start 16-byte aligned.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert max(V, 4) * K <= MAX_ROW_REGISTERS
+    comptime block = block_threads[threads]()
+    var vector_loads = vector_flag != 0
+    var t = Int(thread_idx.x) % threads
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    )
+    # Past the last row: as register_rows_kernel, stay (len = 0) for the
+    # group's shuffles and barriers unless the group is one warp.
+    var len = Int(n)
+    if row >= Int(rows):
+        comptime if threads == WARP_SIZE:
+            return
+        len = 0
+        row = 0
+    var scale = options[unsafe_offset=0].cast[acc]()
+    var limit: Int
+    comptime if causal:
+        limit = row_limit[causal](row, len, Int(causal_rows))
+    else:
+        limit = len
+    var x = src.unsafe_offset(row * Int(n))
+    var y = dst.unsafe_offset(row * Int(n))
+    var m_row = mask.unsafe_offset((row % Int(mask_rows)) * Int(n))
+    var z = SIMD[acc, V * K](-inf[acc]())
+    comptime for k in range(K):
+        var zc: SIMD[acc, V]
+        if vector_loads:
+            zc = _chunk[dtype, has_mask, causal, V](
+                x, m_row, (k * threads + t) * V, limit, scale
+            )
+        else:
+            zc = SIMD[acc, V](-inf[acc]())
+            comptime for v in range(V):
+                zc[v] = _element[dtype, has_mask](
+                    x, m_row, (k * V + v) * threads + t, limit, scale
+                )
+        z = z.insert[offset=k * V](zc)
+    var row_max = block_max[acc, threads, block](z.reduce_max())
+    var shift = sum_shift[acc](row_max)
+    var s = Scalar[acc](0)
+    comptime for k in range(K):
+        s += (
+            masked_epilogue[False, acc, V](
+                z.slice[V, offset=k * V](), shift, Scalar[acc](1)
+            )
+        ).reduce_add()
+    var rs = masked_row_scale[log_out, acc](
+        block_sum[acc, threads, block](s), row_max
+    )
+    comptime for k in range(K):
+        var out = masked_epilogue[log_out, acc, V](
+            z.slice[V, offset=k * V](), shift, rs
+        ).cast[dtype]()
+        if vector_loads:
+            var e0 = (k * threads + t) * V
+            if e0 < len:
+                y.unsafe_offset(e0).unsafe_store[alignment=16](out)
+        else:
+            comptime for v in range(V):
+                var e = (k * V + v) * threads + t
+                if e < len:
+                    y[unsafe_offset=e] = out[v]
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+)
+def masked_block_kernel[
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+    V: Int,
+    T: Int,
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    n: Int64,
+    mask_rows: Int64,
+    causal_rows: Int64,
+    vector_flag: Int32,
+):
+    """Masked softmax of a row of any length, a block of T threads a row:
+    an online (max, sum of exp) pass, then a second read that writes.
+    Arguments as `masked_register_kernel` (one block a row)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var scale = options[unsafe_offset=0].cast[acc]()
+    var limit: Int
+    comptime if causal:
+        limit = row_limit[causal](row, len, Int(causal_rows))
+    else:
+        limit = len
+    var x = src.unsafe_offset(row * len)
+    var y = dst.unsafe_offset(row * len)
+    var m_row = mask.unsafe_offset((row % Int(mask_rows)) * len)
+    var m = -inf[acc]()
+    var s = Scalar[acc](0)
+    if vector_flag != 0:
+        # n % V == 0: every vector lies inside the row; the last one a
+        # causal row reads may straddle its diagonal (-inf past it).
+        for j in range(t * V, limit, T * V):
+            var zc = _chunk[dtype, has_mask, causal, V](
+                x, m_row, j, limit, scale
+            )
+            (m, s) = online_add[acc, V](m, s, zc)
+    else:
+        for e in range(t, limit, T):
+            (m, s) = online_add[acc, 1](
+                m, s, _element[dtype, has_mask](x, m_row, e, limit, scale)
+            )
+    var pair = block_max_sum[acc, T](m, s)
+    var shift = sum_shift[acc](pair[0])
+    var rs = masked_row_scale[log_out, acc](pair[1], pair[0])
+    if vector_flag != 0:
+        for j in range(t * V, len, T * V):
+            var zc = _chunk[dtype, has_mask, causal, V](
+                x, m_row, j, limit, scale
+            )
+            y.unsafe_offset(j).unsafe_store[alignment=16](
+                masked_epilogue[log_out, acc, V](zc, shift, rs).cast[dtype]()
+            )
+    else:
+        for e in range(t, len, T):
+            var z = _element[dtype, has_mask](x, m_row, e, limit, scale)
+            y[unsafe_offset=e] = masked_epilogue[log_out, acc, 1](
+                z, shift, rs
+            ).cast[dtype]()
+
+
+@fieldwise_init
+struct MaskedRegisterRows[
+    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
+](RegisterPlanKernel):
+    """`masked_register_kernel` with its arguments."""
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+    var mask: HeldRows[Self.dtype]
+    """Mask rows."""
+    var options: Pointer[Float64, MutUntrackedOrigin]
+    """(scale,) on the device."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var mask_rows: Int
+    """Rows of the mask."""
+    var causal_rows: Int
+    """L of the causal rows."""
+    var vector_flag: Int32
+    """Whether the rows start 16-byte aligned."""
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue `masked_register_kernel` for T threads a row, K chunks a
+        thread."""
+        comptime V = vector_width[Self.dtype]()
+        comptime kernel = masked_register_kernel[
+            Self.dtype, Self.log_out, Self.has_mask, Self.causal, T, V, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dst),
+            kernel_arg(self.src),
+            kernel_arg(self.mask),
+            rebind[Pointer[Float64, MutAnyOrigin]](self.options),
+            Int64(self.rows),
+            Int64(self.n),
+            Int64(self.mask_rows),
+            Int64(self.causal_rows),
+            self.vector_flag,
+            grid_dim=grid,
+            block_dim=block,
+        )
+
+
+def launch_masked_rows[
+    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    mask_rows: Int,
+    causal_rows: Int,
+) raises:
+    """Masked softmax of `rows` rows of `n` on the GPU: a register plan for
+    rows up to 32K elements, else a block a row (any length)."""
+    comptime V = vector_width[dtype]()
+    if rows == 0 or n == 0:
+        return
+    var aligned = aligned16(Int(dst), Int(src), Int(mask) if has_mask else 0)
+    var flag = vector_flag_of(aligned, n, V)
+    var plan = register_plan(n, V, 1)
+    if plan >= 0:
+        launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+            ctx,
+            MaskedRegisterRows[dtype, log_out, has_mask, causal](
+                held(dst),
+                held(src),
+                held(mask),
+                rebind[Pointer[Float64, MutUntrackedOrigin]](options),
+                rows,
+                n,
+                mask_rows,
+                causal_rows,
+                flag,
+            ),
+            plan,
+            rows,
+        )
+        return
+    comptime kernel = masked_block_kernel[
+        dtype, log_out, has_mask, causal, V, BLOCK_ROW_THREADS
+    ]
+    ctx.enqueue_function[kernel](
+        dst,
+        src,
+        mask,
+        options,
+        Int64(n),
+        Int64(mask_rows),
+        Int64(causal_rows),
+        flag,
+        grid_dim=rows,
+        block_dim=BLOCK_ROW_THREADS,
+    )

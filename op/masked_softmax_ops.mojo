@@ -1,0 +1,187 @@
+"""The scaled, masked and causal softmax ops MAX calls.
+
+`softmax_masked` / `log_softmax_masked` take x as a (rows, n) view (a free
+reshape in the graph, see python/max_softmax/ops.py), an additive mask
+(mask_rows, n) in x's dtype (row r of x uses mask row r % mask_rows; -inf
+drops a position), and `options`, a float64 (1,) tensor (scale) on the
+op's device: a run-time value, so one compiled model per (op, dtype, flags,
+device) serves every scale and shape. x is viewed as (outer, L, n): L, the
+causal rows, is a dim of the view (symbolic in a graph, where a constant
+could not hold it). `has_mask` (else the mask, a
+placeholder, is not read) and `causal` (row r keeps columns j <= r % L) are
+compile-time flags (row r = o * L + i keeps columns j <= i). A row with nothing kept gives 0 (softmax) or -inf
+(log-softmax): see row_math. The `*_into` twins write into a given buffer,
+for the torch bridge (see registered_ops.mojo).
+"""
+
+import extensibility
+from extensibility import InputTensor, ManagedTensorSlice, OutputTensor
+from extensibility import _MutableInputTensor as MutableInputTensor
+from max.gpu.host import DeviceContext
+
+from .cpu_masked_rows import masked_softmax_cpu
+from .gpu_masked_rows import launch_masked_rows
+
+
+@always_inline
+def _ptr[
+    dtype: DType, rank: Int
+](t: ManagedTensorSlice[dtype=dtype, rank=rank, ...]) -> Pointer[
+    Scalar[dtype], MutAnyOrigin
+]:
+    """The tensor's elements, as the kernels take them."""
+    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](t.unsafe_ptr())
+
+
+def masked_rows[
+    target: StaticString,
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+](
+    ctx: DeviceContext,
+    output: ManagedTensorSlice[dtype=dtype, rank=3, ...],
+    x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+    mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+    options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+) raises:
+    """Softmax (or log-softmax) of scale * x + mask along the rows of the
+    (outer, L, n) view `x`, on `target`: row r = o * L + i uses mask row
+    r % mask_rows and, when causal, keeps columns j <= i."""
+    var causal_rows = x.dim_size(1)
+    var rows = x.dim_size(0) * causal_rows
+    var n = x.dim_size(2)
+    var mask_rows = mask.dim_size(0)
+    comptime if has_mask:
+        if mask.dim_size(1) != n or mask_rows < 1:
+            raise Error(
+                "max_softmax: the mask must be (mask_rows >= 1, n) for rows of "
+                + String(n)
+                + ", got ("
+                + String(mask_rows)
+                + ", "
+                + String(mask.dim_size(1))
+                + ")"
+            )
+    comptime if target == "cpu":
+        masked_softmax_cpu[dtype, log_out, has_mask, causal](
+            _ptr(output),
+            _ptr(x),
+            _ptr(mask),
+            rows,
+            n,
+            max(mask_rows, 1),
+            _ptr(options)[unsafe_offset=0],
+            max(causal_rows, 1),
+        )
+    elif target == "gpu":
+        launch_masked_rows[dtype, log_out, has_mask, causal](
+            ctx,
+            _ptr(output),
+            _ptr(x),
+            _ptr(mask),
+            _ptr(options),
+            rows,
+            n,
+            max(mask_rows, 1),
+            max(causal_rows, 1),
+        )
+    else:
+        raise Error("max_softmax: unsupported target " + String(target))
+
+
+@extensibility.register("softmax_masked")
+struct SoftmaxMasked:
+    """Softmax of scale * x + mask (and causal) along the rows of (rows, n)."""
+
+    @staticmethod
+    def execute[
+        # "cpu" or "gpu": the kind of device this runs on.
+        target: StaticString,
+        # Element type of x, mask and output.
+        dtype: DType,
+        # Whether `mask` is read (else it is a placeholder).
+        has_mask: Bool = False,
+        # Whether row r keeps only columns j <= r % L.
+        causal: Bool = False,
+    ](
+        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        masked_rows[target, dtype, False, has_mask, causal](
+            ctx, output, x, mask, options
+        )
+
+
+@extensibility.register("log_softmax_masked")
+struct LogSoftmaxMasked:
+    """Log-softmax of scale * x + mask (and causal) along the rows."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+        has_mask: Bool = False,
+        causal: Bool = False,
+    ](
+        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        masked_rows[target, dtype, True, has_mask, causal](
+            ctx, output, x, mask, options
+        )
+
+
+@extensibility.register("softmax_masked_into")
+struct SoftmaxMaskedInto:
+    """`softmax_masked`, into `output`."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+        has_mask: Bool = False,
+        causal: Bool = False,
+    ](
+        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        masked_rows[target, dtype, False, has_mask, causal](
+            ctx, output, x, mask, options
+        )
+
+
+@extensibility.register("log_softmax_masked_into")
+struct LogSoftmaxMaskedInto:
+    """`log_softmax_masked`, into `output`."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+        has_mask: Bool = False,
+        causal: Bool = False,
+    ](
+        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        masked_rows[target, dtype, True, has_mask, causal](
+            ctx, output, x, mask, options
+        )

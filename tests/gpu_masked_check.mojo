@@ -1,0 +1,38 @@
+# Compiles every masked-softmax GPU kernel for sm_90 on a machine without a
+# GPU:
+#   mojo build -I . --target-accelerator sm_90 tests/gpu_masked_check.mojo
+# Running the binary needs a GPU; building it is the check
+# (tests/test_masked_softmax.py::test_gpu_kernels_compile).
+from max.gpu.host import DeviceContext
+
+from op.gpu_masked_rows import launch_masked_rows
+
+
+def launch_all[dtype: DType](ctx: DeviceContext) raises:
+    var xb = ctx.enqueue_create_buffer[dtype](1 << 20)
+    var yb = ctx.enqueue_create_buffer[dtype](1 << 20)
+    var mb = ctx.enqueue_create_buffer[dtype](1 << 20)
+    var ob = ctx.enqueue_create_buffer[DType.float64](2)
+    var x = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](xb.unsafe_ptr())
+    var y = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](yb.unsafe_ptr())
+    var m = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](mb.unsafe_ptr())
+    var o = rebind[Pointer[Float64, MutAnyOrigin]](ob.unsafe_ptr())
+    comptime for log_out in [False, True]:
+        comptime for has_mask in [False, True]:
+            comptime for causal in [False, True]:
+                comptime launch = launch_masked_rows[
+                    dtype, log_out, has_mask, causal
+                ]
+                # Every register plan (n = 1000 picks one; the launcher
+                # compiles all), and the block-per-row kernel (n = 50257).
+                launch(ctx, y, x, m, o, 16, 1000, 16, 4)
+                launch(ctx, y, x, m, o, 16, 50257, 1, 16)
+
+
+def main() raises:
+    var ctx = DeviceContext()
+    launch_all[DType.float32](ctx)
+    launch_all[DType.float16](ctx)
+    launch_all[DType.bfloat16](ctx)
+    launch_all[DType.float64](ctx)
+    ctx.synchronize()
