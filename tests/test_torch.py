@@ -95,7 +95,17 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA de
 
 
 @pytest.fixture
-def replay_cache(monkeypatch):
+def graph_path(monkeypatch):
+    """The bridge's graph path (Model.execute on buffer views, replay when
+    enabled), as MAX_SOFTMAX_TORCH_LAUNCH=graph chooses, instead of the
+    launch extension."""
+    from max_softmax import torch_launch
+
+    monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
+
+
+@pytest.fixture
+def replay_cache(monkeypatch, graph_path):
     """Replay turned on, with a fresh cache (the process's one may have
     stopped capturing after other tests' churn)."""
     from max_softmax import torch_replay
@@ -121,12 +131,17 @@ def test_cuda_replay_follows_in_place_updates(replay_cache):
 
 
 @cuda_only
-@pytest.mark.parametrize("replay", [False, True])
-def test_cuda_bridge_waits_for_torch_stream(monkeypatch, replay):
+@pytest.mark.parametrize("path", ["launch", "graph", "replay"])
+def test_cuda_bridge_waits_for_torch_stream(monkeypatch, path):
     """A call right after long torch work that writes its input: MAX's queue
-    must wait for torch's stream, executed or replayed."""
-    from max_softmax import torch_replay
+    must wait for torch's stream, launched, executed or replayed."""
+    from max_softmax import torch_launch, torch_replay
 
+    replay = path == "replay"
+    if path == "launch":
+        monkeypatch.setattr(torch_launch, "CUDA_ENABLED", True)
+    else:
+        monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
     cache = torch_replay.ReplayCache()
     monkeypatch.setattr(torch_replay, "CACHE", cache)
     monkeypatch.setattr(torch_replay, "ENABLED", replay)
@@ -141,11 +156,17 @@ def test_cuda_bridge_waits_for_torch_stream(monkeypatch, replay):
 
 
 @cuda_only
-def test_cuda_torch_waits_for_the_bridge():
+@pytest.mark.parametrize("path", ["launch", "graph"])
+def test_cuda_torch_waits_for_the_bridge(monkeypatch, path):
     """Torch work queued right after a call reads the finished output, even
     when MAX's queue is held up (the output is torch's memory, written on
     MAX's queue)."""
-    from max_softmax import torch_buffers
+    from max_softmax import torch_buffers, torch_launch
+
+    if path == "launch":
+        monkeypatch.setattr(torch_launch, "CUDA_ENABLED", True)
+    else:
+        monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
 
     x = torch.randn(2048, 4096, device="cuda")
     expected = torch.softmax(x, dim=-1)
@@ -171,7 +192,7 @@ def test_cuda_buffer_views_keep_no_memory_alive():
     assert torch.cuda.memory_allocated() == base
 
 
-def test_bridge_reuses_buffer_views_and_rewrites_in_place_results():
+def test_bridge_reuses_buffer_views_and_rewrites_in_place_results(graph_path):
     """The same memory comes back with new values: a reused view must read
     the new values, and results land in the tensor returned."""
     from max_softmax import torch_buffers

@@ -26,21 +26,31 @@ from typing import Any
 
 import torch
 
-from . import torch_buffers, torch_replay
-from .models import cross_entropy_into_model, into_model
+from . import torch_buffers, torch_launch, torch_replay
+from .models import cross_entropy_into_model, into_model, masked_into_model
 from .registry import OPS, op_spec
 from .torch_buffers import DTYPES
 from .validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
+    check_mask_dtype,
+    check_masked_options,
     check_targets_in_range,
+    is_masked_call,
+    mask_suffix,
+    masked_view,
     normalize_axis,
 )
 
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
-    """Write op `name` of (outer, n, inner) tensors `inputs` into `out` by
-    its destination-passing model, or a replay of its captured graph."""
+    """Write op `name` of (outer, n, inner) tensors `inputs` into `out`: by
+    the launch extension (torch_launch), else by its destination-passing
+    model or a replay of its captured graph (MAX_SOFTMAX_TORCH_LAUNCH=graph)."""
+    if torch_launch.available(out.is_cuda):
+        outer, n, inner = out.shape
+        torch_launch.run(name, out, *inputs, outer=outer, n=n, inner=inner)
+        return
     model = into_model(name, DTYPES[out.dtype], "gpu" if out.is_cuda else "cpu")
     _execute(model, (out, *inputs), replay_key=name)
 
@@ -111,10 +121,23 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
             )
     if first.device.type not in ("cpu", "cuda"):
         raise ValueError(f"max_softmax: no {name} for tensors on {first.device}")
-    if first.is_cuda:
+    # The launch path runs on any CUDA device (MAX's Accelerator(index));
+    # the graph path on cuda:0 only.
+    if first.is_cuda and not torch_launch.available(cuda=True):
         torch_buffers.check_cuda_device(first)
     out = torch.empty_like(first, memory_format=torch.contiguous_format)
     if first.numel() == 0:
+        return out
+    if torch_launch.available(first.is_cuda) and not torch.compiler.is_compiling():
+        # Raw addresses and dims: no (outer, n, inner) views to make.
+        shape = first.shape
+        n = shape[dim]
+        inner = 1
+        for s in shape[dim + 1 :]:
+            inner *= s
+        outer = first.numel() // (n * inner)
+        srcs = [t.detach().contiguous() for t in tensors]
+        torch_launch.run(name, out, *srcs, outer=outer, n=n, inner=inner)
         return out
     views = [_canonical(t.detach(), dim) for t in tensors]
     out3 = out.view(views[0].shape)
@@ -157,14 +180,191 @@ def _needs_grad(x: torch.Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
 
 
-def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """`torch.softmax(x, dim)` computed by our kernels, differentiable."""
+def softmax(
+    x: torch.Tensor,
+    dim: int = -1,
+    *,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """`torch.softmax(x, dim)` computed by our kernels, differentiable.
+
+    With `scale`, `mask` (boolean, True keeps, or floating, added after
+    scaling; broadcastable to x) or `causal` (over the last two dims, row i
+    keeps columns j <= i): the softmax of `x * scale + mask`, fused in one
+    kernel; a row with nothing kept gives zeros. Gradients flow to x only
+    (masked positions get 0), not to a floating mask.
+    """
+    if is_masked_call(scale, mask, causal):
+        return _masked("softmax", x, dim, scale, mask, causal)
     return _Softmax.apply(x, dim) if _needs_grad(x) else _run("softmax", dim, x)
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """`torch.log_softmax(x, dim)` computed by our kernels, differentiable."""
+def log_softmax(
+    x: torch.Tensor,
+    dim: int = -1,
+    *,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """`torch.log_softmax(x, dim)` computed by our kernels, differentiable.
+
+    `scale`, `mask`, `causal` as for `softmax`; a row with nothing kept
+    gives -inf, and masked positions (output -inf) get gradient 0, as
+    `masked_fill(~mask, -inf)` followed by torch's log_softmax.
+    """
+    if is_masked_call(scale, mask, causal):
+        return _masked("log_softmax", x, dim, scale, mask, causal)
     return _LogSoftmax.apply(x, dim) if _needs_grad(x) else _run("log_softmax", dim, x)
+
+
+# Scaled, masked and causal softmax: the fused masked ops (op/masked_softmax_ops),
+# run by their own destination-passing models (models.masked_into_model) on
+# an (outer, L, n) view of x, a (mask_rows, n) additive mask and a float64
+# (scale,) options tensor.
+
+_small_tensors: dict[tuple, torch.Tensor] = {}
+
+
+def _cached(key: tuple, make: Any) -> torch.Tensor:
+    """A small tensor made once per key (on CUDA a fresh one would cost a
+    copy from the host every call)."""
+    t = _small_tensors.get(key)
+    if t is None:
+        t = make()
+        if len(_small_tensors) >= 64:
+            _small_tensors.clear()
+        _small_tensors[key] = t
+    return t
+
+
+def _call_masked(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    options: torch.Tensor,
+    log_out: bool,
+    has_mask: bool,
+    causal: bool,
+) -> None:
+    op = "log_softmax_masked" if log_out else "softmax_masked"
+    kind = "gpu" if out.is_cuda else "cpu"
+    model = masked_into_model(op, DTYPES[out.dtype], kind, has_mask, causal)
+    _execute(model, (out, x, mask, options))
+
+
+@torch.library.custom_op("max_softmax::softmax_masked", mutates_args=("out",))
+def _masked_op(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    options: torch.Tensor,
+    log_out: bool,
+    has_mask: bool,
+    causal: bool,
+) -> None:
+    """The masked op as a torch custom op, for torch.compile."""
+    _call_masked(out, x, mask, options, log_out, has_mask, causal)
+
+
+def _run_masked(
+    x: torch.Tensor, mask: torch.Tensor | None, value: float, log_out: bool, causal: bool
+) -> torch.Tensor:
+    """The masked op on `x` along its last dim with `mask` already (rows, n)."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.numel() == 0:
+        return out
+    x3 = x.detach().contiguous().view(masked_view(list(x.shape)))
+    options = _cached(
+        ("options", x.device, value),
+        lambda: torch.tensor([value], dtype=torch.float64, device=x.device),
+    )
+    m = mask
+    if m is None:
+        m = _cached(
+            ("no mask", x.device, x.dtype),
+            lambda: torch.zeros((1, 1), dtype=x.dtype, device=x.device),
+        )
+    out3 = out.view(x3.shape)
+    if torch.compiler.is_compiling():
+        _masked_op(out3, x3, m, options, log_out, mask is not None, causal)
+    else:
+        _call_masked(out3, x3, m, options, log_out, mask is not None, causal)
+    return out
+
+
+class _MaskedFn(torch.autograd.Function):
+    """The masked op, differentiable in x: dx = scale * the backward op of
+    the output; log-softmax's masked positions (-inf) get 0."""
+
+    @staticmethod
+    def forward(ctx, x, mask, value, log_out, causal):  # type: ignore[override]
+        out = _run_masked(x, mask, value, log_out, causal)
+        ctx.save_for_backward(out)
+        ctx.args = (value, log_out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        (out,) = ctx.saved_tensors
+        value, log_out = ctx.args
+        name = "log_softmax_backward" if log_out else "softmax_backward"
+        dx = _run(name, -1, out, dy)
+        if value != 1.0:
+            dx.mul_(value)
+        if log_out:  # dropped positions: the gradient of masked_fill, 0
+            dx.masked_fill_(out == float("-inf"), 0.0)
+        return dx, None, None, None, None
+
+
+def _masked(
+    op: str,
+    x: torch.Tensor,
+    dim: int,
+    scale: float | None,
+    mask: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """softmax / log_softmax of x * scale + mask (and causal): the edge."""
+    if x.dtype not in DTYPES:
+        raise TypeError(f"max_softmax: {op} needs a floating-point tensor, got {x.dtype}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"max_softmax: no {op} for tensors on {x.device}")
+    if x.is_cuda:
+        torch_buffers.check_cuda_device(x)
+    dim = normalize_axis(dim, x.dim())
+    value, causal = check_masked_options(op, scale, causal, x.dim(), dim)
+    last = dim == x.dim() - 1
+    work = x if last else x.movedim(dim, -1)
+    m = None
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"max_softmax: {op} needs the mask as a torch.Tensor, got {type(mask)}")
+        check_mask_dtype(op, mask.dtype == torch.bool, mask.is_floating_point(), mask.dtype)
+        if mask.device != x.device:
+            raise ValueError(
+                f"max_softmax: {op} needs the mask on the input's device ({x.device}), "
+                f"got {mask.device}"
+            )
+        k = mask_suffix(op, list(x.shape), list(mask.shape), last)
+        m = mask.detach()
+        if m.dtype == torch.bool:
+            zero = torch.zeros((), dtype=x.dtype, device=x.device)
+            m = torch.where(m, zero, torch.full_like(zero, float("-inf")))
+        else:
+            m = m.to(x.dtype)
+        if not k:  # one mask row per row of x
+            m = m.expand(x.shape)
+            m = m if last else m.movedim(dim, -1)
+        m = m.contiguous().reshape(-1, x.shape[-1] if last else x.shape[dim])
+    log_out = op == "log_softmax"
+    if _needs_grad(x):
+        y = _MaskedFn.apply(work, m, value, log_out, causal)
+    else:
+        y = _run_masked(work, m, value, log_out, causal)
+    return y if last else y.movedim(-1, dim)
 
 
 class Softmax(torch.nn.Module):
@@ -187,6 +387,12 @@ class Softmax(torch.nn.Module):
 def _call_cross_entropy(reduction: str, with_grad: bool, tensors: tuple[torch.Tensor, ...]) -> None:
     """Write cross-entropy into `tensors`' outputs: (loss, [dlogits,] logits,
     targets, options) (no replay: the op is one graph call either way)."""
+    if torch_launch.available(tensors[-3].is_cuda):
+        loss, *rest = tensors
+        dlogits = rest.pop(0) if with_grad else None
+        logits, targets, options = rest
+        torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
+        return
     logits = tensors[-3]
     kind = "gpu" if logits.is_cuda else "cpu"
     _execute(cross_entropy_into_model(with_grad, DTYPES[logits.dtype], kind, reduction), tensors)
@@ -208,21 +414,13 @@ def _cross_entropy_op(
     _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
 
 
-_options_cache: dict[tuple, torch.Tensor] = {}
-
-
 def _options(device: torch.device, ignore_index: int, eps: float) -> torch.Tensor:
     """The (ignore_index, label_smoothing) float64 tensor the kernels read,
-    made once per (device, values): on CUDA a fresh one would cost a copy
-    from the host every call."""
-    key = (device, ignore_index, eps)
-    opts = _options_cache.get(key)
-    if opts is None:
-        opts = torch.tensor([ignore_index, eps], dtype=torch.float64, device=device)
-        if len(_options_cache) >= 64:
-            _options_cache.clear()
-        _options_cache[key] = opts
-    return opts
+    made once per (device, values)."""
+    return _cached(
+        ("cross_entropy", device, ignore_index, eps),
+        lambda: torch.tensor([ignore_index, eps], dtype=torch.float64, device=device),
+    )
 
 
 def _cross_entropy_rows(
@@ -351,7 +549,7 @@ def cross_entropy(
             f"max_softmax: cross_entropy needs input and target on one CPU or CUDA device, "
             f"got {input.device} and {target.device}"
         )
-    if input.is_cuda:
+    if input.is_cuda and not torch_launch.available(cuda=True):
         torch_buffers.check_cuda_device(input)
     # Classes last, rows flat: the kernels' (rows, classes) view. Autograd
     # follows the movedim/reshape (a copy only for (N, C, d1, ...)).

@@ -1,0 +1,538 @@
+"""The torch bridge's launch path: our dispatch called from Python directly.
+
+A Python extension module (built by `max_softmax.torch_launch`, once per
+kernel sources, compiler and target, into the kernel cache) whose functions
+take raw addresses and dims and call the row functions MAX's ops call
+(`op.dispatch.softmax_rows`, `softmax_backward_rows`, and cross-entropy's
+launcher), with no graph, no `Model.execute` and no buffer objects between:
+~0.2 µs of host work a call instead of ~40 (2-core CPU host).
+
+Each function takes the DeviceContext MAX made for the device (the address
+`max.driver.Device._device_context_ptr()` gives, as MAX's own
+`kv_cache_ops.mojo` wraps it), and the torch stream to order against:
+
+- `None`: a CPU context; the kernel runs on the calling thread (and MAX's
+  CPU thread pool) before the function returns.
+- an int (a CUstream, 0 for the legacy default stream): a GPU context. The
+  kernel runs on MAX's queue, ordered against torch's stream with an event
+  each way ("design B"): MAX's queue waits for what torch queued before the
+  call, torch's stream waits for the kernel before anything it queues after.
+  No host synchronisation, so the call returns as soon as it is queued.
+
+Addresses are those of contiguous buffers of the (outer, n, inner) view on
+the context's device, of the element type `dtype` names (DTYPE_CODES). The
+caller guarantees them (the bridge checks at its edge); an error raised by a
+launcher (a row too long for the GPU, a bad code) comes back as a Python
+exception.
+"""
+
+from std.memory import OpaquePointer
+from std.os import abort
+from std.python import Python, PythonObject
+from std.python.bindings import PythonModuleBuilder
+from std.sys import is_defined
+from max.gpu.host import DeviceContext, DeviceStream
+
+from op.cpu_cross_entropy import cross_entropy_cpu
+from op.dispatch import launch_auto, softmax_backward_rows, softmax_rows
+from op.gpu_cross_entropy import launch_cross_entropy
+
+comptime GPU = not is_defined["MAX_SOFTMAX_CPU_ONLY"]()
+"""Whether this build holds the GPU path: a host with no GPU builds with
+`-D MAX_SOFTMAX_CPU_ONLY` (no accelerator to compile for; ~20 s of compiler
+time on 2 cores against ~100 s with sm_90), unless told a target accelerator."""
+
+comptime GIL_FREE_ELEMENTS = 1 << 16
+"""CPU calls on at least this many elements (tens of µs) release the GIL
+while the kernel runs, so other Python threads go on; smaller ones keep it
+(a release and re-acquire can wait a whole switch interval, 5 ms, when
+another thread takes the GIL meanwhile)."""
+
+comptime DTYPE_COUNT = 4
+"""Dtype codes 0..3: float32, float16, bfloat16, float64 (`_dtype_of`)."""
+
+comptime REDUCTION_COUNT = 3
+"""Reduction codes 0..2: "mean", "sum", "none" (`_reduction_of`)."""
+
+
+@always_inline
+def _dtype_of[code: Int]() -> DType:
+    """The element type a dtype code names (the order of DTYPE_CODES in
+    torch_launch.py)."""
+    comptime if code == 0:
+        return DType.float32
+    elif code == 1:
+        return DType.float16
+    elif code == 2:
+        return DType.bfloat16
+    else:
+        return DType.float64
+
+
+@always_inline
+def _reduction_of[code: Int]() -> StaticString:
+    """The cross-entropy reduction a reduction code names."""
+    comptime if code == 0:
+        return "mean"
+    elif code == 1:
+        return "sum"
+    else:
+        return "none"
+
+
+@always_inline
+def _ptr[dtype: DType](addr: Int) -> Pointer[Scalar[dtype], MutAnyOrigin]:
+    """A buffer's elements at `addr`, as the kernels take them."""
+    return Pointer[Scalar[dtype], MutAnyOrigin](unsafe_from_address=addr)
+
+
+def _context(ctx_ptr: PythonObject) raises -> DeviceContext:
+    """MAX's DeviceContext at `ctx_ptr` (borrowed: MAX's Device object keeps
+    it alive, and the caller holds that object)."""
+    var addr = Int(py=ctx_ptr)
+    if addr == 0:
+        raise Error("max_softmax: null device context")
+    return DeviceContext(
+        OpaquePointer[MutUntrackedOrigin](unsafe_from_address=addr)
+    )
+
+
+def _dims(
+    outer_obj: PythonObject, n_obj: PythonObject, inner_obj: PythonObject
+) raises -> Tuple[Int, Int, Int]:
+    """(outer, n, inner) as Ints; a negative one would index anywhere."""
+    var outer = Int(py=outer_obj)
+    var n = Int(py=n_obj)
+    var inner = Int(py=inner_obj)
+    if outer < 0 or n < 0 or inner < 0:
+        raise Error(
+            t"max_softmax: negative dims (outer={outer}, n={n}, inner={inner})"
+        )
+    return (outer, n, inner)
+
+
+def _bad_code(what: StaticString, code: Int, count: Int) -> Error:
+    """The error for a code past its table."""
+    return Error(t"max_softmax: unknown {what} code {code} (0..{count - 1})")
+
+
+@always_inline
+def _on_cpu[Kernel: def() raises -> None](kernel: Kernel, elements: Int) raises:
+    """Run `kernel` on the calling thread, without the GIL if `elements` is
+    at least GIL_FREE_ELEMENTS (it touches no Python object)."""
+    if elements < GIL_FREE_ELEMENTS:
+        kernel()
+        return
+    ref cpython = Python().cpython()
+    var state = cpython.PyEval_SaveThread()
+    try:
+        kernel()
+    except e:
+        cpython.PyEval_RestoreThread(state)
+        raise e^
+    cpython.PyEval_RestoreThread(state)
+
+
+def _no_gpu() -> Error:
+    """The error for a GPU call into a build without the GPU path."""
+    return Error(
+        "max_softmax: the torch launch extension was built without a GPU"
+        " target (no GPU was visible at build time)"
+    )
+
+
+def _torch_first(
+    ctx: DeviceContext, torch_stream: PythonObject
+) raises -> DeviceStream:
+    """Torch's stream as a MAX stream, after making MAX's queue wait for
+    what torch queued on it so far."""
+    var ts = ctx.create_external_stream(
+        OpaquePointer[MutAnyOrigin](unsafe_from_address=Int(py=torch_stream))
+    )
+    var before = ctx.create_event()
+    ts.record_event(before)
+    ctx.stream().enqueue_wait_for(before)
+    return ts
+
+
+def _torch_after(ctx: DeviceContext, ts: DeviceStream) raises:
+    """Torch's stream waits for what MAX's queue holds so far (a wait copies
+    the event's state when queued, so the event may go at once)."""
+    var after = ctx.create_event()
+    ctx.stream().record_event(after)
+    ts.enqueue_wait_for(after)
+
+
+# ===----------------------------------------------------------------------=== #
+# softmax, log_softmax
+# ===----------------------------------------------------------------------=== #
+
+
+def _forward[
+    log_out: Bool
+](
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    dst_obj: PythonObject,
+    src_obj: PythonObject,
+    outer_obj: PythonObject,
+    n_obj: PythonObject,
+    inner_obj: PythonObject,
+) raises -> PythonObject:
+    """Softmax (or log-softmax) along n of the (outer, n, inner) buffer at
+    `src` into `dst`."""
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var dims = _dims(outer_obj, n_obj, inner_obj)
+    var dst = Int(py=dst_obj)
+    var src = Int(py=src_obj)
+    var on_gpu = not (torch_stream is PythonObject(None))
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            if not on_gpu:
+
+                def forward_cpu() raises {imm}:
+                    softmax_rows[
+                        "cpu", dtype, log_out, launch_auto[dtype, log_out]
+                    ](
+                        ctx,
+                        _ptr[dtype](dst),
+                        _ptr[dtype](src),
+                        dims[0],
+                        dims[1],
+                        dims[2],
+                    )
+
+                _on_cpu(forward_cpu, dims[0] * dims[1] * dims[2])
+                return PythonObject(None)
+            comptime if GPU:
+                var ts = _torch_first(ctx, torch_stream)
+                try:
+                    softmax_rows[
+                        "gpu", dtype, log_out, launch_auto[dtype, log_out]
+                    ](
+                        ctx,
+                        _ptr[dtype](dst),
+                        _ptr[dtype](src),
+                        dims[0],
+                        dims[1],
+                        dims[2],
+                    )
+                except e:
+                    # Whatever was queued before the error must finish before
+                    # torch reuses the memory.
+                    _torch_after(ctx, ts)
+                    raise e^
+                _torch_after(ctx, ts)
+                return PythonObject(None)
+            else:
+                raise _no_gpu()
+    raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
+def softmax(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype: PythonObject,
+    dst: PythonObject,
+    src: PythonObject,
+    outer: PythonObject,
+    n: PythonObject,
+    inner: PythonObject,
+) raises -> PythonObject:
+    """Softmax along n of the (outer, n, inner) buffer at `src` into `dst`."""
+    return _forward[False](
+        ctx_ptr, torch_stream, dtype, dst, src, outer, n, inner
+    )
+
+
+def log_softmax(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype: PythonObject,
+    dst: PythonObject,
+    src: PythonObject,
+    outer: PythonObject,
+    n: PythonObject,
+    inner: PythonObject,
+) raises -> PythonObject:
+    """Log-softmax along n of the (outer, n, inner) buffer at `src` into
+    `dst`."""
+    return _forward[True](
+        ctx_ptr, torch_stream, dtype, dst, src, outer, n, inner
+    )
+
+
+# ===----------------------------------------------------------------------=== #
+# softmax_backward, log_softmax_backward
+# ===----------------------------------------------------------------------=== #
+
+
+def _backward[
+    log_in: Bool
+](
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    dx_obj: PythonObject,
+    a_obj: PythonObject,
+    dy_obj: PythonObject,
+    outer_obj: PythonObject,
+    n_obj: PythonObject,
+    inner_obj: PythonObject,
+) raises -> PythonObject:
+    """The gradient along n of softmax (`a` = y) or log-softmax (`a` = log p)
+    into `dx`, from the incoming gradient `dy`."""
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var dims = _dims(outer_obj, n_obj, inner_obj)
+    var dx = Int(py=dx_obj)
+    var a = Int(py=a_obj)
+    var dy = Int(py=dy_obj)
+    var on_gpu = not (torch_stream is PythonObject(None))
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            if not on_gpu:
+
+                def backward_cpu() raises {imm}:
+                    softmax_backward_rows["cpu", dtype, log_in](
+                        ctx,
+                        _ptr[dtype](dx),
+                        _ptr[dtype](a),
+                        _ptr[dtype](dy),
+                        dims[0],
+                        dims[1],
+                        dims[2],
+                    )
+
+                _on_cpu(backward_cpu, dims[0] * dims[1] * dims[2])
+                return PythonObject(None)
+            comptime if GPU:
+                var ts = _torch_first(ctx, torch_stream)
+                try:
+                    softmax_backward_rows["gpu", dtype, log_in](
+                        ctx,
+                        _ptr[dtype](dx),
+                        _ptr[dtype](a),
+                        _ptr[dtype](dy),
+                        dims[0],
+                        dims[1],
+                        dims[2],
+                    )
+                except e:
+                    _torch_after(ctx, ts)
+                    raise e^
+                _torch_after(ctx, ts)
+                return PythonObject(None)
+            else:
+                raise _no_gpu()
+    raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
+def softmax_backward(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype: PythonObject,
+    dx: PythonObject,
+    y: PythonObject,
+    dy: PythonObject,
+    outer: PythonObject,
+    n: PythonObject,
+    inner: PythonObject,
+) raises -> PythonObject:
+    """The softmax gradient along n into `dx`: y * (dy - sum(dy * y))."""
+    return _backward[False](
+        ctx_ptr, torch_stream, dtype, dx, y, dy, outer, n, inner
+    )
+
+
+def log_softmax_backward(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype: PythonObject,
+    dx: PythonObject,
+    logp: PythonObject,
+    dy: PythonObject,
+    outer: PythonObject,
+    n: PythonObject,
+    inner: PythonObject,
+) raises -> PythonObject:
+    """The log-softmax gradient along n into `dx`: dy - exp(logp) * sum(dy)."""
+    return _backward[True](
+        ctx_ptr, torch_stream, dtype, dx, logp, dy, outer, n, inner
+    )
+
+
+# ===----------------------------------------------------------------------=== #
+# cross_entropy
+# ===----------------------------------------------------------------------=== #
+
+
+def _cross_entropy_on[
+    dtype: DType, reduction: StaticString, with_grad: Bool
+](
+    ctx: DeviceContext,
+    torch_stream: PythonObject,
+    on_gpu: Bool,
+    loss: Int,
+    dlogits: Int,
+    logits: Int,
+    targets: Int,
+    options: Int,
+    rows: Int,
+    n: Int,
+) raises:
+    """One instance of the cross-entropy launch (see `cross_entropy`)."""
+    var target_ptr = Pointer[Int64, MutAnyOrigin](unsafe_from_address=targets)
+    var opts = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
+    if not on_gpu:
+
+        def cross_entropy_on_cpu() raises {imm}:
+            cross_entropy_cpu[dtype, with_grad, reduction](
+                _ptr[dtype](loss),
+                _ptr[dtype](dlogits),
+                _ptr[dtype](logits),
+                target_ptr,
+                Int64(opts[unsafe_offset=0]),
+                opts[unsafe_offset=1],
+                rows,
+                n,
+            )
+
+        _on_cpu(cross_entropy_on_cpu, rows * n)
+        return
+    comptime if GPU:
+        var ts = _torch_first(ctx, torch_stream)
+        try:
+            launch_cross_entropy[dtype, with_grad, reduction](
+                ctx,
+                _ptr[dtype](loss),
+                _ptr[dtype](dlogits),
+                _ptr[dtype](logits),
+                target_ptr,
+                opts,
+                rows,
+                n,
+            )
+        except e:
+            _torch_after(ctx, ts)
+            raise e^
+        _torch_after(ctx, ts)
+    else:
+        raise _no_gpu()
+
+
+def cross_entropy(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    reduction_obj: PythonObject,
+    loss_obj: PythonObject,
+    dlogits_obj: PythonObject,
+    logits_obj: PythonObject,
+    targets_obj: PythonObject,
+    options_obj: PythonObject,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+) raises -> PythonObject:
+    """Cross-entropy of (rows, n) logits against (rows,) int64 targets into
+    `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d logits
+    into `dlogits` unless its address is 0. `options` is a float64 (2,)
+    buffer (ignore_index, label_smoothing) on the context's device."""
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var reduction_code = Int(py=reduction_obj)
+    var dims = _dims(rows_obj, n_obj, PythonObject(1))
+    var loss = Int(py=loss_obj)
+    var dlogits = Int(py=dlogits_obj)
+    var logits = Int(py=logits_obj)
+    var targets = Int(py=targets_obj)
+    var options = Int(py=options_obj)
+    var on_gpu = not (torch_stream is PythonObject(None))
+    if reduction_code < 0 or reduction_code >= REDUCTION_COUNT:
+        raise _bad_code("reduction", reduction_code, REDUCTION_COUNT)
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            comptime for r in range(REDUCTION_COUNT):
+                comptime reduction = _reduction_of[r]()
+                if reduction_code == r:
+                    if dlogits != 0:
+                        _cross_entropy_on[dtype, reduction, True](
+                            ctx,
+                            torch_stream,
+                            on_gpu,
+                            loss,
+                            dlogits,
+                            logits,
+                            targets,
+                            options,
+                            dims[0],
+                            dims[1],
+                        )
+                    else:
+                        # No gradient: the kernels never write through
+                        # this pointer (as MAX's cross_entropy op).
+                        _cross_entropy_on[dtype, reduction, False](
+                            ctx,
+                            torch_stream,
+                            on_gpu,
+                            loss,
+                            logits,
+                            logits,
+                            targets,
+                            options,
+                            dims[0],
+                            dims[1],
+                        )
+                    return PythonObject(None)
+    raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
+# ===----------------------------------------------------------------------=== #
+# The module
+# ===----------------------------------------------------------------------=== #
+
+
+@export
+def PyInit_torch_ext() abi("C") -> PythonObject:
+    """The module object Python's import machinery asks for."""
+    try:
+        var b = PythonModuleBuilder("torch_ext")
+        b.def_function[softmax](
+            "softmax",
+            docstring="softmax(ctx, stream, dtype, dst, src, outer, n, inner)",
+        )
+        b.def_function[log_softmax](
+            "log_softmax",
+            docstring=(
+                "log_softmax(ctx, stream, dtype, dst, src, outer, n, inner)"
+            ),
+        )
+        b.def_function[softmax_backward](
+            "softmax_backward",
+            docstring=(
+                "softmax_backward(ctx, stream, dtype, dx, y, dy, outer, n,"
+                " inner)"
+            ),
+        )
+        b.def_function[log_softmax_backward](
+            "log_softmax_backward",
+            docstring=(
+                "log_softmax_backward(ctx, stream, dtype, dx, logp, dy, outer,"
+                " n, inner)"
+            ),
+        )
+        b.def_function[cross_entropy](
+            "cross_entropy",
+            docstring=(
+                "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits,"
+                " logits, targets, options, rows, n)"
+            ),
+        )
+        return b.finalize()
+    except e:
+        abort(t"max_softmax: failed to create the torch_ext module: {e}")

@@ -1,0 +1,430 @@
+"""The torch bridge's launch path: our kernels on torch tensors without a graph.
+
+`Model.execute` of a compiled MAX graph costs 35-60 µs of host work a call,
+more than the op itself below a few MB, so the bridge loses to
+`torch.softmax` by wall clock. This module runs the same row functions MAX's
+ops call (`op/dispatch.mojo`) through a small Mojo extension module
+(`bridge_ext/torch_ext.mojo`) that takes raw addresses: ~1 µs of host work a
+call on the CPU.
+
+On CUDA the extension launches on MAX's own queue for the device (the
+DeviceContext MAX made, so kernels, workspace allocator and compiled-function
+cache are MAX's), ordered against torch's current stream with an event each
+way: MAX's queue waits for what torch queued before the call, torch's stream
+waits for the kernel before anything it queues after. Nothing waits on the
+host. On the CPU the kernel runs before `run` returns.
+
+The extension is built once per kernel sources, compiler and target (~1 min
+on 2 cores without a GPU target, longer with one) into the kernel cache
+(`kernels.cache_dir()`), announced on stderr, and reused by every process.
+`MAX_SOFTMAX_TORCH_LAUNCH` picks the path: "auto" (default) launches CPU
+tensors here and runs CUDA ones through `Model.execute` (the launch path on
+CUDA awaits its first GPU run), "extension" launches both here, "graph"
+neither.
+
+What the caller guarantees (the bridge checks at its edge; nothing here
+checks again):
+
+- every tensor is contiguous in the (outer, n, inner) layout the dims name
+  (any storage offset; the kernels check alignment themselves), of one dtype
+  among `DTYPE_CODES`, on one device, CPU or CUDA;
+- the output does not overlap an input unless the op is elementwise-safe
+  (the kernels read a row before writing it, but the bridge never relies on
+  it);
+- the tensors stay alive until `run` returns (torch's stream then orders any
+  reuse of their memory after the kernel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import threading
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from . import kernels
+from .devices import device as max_device
+from .devices import gpu_available
+from .validation import EMPTY_LOSS
+
+_MODE = os.environ.get("MAX_SOFTMAX_TORCH_LAUNCH", "auto") or "auto"
+if _MODE not in ("auto", "extension", "graph"):
+    raise ValueError(
+        "max_softmax: MAX_SOFTMAX_TORCH_LAUNCH must be 'auto', 'extension' or 'graph', "
+        f"got {_MODE!r}"
+    )
+
+ENABLED: bool = _MODE != "graph"
+"""Whether CPU tensors launch through the extension (env
+MAX_SOFTMAX_TORCH_LAUNCH: "auto", the default, or "extension") rather than
+`Model.execute` ("graph")."""
+
+CUDA_ENABLED: bool = _MODE == "extension"
+"""Whether CUDA tensors launch through the extension too. Opt-in
+(MAX_SOFTMAX_TORCH_LAUNCH=extension) until the integrated path has run on a
+GPU: its design was measured on an H100 (RESULTS.md), this module was not."""
+
+EXTENSION_SOURCE: Path = Path(__file__).resolve().parent / "bridge_ext" / "torch_ext.mojo"
+"""The extension's Mojo source."""
+
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 0,
+    torch.float16: 1,
+    torch.bfloat16: 2,
+    torch.float64: 3,
+}
+"""The dtypes the extension takes, and the codes it knows them by (the order
+of `_dtype_of` in torch_ext.mojo)."""
+
+REDUCTION_CODES: dict[str, int] = {"mean": 0, "sum": 1, "none": 2}
+"""Cross-entropy reductions, and their codes (`_reduction_of`)."""
+
+ROW_OPS: tuple[str, ...] = (
+    "softmax",
+    "log_softmax",
+    "softmax_backward",
+    "log_softmax_backward",
+)
+"""The row ops `run` takes: the forward ops take one input, the backward
+ops two (the forward's output, then dy)."""
+
+
+class LaunchError(RuntimeError):
+    """The extension could not be built or loaded, or a launch failed."""
+
+
+# ---------------------------------------------------------------------------
+# Build and load
+# ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_failure: LaunchError | None = None
+_announced = False
+
+
+def target_accelerator() -> str | None:
+    """The accelerator the extension is built for: $MAX_SOFTMAX_TARGET_ACCELERATOR
+    (e.g. "sm_90"), else "auto" where MAX sees a GPU (the compiler targets the
+    GPU present, as for MAX's own extensions), else None: a CPU-only build."""
+    explicit = os.environ.get("MAX_SOFTMAX_TARGET_ACCELERATOR")
+    if explicit:
+        return explicit
+    return "auto" if gpu_available() else None
+
+
+def _target_key() -> str:
+    """What the compiled code depends on beyond the sources: the accelerator
+    and the host CPU (the build targets the host's CPU features, so a cache
+    shared by unlike machines must not mix them)."""
+    accelerator = target_accelerator()
+    if accelerator == "auto":
+        try:
+            from max.driver import accelerator_architecture_name
+
+            accelerator = f"auto:{accelerator_architecture_name()}"
+        except Exception:  # an old MAX: the GPU's name from the device
+            accelerator = f"auto:{max_device('gpu').architecture_name}"
+    return f"{accelerator or 'cpu-only'};{platform.machine()};{_host_cpu()}"
+
+
+def _host_cpu() -> str:
+    """The host CPU's model name (Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@cache
+def fingerprint() -> str:
+    """A hash of the kernel sources, compiler, extension source and target:
+    the built extension is reused only while it holds."""
+    digest = hashlib.sha256()
+    digest.update(kernels.sources_fingerprint().encode())
+    digest.update(EXTENSION_SOURCE.read_bytes())
+    digest.update(_target_key().encode())
+    return digest.hexdigest()[:16]
+
+
+def extension_path() -> Path:
+    """Where the built extension lives: the kernel cache, beside the
+    precompiled kernel library."""
+    return kernels.cache_dir() / f"max_softmax_torch_ext_{fingerprint()}.so"
+
+
+def _build_args(include: Path, output: Path) -> list[str]:
+    """The `mojo` command line (after `mojo`) that builds the extension."""
+    args = ["build", "-I", str(include)]
+    accelerator = target_accelerator()
+    if accelerator is None:
+        # No GPU to compile for: the GPU path is left out (it would fail
+        # with "target 'unknown' is not supported").
+        args += ["-D", "MAX_SOFTMAX_CPU_ONLY=1"]
+    elif accelerator != "auto":
+        args += ["--target-accelerator", accelerator]
+    return [*args, str(EXTENSION_SOURCE), "--emit", "shared-lib", "-o", str(output)]
+
+
+def _build(target: Path) -> None:
+    """Build the extension into `target`, published by an atomic rename so
+    concurrent processes never load half a file."""
+    try:
+        from mojo.paths import MojoCompilationError
+        from mojo.run import subprocess_run_mojo
+    except ImportError as err:  # pragma: no cover - max always brings mojo
+        raise LaunchError(f"max_softmax: the Mojo compiler is not installed ({err})") from err
+    where = target_accelerator() or "the CPU only"
+    kernels.announce(
+        f"building the torch launch extension for {where} (once per version, about a minute)"
+    )
+    staging = target.parent / f".staging-{os.getpid()}-{threading.get_ident()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    # The extension imports the kernels as package `op`; a wheel carries them
+    # as max_softmax/kernels_src, so the compiler gets a link named op.
+    include = staging / "include"
+    include.mkdir(exist_ok=True)
+    link = include / "op"
+    if not link.exists():
+        link.symlink_to(kernels.KERNEL_SOURCES, target_is_directory=True)
+    output = staging / target.name
+    args = _build_args(include, output)
+    try:
+        result = subprocess_run_mojo(args, capture_output=True, text=True)
+        if result.returncode != 0:
+            error = MojoCompilationError(EXTENSION_SOURCE, args, result.stdout, result.stderr)
+            raise LaunchError(f"max_softmax: building the torch launch extension failed:\n{error}")
+        os.replace(output, target)
+    except OSError as err:
+        raise LaunchError(
+            f"max_softmax: could not build the torch launch extension: {err}"
+        ) from err
+    finally:
+        output.unlink(missing_ok=True)
+        link.unlink(missing_ok=True)
+        for folder in (include, staging):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+_ENV_SET_BY_MOJO = ("PYTHONPATH", "PYTHONEXECUTABLE", "PYTHONHOME", "MOJO_PYTHON_LIBRARY")
+"""Variables Mojo's Python interop writes into the process environment when
+an extension module loads (seen: PYTHONPATH=":", PYTHONEXECUTABLE, the
+library path), put back as they were."""
+
+
+def _load(path: Path) -> ModuleType:
+    """Import the built extension from `path` (its init function names it
+    `torch_ext`; it is not entered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("torch_ext", path)
+    if spec is None or spec.loader is None:
+        raise LaunchError(f"max_softmax: cannot load the torch launch extension at {path}")
+    module = importlib.util.module_from_spec(spec)
+    saved = {name: os.environ.get(name) for name in _ENV_SET_BY_MOJO}
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        # Mojo's Python interop sets these in the C environment as it loads;
+        # every child process would inherit them, and PYTHONEXECUTABLE makes
+        # a virtualenv's python lose its site-packages.
+        for name, value in saved.items():
+            if value is None:
+                os.unsetenv(name)
+            else:
+                os.putenv(name, value)
+    return module
+
+
+def extension() -> ModuleType:
+    """The extension module, built on first use (once per version) and
+    loaded once per process; raises LaunchError where it cannot be built."""
+    global _module, _failure
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is None:
+            if _failure is not None:
+                raise _failure
+            try:
+                target = extension_path()
+                if not target.is_file():
+                    _build(target)
+                module = _load(target)
+            except LaunchError as err:
+                _failure = err
+                raise
+            except (OSError, ImportError) as err:
+                _failure = LaunchError(
+                    f"max_softmax: cannot load the torch launch extension: {err}"
+                )
+                raise _failure from err
+            _functions.update({name: getattr(module, name) for name in ROW_OPS})
+            _functions["cross_entropy"] = module.cross_entropy
+            _module = module
+    return _module
+
+
+def available(cuda: bool = False) -> bool:
+    """Whether the bridge should launch through the extension for CPU
+    tensors (or CUDA ones, `cuda`): switched on (MAX_SOFTMAX_TORCH_LAUNCH)
+    and built and loaded (building it on the first call). A failed build is
+    announced once; the bridge then uses `Model.execute`."""
+    global _announced
+    if not (CUDA_ENABLED if cuda else ENABLED):
+        return False
+    if _module is not None:
+        return True
+    if _failure is not None and _announced:  # the graph path, call after call
+        return False
+    try:
+        extension()
+    except LaunchError as err:
+        if not _announced:
+            _announced = True
+            kernels.announce(f"{err}; the torch bridge falls back to Model.execute")
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Devices and streams, cached
+# ---------------------------------------------------------------------------
+
+_functions: dict[str, Callable[..., Any]] = {}
+_gpu_contexts: dict[int, int] = {}
+_devices: list[Any] = []  # keeps each Device, owner of its context, alive
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+@cache
+def _cpu_context() -> int:
+    """MAX's CPU DeviceContext, as an address."""
+    return max_device("cpu")._device_context_ptr()
+
+
+def _gpu_context(index: int) -> int:
+    """MAX's DeviceContext for CUDA device `index` (its default queue, the
+    one MAX's models run on), as an address, made once per device."""
+    ctx = _gpu_contexts.get(index)
+    if ctx is None:
+        from max import driver
+
+        try:
+            dev = max_device("gpu") if index == 0 else driver.Accelerator(index)
+        except Exception as err:
+            raise LaunchError(f"max_softmax: MAX has no accelerator {index}: {err}") from err
+        _devices.append(dev)
+        ctx = _gpu_contexts[index] = dev.default_queue._device_context_ptr()
+    return ctx
+
+
+# ---------------------------------------------------------------------------
+# Calls
+# ---------------------------------------------------------------------------
+
+
+def _context_and_stream(t: torch.Tensor) -> tuple[int, int | None]:
+    """MAX's DeviceContext for `t`'s device, as an address, and torch's
+    current raw stream there (None on the CPU)."""
+    index = t.get_device()
+    if index < 0:
+        return _cpu_context(), None
+    return _gpu_contexts.get(index) or _gpu_context(index), _raw_stream(index)
+
+
+def run(op: str, out: torch.Tensor, *inputs: torch.Tensor, outer: int, n: int, inner: int) -> None:
+    """Write row op `op` (one of ROW_OPS) of `inputs` into `out`, all
+    contiguous (outer, n, inner) tensors of one dtype on one device (see the
+    module docstring for what the caller guarantees).
+
+    Forward ops take the input x; backward ops take the forward's output
+    (y, or log p) and dy, and write dx. On CUDA the op is queued in order on
+    torch's current stream of the device and `run` returns at once; on the
+    CPU it has run when `run` returns. Nothing is done when a dim is 0.
+    Raises LaunchError where the extension cannot be built or the launch
+    fails (e.g. a row too long for the GPU), ValueError for an unknown op,
+    TypeError for a dtype not in DTYPE_CODES.
+    """
+    if outer * n * inner == 0:
+        return
+    fn = _functions.get(op)
+    if fn is None:
+        extension()
+        fn = _functions.get(op)
+        if fn is None:
+            raise ValueError(f"max_softmax: no launch for op {op!r}; one of {ROW_OPS}")
+    code = DTYPE_CODES.get(out.dtype)
+    if code is None:
+        raise TypeError(f"max_softmax: no {op} launch for {out.dtype}")
+    ctx, stream = _context_and_stream(out)
+    try:
+        fn(
+            ctx,
+            stream,
+            code,
+            out.data_ptr(),
+            *[t.data_ptr() for t in inputs],
+            outer,
+            n,
+            inner,
+        )
+    except Exception as err:  # the extension raises plain Exception
+        raise LaunchError(str(err)) from None
+
+
+def cross_entropy(
+    loss: torch.Tensor,
+    dlogits: torch.Tensor | None,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    options: torch.Tensor,
+    reduction: str,
+) -> None:
+    """Cross-entropy of contiguous (rows, classes) `logits` against (rows,)
+    int64 `targets` into `loss` ((1,) for "mean"/"sum", (rows,) for "none"),
+    and d loss / d logits into `dlogits` where given. `options` is the
+    float64 (2,) tensor (ignore_index, label_smoothing) on the logits'
+    device. With no rows or no classes the loss is `EMPTY_LOSS[reduction]`
+    and dlogits zeros, as the bridge's graph path gives. Ordering and
+    guarantees as `run`."""
+    rows, classes = logits.shape
+    if rows == 0 or classes == 0:
+        loss.fill_(EMPTY_LOSS[reduction])
+        if dlogits is not None:
+            dlogits.zero_()
+        return
+    fn = _functions.get("cross_entropy")
+    if fn is None:
+        extension()
+        fn = _functions["cross_entropy"]
+    ctx, stream = _context_and_stream(logits)
+    try:
+        fn(
+            ctx,
+            stream,
+            DTYPE_CODES[logits.dtype],
+            REDUCTION_CODES[reduction],
+            loss.data_ptr(),
+            0 if dlogits is None else dlogits.data_ptr(),
+            logits.data_ptr(),
+            targets.data_ptr(),
+            options.data_ptr(),
+            rows,
+            classes,
+        )
+    except Exception as err:
+        raise LaunchError(str(err)) from None

@@ -1,0 +1,306 @@
+"""The torch bridge's launch path (torch_launch): every row op and dtype
+against torch's own kernels, odd and strided shapes, empty tensors, errors,
+cross-entropy. Skipped where torch is not installed; CUDA cases skip
+without a CUDA device. The extension is built once (cached across runs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
+tl = pytest.importorskip("max_softmax.torch_launch")
+
+from max_softmax.reference import (  # noqa: E402
+    backward_error_scale,
+    compare,
+    compare_cross_entropy,
+    cross_entropy_reference,
+)
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+# (outer, n, inner): one element, odd rows, a vocabulary row, along a
+# non-last axis (inner > 1: the strided kernels).
+SHAPES = [(1, 1, 1), (3, 1000, 1), (4, 50257, 1), (2, 7, 5), (3, 129, 4)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    """Build (or find in the cache) and load the extension once."""
+    return tl.extension()
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """`t` as a numpy array of the same dtype (bfloat16 through ml_dtypes)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _inputs(shape, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=gen, dtype=torch.float64) * 3).to(device, dtype)
+    dy = torch.randn(shape, generator=gen, dtype=torch.float64).to(device, dtype)
+    return x, dy
+
+
+def _assert_ok(c, what):
+    assert c.ok, (
+        f"{what}: max_abs_err={c.max_abs_err:.3g} max_rel_err={c.max_rel_err:.3g} "
+        f"nan_mismatches={c.nan_mismatches} (rtol={c.rtol}, atol={c.atol})"
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_forward_matches_torch(op, shape, dtype, device):
+    x, _ = _inputs(shape, dtype, device)
+    out = torch.empty_like(x)
+    tl.run(op, out, x, outer=shape[0], n=shape[1], inner=shape[2])
+    ref = getattr(torch, op)(x.double(), dim=1)
+    _assert_ok(compare(op, _np(out), _np(x), 1, ref=_np(ref)), f"{op} {dtype} {shape}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+def test_backward_matches_torch(op, shape, dtype, device):
+    """dx from the forward's output in `dtype` against torch's own backward
+    kernel of the same (a, dy) in float64, judged relative to the terms dx
+    subtracts (reference.backward_error_scale)."""
+    x, dy = _inputs(shape, dtype, device)
+    forward = op.removesuffix("_backward")
+    a = getattr(torch, forward)(x.double(), dim=1).to(dtype)
+    dx = torch.empty_like(a)
+    tl.run(op, dx, a, dy, outer=shape[0], n=shape[1], inner=shape[2])
+    torch_backward = (
+        torch._softmax_backward_data if forward == "softmax" else torch._log_softmax_backward_data
+    )
+    ref = torch_backward(dy.double(), a.double(), 1, torch.float64)
+    scale = backward_error_scale(op, _np(a), _np(dy), 1)
+    c = compare(op, _np(dx), _np(a), 1, ref=_np(ref), scale=scale)
+    _assert_ok(c, f"{op} {dtype} {shape}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_chain_matches_torch(device):
+    """The forward's output fed to the backward, as the bridge's autograd
+    Function does, against torch.autograd end to end."""
+    x, dy = _inputs((5, 300, 1), torch.float32, device, seed=1)
+    y = torch.empty_like(x)
+    dx = torch.empty_like(x)
+    tl.run("log_softmax", y, x, outer=5, n=300, inner=1)
+    tl.run("log_softmax_backward", dx, y, dy, outer=5, n=300, inner=1)
+    xr = x.double().requires_grad_()
+    torch.log_softmax(xr, dim=1).backward(dy.double())
+    torch.testing.assert_close(dx.double(), xr.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", [(0, 5, 1), (3, 0, 1), (3, 5, 0)], ids=str)
+def test_empty_does_nothing(dims, device):
+    out = torch.full(dims, 7.0, device=device)
+    x = torch.empty(dims, device=device)
+    tl.run("softmax", out, x, outer=dims[0], n=dims[1], inner=dims[2])
+    tl.run("softmax_backward", out, out, out, outer=dims[0], n=dims[1], inner=dims[2])
+    assert (out == 7.0).all()
+
+
+def test_unaligned_view():
+    """A view 4 bytes into its storage (the kernels must not assume 16-byte
+    alignment)."""
+    flat = torch.randn(2 * 3 * 1001 + 1)
+    x = flat[1 : 1 + 3 * 1001].view(3, 1001)
+    out = torch.empty(3 * 1001 + 1)[1:].view(3, 1001)
+    tl.run("softmax", out, x, outer=3, n=1001, inner=1)
+    torch.testing.assert_close(out, torch.softmax(x, dim=-1))
+
+
+def test_threads():
+    """Calls from several threads at once, small ones (which keep the GIL)
+    and large ones (which release it while the kernel runs)."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for rows in (2, 512, 3):
+                x = torch.randn(
+                    rows, 257, dtype=torch.float64, generator=torch.Generator().manual_seed(i)
+                )
+                out = torch.empty_like(x)
+                tl.run("softmax", out, x, outer=rows, n=257, inner=1)
+                torch.testing.assert_close(out, torch.softmax(x, dim=-1))
+        except BaseException as err:  # noqa: B036 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_errors_surface_as_exceptions():
+    x = torch.randn(2, 3)
+    with pytest.raises(ValueError, match="no launch for op"):
+        tl.run("softplus", x, x, outer=2, n=3, inner=1)
+    with pytest.raises(TypeError, match="int32"):
+        xi = torch.ones(2, 3, dtype=torch.int32)
+        tl.run("softmax", xi, xi, outer=2, n=3, inner=1)
+    # Raised inside Mojo, handed back as a Python exception.
+    with pytest.raises(tl.LaunchError, match="negative dims"):
+        tl.run("softmax", x, x, outer=-2, n=-3, inner=1)
+    ext = tl.extension()
+    with pytest.raises(Exception, match="unknown dtype code 9"):
+        ext.softmax(tl._cpu_context(), None, 9, x.data_ptr(), x.data_ptr(), 2, 3, 1)
+    with pytest.raises(Exception, match="null device context"):
+        ext.softmax(0, None, 0, x.data_ptr(), x.data_ptr(), 2, 3, 1)
+
+
+@pytest.mark.skipif(tl.target_accelerator() is not None, reason="the build has a GPU target")
+def test_cpu_only_build_refuses_a_gpu_launch():
+    x = torch.randn(2, 3)
+    with pytest.raises(Exception, match="without a GPU target"):
+        tl.extension().softmax(tl._cpu_context(), 0, 0, x.data_ptr(), x.data_ptr(), 2, 3, 1)
+
+
+def test_graph_fallback_switch(monkeypatch):
+    """MAX_SOFTMAX_TORCH_LAUNCH=graph turns the launch path off (the bridge
+    keeps Model.execute), "auto" (the default) launches CPU tensors only,
+    "extension" CUDA ones too; any other value is refused."""
+    import importlib
+
+    try:
+        monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "graph")
+        importlib.reload(tl)
+        assert not tl.ENABLED and not tl.available()
+        monkeypatch.delenv("MAX_SOFTMAX_TORCH_LAUNCH")
+        importlib.reload(tl)
+        assert tl.available() and not tl.available(cuda=True)
+        monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "extension")
+        importlib.reload(tl)
+        assert tl.available() and tl.CUDA_ENABLED
+        monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "fast")
+        with pytest.raises(ValueError, match="MAX_SOFTMAX_TORCH_LAUNCH"):
+            importlib.reload(tl)
+    finally:
+        monkeypatch.delenv("MAX_SOFTMAX_TORCH_LAUNCH", raising=False)
+        importlib.reload(tl)
+    assert tl.ENABLED and tl.available()
+
+
+def test_failed_build_falls_back_once(monkeypatch, tmp_path, capsys):
+    """Where the extension cannot be built, available() is False (the bridge
+    keeps Model.execute), the failure is announced once, and extension()
+    raises it."""
+
+    def fail(target):
+        raise tl.LaunchError("max_softmax: no compiler here")
+
+    monkeypatch.delenv("MAX_SOFTMAX_QUIET", raising=False)
+    monkeypatch.setattr(tl, "_module", None)
+    monkeypatch.setattr(tl, "_failure", None)
+    monkeypatch.setattr(tl, "_announced", False)
+    monkeypatch.setattr(tl, "extension_path", lambda: tmp_path / "missing.so")
+    monkeypatch.setattr(tl, "_build", fail)
+    assert not tl.available() and not tl.available()
+    assert capsys.readouterr().err.count("no compiler here") == 1
+    with pytest.raises(tl.LaunchError, match="no compiler here"):
+        tl.extension()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_cross_entropy_matches_reference(with_grad, reduction, dtype, device):
+    rows, classes, ignore, eps = 37, 1000, 3, 0.1
+    gen = torch.Generator().manual_seed(2)
+    logits = (torch.randn(rows, classes, generator=gen, dtype=torch.float64) * 3).to(device, dtype)
+    targets = torch.randint(0, classes, (rows,), generator=gen)
+    targets[::5] = ignore
+    targets = targets.to(device)
+    options = torch.tensor([ignore, eps], dtype=torch.float64, device=device)
+    loss = torch.empty((rows,) if reduction == "none" else (1,), dtype=dtype, device=device)
+    dlogits = torch.empty_like(logits) if with_grad else None
+    tl.cross_entropy(loss, dlogits, logits, targets, options, reduction)
+    want_loss, want_grad = cross_entropy_reference(
+        _np(logits), targets.cpu().numpy(), ignore, reduction, eps
+    )
+    got_grad = _np(dlogits) if with_grad else want_grad
+    ok, loss_err, grad_err = compare_cross_entropy(
+        _np(loss).reshape(np.shape(want_loss)), got_grad, want_loss, want_grad, str(dtype)[6:]
+    )
+    assert ok, f"loss error {loss_err:.3g}, dlogits error {grad_err:.3g}"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_empty(reduction):
+    logits = torch.empty(0, 10)
+    loss = torch.empty((0,) if reduction == "none" else (1,))
+    dlogits = torch.empty_like(logits)
+    options = torch.tensor([-100, 0.0], dtype=torch.float64)
+    tl.cross_entropy(loss, dlogits, logits, torch.empty(0, dtype=torch.int64), options, reduction)
+    if reduction == "mean":
+        assert torch.isnan(loss).all()
+    elif reduction == "sum":
+        assert loss.item() == 0.0
+
+
+@CUDA
+def test_cuda_stream_ordering():
+    """A long torch op queued before the launch, and a consumer after it,
+    on a non-default torch stream: the launch sees the producer's result and
+    the consumer sees the launch's."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        big = torch.randn(4096, 4096, device="cuda")
+        x = torch.empty(64, 4096, device="cuda")
+        out = torch.empty_like(x)
+        for _ in range(3):
+            big @ big  # keeps the stream busy
+            x.fill_(1.0)  # queued before the launch
+            tl.run("softmax", out, x, outer=64, n=4096, inner=1)
+            got = out * 4096  # queued after: must see 1/4096 * 4096
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, torch.ones_like(got))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="fewer than two CUDA devices")
+def test_second_cuda_device():
+    x, _ = _inputs((3, 1000, 1), torch.float32, "cuda:1")
+    out = torch.empty_like(x)
+    tl.run("softmax", out, x, outer=3, n=1000, inner=1)
+    torch.testing.assert_close(out, torch.softmax(x, dim=1))
+
+
+def test_loading_leaves_child_processes_environment_alone():
+    """Mojo's Python interop writes PYTHONEXECUTABLE, PYTHONPATH and the
+    library path into the C environment as the extension loads; children
+    would inherit them (a virtualenv's python then lost its packages).
+    The loader puts them back."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tl.extension()
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    child = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    for name in tl._ENV_SET_BY_MOJO:
+        assert child.get(name) == os.environ.get(name), name
