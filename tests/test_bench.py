@@ -20,7 +20,13 @@ from max_softmax.bench.latency import latency_table
 from max_softmax.bench.measure import measure_replay
 from max_softmax.bench.record import RUN_KEYS, append_record, run_kind, tracked_files
 from max_softmax.bench.report import document, plot
-from max_softmax.reference import backward_reference, cross_entropy_reference, reference
+from max_softmax.bench.workloads import MASK_SCALE
+from max_softmax.reference import (
+    backward_reference,
+    cross_entropy_reference,
+    masked_reference,
+    reference,
+)
 
 SHAPE = "4096 x 1024"
 
@@ -35,6 +41,10 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
         return
     if op == "softmax":
         right = reference("softmax", inputs[0], -1)
+    elif op in ("masked_softmax", "causal_softmax"):
+        mask = inputs[1] if op == "masked_softmax" else None
+        causal = op == "causal_softmax"
+        right = masked_reference("softmax", inputs[0], -1, MASK_SCALE, mask, causal)
     elif op == "torch_fwd_bwd":
         y = reference("softmax", inputs[0], -1)
         right = backward_reference("softmax_backward", y, inputs[1], -1)

@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(WORKLOADS),
         default="softmax",
         help="what a call computes (the backward ops: 3 tensors; torch_fwd_bwd: 5; "
-        "cross_entropy: loss and dlogits, 2 x logits)",
+        "cross_entropy: loss and dlogits, 2 x logits; masked_softmax: softmax(x * 0.125 + "
+        "mask), 3; causal_softmax: 2)",
     )
     p.add_argument(
         "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"

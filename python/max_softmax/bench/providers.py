@@ -24,7 +24,7 @@ from ..models import build_graph, compiled, device_ref
 from ..ops import cross_entropy_with_grad
 from ..registry import OPS
 from .progress import say
-from .workloads import BACKWARD_OPS, CHECK_ROWS, IGNORE_INDEX, WORKLOADS
+from .workloads import BACKWARD_OPS, CHECK_ROWS, IGNORE_INDEX, MASK_SCALE, WORKLOADS
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves
 # MAX's allocator for the large shapes measured after it.
@@ -81,7 +81,7 @@ class MaxGraphProvider(Provider):
                 f"loading {self.name}'s {k}-op {self.op} graph ({self.dtype}) for {self.kind} "
                 "(a first compile can take ~30 s)..."
             )
-        spec, variant, ours, arity = OPS[self.op], self.variant, self.ours, self.arity
+        spec, variant, ours, arity = OPS.get(self.op), self.variant, self.ours, self.arity
 
         def body(*xs: Any) -> list[Any]:
             from max.graph import ops as max_ops
@@ -93,6 +93,8 @@ class MaxGraphProvider(Provider):
                     for g in groups
                     for out in cross_entropy_with_grad(*g, ignore_index=IGNORE_INDEX)
                 ]
+            if self.op in MASKED_OPS:
+                return [_masked_graph(self.op, ours, *g) for g in groups]
             if not ours:
                 return [max_ops.softmax(g[0], axis=-1) for g in groups]
             kw = {"variant": variant} if spec.has_variants and variant != "auto" else {}
@@ -140,6 +142,24 @@ class MaxGraphProvider(Provider):
         return to_numpy(self.last[0])
 
 
+MASKED_OPS = ("masked_softmax", "causal_softmax")
+"""The bench's scaled + masked / causal softmax workloads."""
+
+
+def _masked_graph(op: str, ours: bool, x: Any, mask: Any = None) -> Any:
+    """One masked workload op in a graph: ours fused, or MAX's built-in
+    softmax of the unfused expression (which MAX fuses into its kernel)."""
+    from max.graph import ops as max_ops
+
+    from ..ops import softmax
+
+    if ours:
+        if op == "causal_softmax":
+            return softmax(x, scale=MASK_SCALE, causal=True)
+        return softmax(x, scale=MASK_SCALE, mask=mask)
+    return max_ops.softmax(x * MASK_SCALE + mask, axis=-1)
+
+
 class TorchProvider(Provider):
     """torch: the device-copy roof (copy=True), torch.softmax, its backward,
     or a forward + backward step through autograd."""
@@ -156,6 +176,26 @@ class TorchProvider(Provider):
         """The forward this provider differentiates (torch's own here)."""
         return self.torch.softmax(x, dim=-1)
 
+    def masked(self, x: Any, mask: Any = None) -> Any:
+        """The masked workloads, unfused: softmax(x * scale + mask), or
+        x * scale with the upper triangle filled with -inf (causal)."""
+        return self.expression(x, mask, self._upper(x) if mask is None else None)
+
+    def expression(self, x: Any, mask: Any, upper: Any) -> Any:
+        """softmax(x * scale + mask), or of x * scale with `upper` (j > i) dropped."""
+        t = self.torch
+        if mask is None:
+            return t.softmax((x * MASK_SCALE).masked_fill(upper, -t.inf), dim=-1)
+        return t.softmax(x * MASK_SCALE + mask, dim=-1)
+
+    def _upper(self, x: Any) -> Any:
+        """The causal workload's dropped positions (j > i), made once a shape."""
+        if getattr(self, "_upper_mask", None) is None or self._upper_mask.shape != x.shape:
+            t = self.torch
+            ones = t.ones(x.shape, dtype=t.bool, device=x.device)
+            self._upper_mask = t.triu(ones, diagonal=1)
+        return self._upper_mask
+
     def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
         """Copy the inputs into torch tensors on the device."""
         t = self.torch
@@ -170,6 +210,8 @@ class TorchProvider(Provider):
                 self.ys[i].copy_(case[0])
             elif self.op == "softmax":
                 self.ys[i] = self.softmax(case[0])
+            elif self.op in MASKED_OPS:
+                self.ys[i] = self.masked(*case)
             elif self.op == "softmax_backward":
                 y, dy = case
                 self.ys[i] = t._softmax_backward_data(dy, y, -1, y.dtype)
@@ -202,6 +244,22 @@ class BridgeProvider(TorchProvider):
     def softmax(self, x: Any) -> Any:
         """Our softmax, through the torch bridge."""
         return self.bridge.softmax(x, dim=-1)
+
+    def masked(self, x: Any, mask: Any = None) -> Any:
+        """Our fused masked / causal softmax, through the torch bridge."""
+        if mask is None:
+            return self.bridge.softmax(x, dim=-1, scale=MASK_SCALE, causal=True)
+        return self.bridge.softmax(x, dim=-1, scale=MASK_SCALE, mask=mask)
+
+
+class CompiledMasked(TorchProvider):
+    """torch.compile of the unfused masked expression (Inductor fuses the
+    scale, the mask and the softmax into its own kernels)."""
+
+    def __init__(self, kind: str, op: str) -> None:
+        super().__init__(kind, op=op)
+        self.name = "torch.compile"
+        self.expression = self.torch.compile(TorchProvider.expression.__get__(self))
 
 
 class TritonProvider(TorchProvider):
@@ -456,6 +514,17 @@ def make_providers(
         out.append(lambda: NumpyProvider("copy"))
     if op == "cross_entropy":
         return out + _cross_entropy_providers(kind, dtype, have)
+    if op in MASKED_OPS:
+        out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
+        if op == "masked_softmax":
+            out.append(partial(MaxGraphProvider, kind, dtype, ours=False, op=op))
+        if "torch" in have:
+            out.append(lambda: TorchProvider(kind, op=op))
+            if kind == "gpu":
+                out.append(lambda: CompiledMasked(kind, op))
+            if bridge:
+                out.append(lambda: BridgeProvider(kind, op))
+        return out
     if op == "torch_fwd_bwd":
         if "torch" in have:
             out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]

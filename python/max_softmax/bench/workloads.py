@@ -19,6 +19,7 @@ from ..reference import (
     compare_backward,
     compare_cross_entropy,
     cross_entropy_reference,
+    masked_reference,
     reference,
 )
 from ..registry import OPS
@@ -83,6 +84,12 @@ L2_BYTES = 50 << 20
 CHECK_ROWS = 64
 """Rows of each provider's output checked against the float64 reference."""
 
+MASK_SCALE = 0.125
+"""The scale of the masked workloads (1 / sqrt(64), attention's head size 64)."""
+
+MASK_DROPPED = 0.1
+"""About this share of the masked workload's additive mask is -inf."""
+
 
 BACKWARD_OPS = tuple(spec.backward for spec in OPS.values() if spec.backward)
 """The ops that read a forward's output and dy and write dx (the registry's
@@ -105,8 +112,12 @@ class Workload:
         """Fresh random inputs of one call: (x,), (y, dy), (x, dy) or
         (logits, targets)."""
         x = (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
-        if self.op == "softmax":
+        if self.op in ("softmax", "causal_softmax"):
             return (x,)
+        if self.op == "masked_softmax":  # an additive float mask shaped like x
+            m = rng.standard_normal((rows, n), dtype=np.float32)
+            m[rng.random((rows, n)) < MASK_DROPPED] = -np.inf
+            return (x, m.astype(x.dtype))
         if self.op == "cross_entropy":
             return (x, cross_entropy_targets(rng, rows, n))
         dy = rng.standard_normal((rows, n), dtype=np.float32).astype(DTYPE_NAMES[dtype])
@@ -125,7 +136,14 @@ class Workload:
             return check_cross_entropy(got[0], got[1], inputs[0], inputs[1])
         got = got[:CHECK_ROWS]
         first = [a[:CHECK_ROWS] for a in inputs]
-        if self.op == "softmax":
+        if self.op in ("masked_softmax", "causal_softmax"):
+            mask = first[1] if self.op == "masked_softmax" else None
+            # Causal over the whole (rows, n) matrix: its first rows keep j <= i.
+            want = masked_reference(
+                "softmax", first[0], -1, MASK_SCALE, mask, self.op == "causal_softmax"
+            )
+            c = compare("softmax", got, first[0], -1, ref=want)
+        elif self.op == "softmax":
             c = compare("softmax", got, first[0], -1)
         else:
             y, dy = first
@@ -208,6 +226,22 @@ WORKLOADS: dict[str, Workload] = {
         "cross_entropy: one call = the mean loss and its gradient dlogits of (rows, N) "
         "logits and int64 targets (5% ignore_index); GB/s = 2 x logits bytes / time, as a "
         "fused kernel reads the logits once and writes dlogits once (targets not counted).",
+    ),
+    "masked_softmax": Workload(
+        "masked_softmax",
+        3,
+        2,
+        f"masked_softmax: softmax(x * {MASK_SCALE} + mask), the additive float mask shaped "
+        "like x (10% -inf); GB/s = 3 x tensor bytes / time (x and mask read, y written). "
+        "Peers compute the unfused expression (MAX's built-in fuses it into its softmax).",
+    ),
+    "causal_softmax": Workload(
+        "causal_softmax",
+        2,
+        1,
+        f"causal_softmax: softmax(x * {MASK_SCALE}) keeping j <= i over the (rows, N) matrix "
+        "(a causal mask computed, not read); GB/s = 2 x tensor bytes / time. Peers: torch's "
+        "masked_fill with a precomputed boolean mask, torch.compile of the same.",
     ),
 }
 """Every `--op`, by name."""
