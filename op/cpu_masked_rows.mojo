@@ -180,6 +180,13 @@ def _write[
             y[unsafe_offset=j] = ((v - shift) - rs).cast[dtype]()
         else:
             y[unsafe_offset=j] = (v * rs).cast[dtype]()
-    var fill = Scalar[dtype](-inf[dtype]()) if log_out else Scalar[dtype](0)
+    # A dropped position's value, computed as a kept one would be: 0 or
+    # -inf, but NaN in a row made NaN by a kept NaN or +inf (as the GPU
+    # kernel and the reference give).
+    var fill = (
+        ((-inf[acc]() - shift) - rs)
+        .cast[dtype]() if log_out else (Scalar[acc](0) * rs)
+        .cast[dtype]()
+    )
     for j in range(count, n):
         y[unsafe_offset=j] = fill

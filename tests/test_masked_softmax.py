@@ -136,6 +136,11 @@ def test_nan_and_inf_kept_make_the_row_nan(device, op):
     keep = np.ones((3, 8), dtype=bool)
     got = check(op, x, device, mask=keep)
     assert np.isnan(got[:2]).all() and not np.isnan(got[2]).any()
+    # Causal: the positions past the diagonal of a NaN row are NaN too.
+    x = np.zeros((1, 4, 4), dtype=np.float32)
+    x[0, 2, 0], x[0, 3, 1] = np.nan, np.inf
+    got = check(op, x, device, causal=True)
+    assert np.isnan(got[0, 2:]).all() and not np.isnan(got[0, :2]).any()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -312,7 +312,8 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 @cache
 def _cpu_context() -> int:
-    """MAX's CPU DeviceContext, as an address."""
+    """MAX's CPU DeviceContext, as an address (its owner, the cached
+    `devices.device("cpu")`, lives as long as the process)."""
     return max_device("cpu")._device_context_ptr()
 
 

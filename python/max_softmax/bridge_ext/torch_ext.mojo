@@ -157,10 +157,16 @@ def _torch_first(
 
 def _torch_after(ctx: DeviceContext, ts: DeviceStream) raises:
     """Torch's stream waits for what MAX's queue holds so far (a wait copies
-    the event's state when queued, so the event may go at once)."""
-    var after = ctx.create_event()
-    ctx.stream().record_event(after)
-    ts.enqueue_wait_for(after)
+    the event's state when queued, so the event may go at once). Where the
+    events fail, the host waits for MAX's queue before raising: torch must
+    not reuse memory a queued kernel still writes."""
+    try:
+        var after = ctx.create_event()
+        ctx.stream().record_event(after)
+        ts.enqueue_wait_for(after)
+    except e:
+        ctx.synchronize()
+        raise e^
 
 
 # ===----------------------------------------------------------------------=== #
