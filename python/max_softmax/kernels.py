@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import sys
 import threading
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -89,33 +90,42 @@ def kernel_library() -> Path:
 
 
 def _precompile(target: Path) -> None:
-    """Build `target` with `mojo precompile`, published by an atomic rename so
-    concurrent processes never read half a file."""
+    """Build `target` with `mojo precompile` (`build_into`)."""
     try:
-        from mojo.paths import MojoCompilationError
-        from mojo.run import subprocess_run_mojo
+        from mojo.run import subprocess_run_mojo  # noqa: F401 - is the compiler here?
     except ImportError:  # pragma: no cover - max always brings mojo
         return
     announce("precompiling the kernel library (once per version, ~3-5 s)")
-    # The compiler names the module after the output file (so the name must
-    # be an identifier), and the loader checks it: the
-    # staging file carries the final name, in a private directory.
-    staging = target.parent / f".staging-{os.getpid()}-{threading.get_ident()}" / target.name
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    args = ["precompile", str(KERNEL_SOURCES), "-o", str(staging)]
     try:
-        result = subprocess_run_mojo(args, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise MojoCompilationError(KERNEL_SOURCES, args, result.stdout, result.stderr)
-        os.replace(staging, target)
+        build_into(
+            target, KERNEL_SOURCES, lambda out: ["precompile", str(KERNEL_SOURCES), "-o", str(out)]
+        )
     except (OSError, RuntimeError) as err:  # no compiler here: MAX packages the sources
         announce(f"could not precompile the kernels ({err}); using the sources")
+
+
+def build_into(target: Path, source: Path, args: Callable[[Path], list[str]]) -> None:
+    """Run `mojo *args(output)` and publish `output` as `target` by an atomic
+    rename, so concurrent processes never read half a file. `output` carries
+    the final name (the compiler names a module after its file) in a private
+    staging directory, which `args` may also use and which is removed after.
+    Raises MojoCompilationError (naming `source`) when the compiler fails."""
+    import shutil
+
+    from mojo.paths import MojoCompilationError
+    from mojo.run import subprocess_run_mojo
+
+    staging = target.parent / f".staging-{os.getpid()}-{threading.get_ident()}"
+    output = staging / target.name
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        cmd = args(output)
+        result = subprocess_run_mojo(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise MojoCompilationError(source, cmd, result.stdout, result.stderr)
+        os.replace(output, target)
     finally:
-        staging.unlink(missing_ok=True)
-        try:
-            staging.parent.rmdir()
-        except OSError:
-            pass
+        shutil.rmtree(staging, ignore_errors=True)  # links inside are unlinked, not followed
 
 
 def is_kernel_library(path: Path) -> bool:

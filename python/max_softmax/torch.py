@@ -95,16 +95,21 @@ def _register(name: str) -> object:
 _TORCH_OPS = {name: _register(name) for name, spec in OPS.items() if spec.kind == "row"}
 
 
-def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """A contiguous (outer, n, inner) view of `t` along `dim`."""
-    shape = t.shape
+def _dims(shape: torch.Size, dim: int) -> tuple[int, int, int]:
+    """The (outer, n, inner) dims of `shape` along `dim` (>= 0), without
+    numpy: this is the bridge's per-call path."""
     outer = 1
     for s in shape[:dim]:
         outer *= s
     inner = 1
     for s in shape[dim + 1 :]:
         inner *= s
-    return t.contiguous().view(outer, shape[dim], inner)
+    return outer, shape[dim], inner
+
+
+def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """A contiguous (outer, n, inner) view of `t` along `dim`."""
+    return t.contiguous().view(*_dims(t.shape, dim))
 
 
 def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
@@ -130,12 +135,7 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
         return out
     if torch_launch.available(first.is_cuda) and not torch.compiler.is_compiling():
         # Raw addresses and dims: no (outer, n, inner) views to make.
-        shape = first.shape
-        n = shape[dim]
-        inner = 1
-        for s in shape[dim + 1 :]:
-            inner *= s
-        outer = first.numel() // (n * inner)
+        outer, n, inner = _dims(first.shape, dim)
         srcs = [t.detach().contiguous() for t in tensors]
         torch_launch.run(name, out, *srcs, outer=outer, n=n, inner=inner)
         return out

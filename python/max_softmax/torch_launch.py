@@ -179,46 +179,34 @@ def _build_args(include: Path, output: Path) -> list[str]:
 
 
 def _build(target: Path) -> None:
-    """Build the extension into `target`, published by an atomic rename so
-    concurrent processes never load half a file."""
+    """Build the extension into `target` (`kernels.build_into`)."""
     try:
         from mojo.paths import MojoCompilationError
-        from mojo.run import subprocess_run_mojo
     except ImportError as err:  # pragma: no cover - max always brings mojo
         raise LaunchError(f"max_softmax: the Mojo compiler is not installed ({err})") from err
     where = target_accelerator() or "the CPU only"
     kernels.announce(
         f"building the torch launch extension for {where} (once per version, about a minute)"
     )
-    staging = target.parent / f".staging-{os.getpid()}-{threading.get_ident()}"
-    staging.mkdir(parents=True, exist_ok=True)
-    # The extension imports the kernels as package `op`; a wheel carries them
-    # as max_softmax/kernels_src, so the compiler gets a link named op.
-    include = staging / "include"
-    include.mkdir(exist_ok=True)
-    link = include / "op"
-    if not link.exists():
-        link.symlink_to(kernels.KERNEL_SOURCES, target_is_directory=True)
-    output = staging / target.name
-    args = _build_args(include, output)
+
+    def args(output: Path) -> list[str]:
+        # The extension imports the kernels as package `op`; a wheel carries
+        # them as max_softmax/kernels_src, so the compiler gets a link named op.
+        include = output.parent / "include"
+        include.mkdir(exist_ok=True)
+        (include / "op").symlink_to(kernels.KERNEL_SOURCES, target_is_directory=True)
+        return _build_args(include, output)
+
     try:
-        result = subprocess_run_mojo(args, capture_output=True, text=True)
-        if result.returncode != 0:
-            error = MojoCompilationError(EXTENSION_SOURCE, args, result.stdout, result.stderr)
-            raise LaunchError(f"max_softmax: building the torch launch extension failed:\n{error}")
-        os.replace(output, target)
+        kernels.build_into(target, EXTENSION_SOURCE, args)
+    except MojoCompilationError as error:
+        raise LaunchError(
+            f"max_softmax: building the torch launch extension failed:\n{error}"
+        ) from error
     except OSError as err:
         raise LaunchError(
             f"max_softmax: could not build the torch launch extension: {err}"
         ) from err
-    finally:
-        output.unlink(missing_ok=True)
-        link.unlink(missing_ok=True)
-        for folder in (include, staging):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
 
 
 _ENV_SET_BY_MOJO = ("PYTHONPATH", "PYTHONEXECUTABLE", "PYTHONHOME", "MOJO_PYTHON_LIBRARY")
