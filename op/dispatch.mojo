@@ -18,7 +18,7 @@ tensors (y or log p, and dy) held, each read once:
 
 | rows of length n          | backward kernel (file)                   |
 |---------------------------|------------------------------------------|
-| n <= 512*32 values        | register plans at 32 registers a tensor (gpu_backward_rows) |
+| n <= 16K fp32/fp64, 32K 16-bit | register plans, 32 registers of each tensor held (16-bit held raw) (gpu_backward_rows) |
 | rows >= 264, n <= ~37K fp32 / ~74K 16-bit | block per row, both tensors on chip (gpu_backward_smem_rows) |
 | fewer rows, or longer, to 8 MB a row | the split stream with both tensors' chunks (24 KB fp32, 12 KB 16-bit each) (gpu_backward_stream_rows) |
 | rows over 8 MB            | block per row, reading the row twice (gpu_backward_rows) |

@@ -1,15 +1,15 @@
 """Backward rows kept on chip, both tensors: a block a row reads y (or
 log p) and dy once.
 
-Rows too long for the backward's register plans (over 16K values) whose
-two tensors fit one SM together (to ~37K float32 or ~74K 16-bit values,
-e.g. bfloat16 50257: 201 KB of both) get a block of 512 or 1024 threads
-each, as the forward's gpu_smem_rows: each thread keeps its first
-`REG_CHUNKS / 2` vectors of each tensor in registers (the forward's 16
-registers of row values), the rest of both rows goes to dynamic shared
-memory by cp.async (`start_row_copy`), a's part then dy's. The row sum of
-`backward_term` is reduced over the on-chip copy and dx written from it:
-3 transfers instead of the block-per-row kernel's 5.
+Rows too long for the backward's register plans (over 16K float32 or 32K
+16-bit values) whose two tensors fit one SM together (to ~37K float32 or
+~74K 16-bit values, e.g. bfloat16 50257: 201 KB of both) get a block of
+512 or 1024 threads each, as the forward's gpu_smem_rows: each thread
+keeps its first `REG_CHUNKS / 2` vectors of each tensor in registers (the
+forward's 16 registers of row values), the rest of both rows goes to
+dynamic shared memory by cp.async (`start_row_copy`), a's part then dy's.
+The row sum of `backward_term` is reduced over the on-chip copy and dx
+written from it: 3 transfers instead of the block-per-row kernel's 5.
 
 Rows need not start 16-byte aligned: as in the forward, each row is a
 scalar head up to its first aligned element, an aligned vector body, and a
@@ -49,6 +49,190 @@ def load_vector[
     return x.unsafe_offset(e).unsafe_load[width=V, alignment=16]()
 
 
+@always_inline
+def _sum_aligned_part[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    ra: Pointer[Scalar[dtype], MutAnyOrigin],
+    rg: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem_a: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    smem_g: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    mut regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    mut regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 1 over the aligned part of both rows (from `ra + head`, `rg +
+    head`): thread `t`'s first vectors of each into `regs_a` and `regs_g`,
+    the rest into `smem_a` and `smem_g`, and the sum of their
+    `backward_term`. The shared-memory part starts first (cp.async), so the
+    register part lands while it streams in."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = BACKWARD_REG_CHUNKS
+    start_row_copy[dtype, V, T, R](ra, smem_a, t, head, nvec)
+    start_row_copy[dtype, V, T, R](rg, smem_g, t, head, nvec)
+    var s = Scalar[acc](0)
+    comptime for k in range(R):
+        var i = k * T + t
+        if i < nvec:
+            var va = load_vector[dtype, V](ra, head + i * V)
+            var vg = load_vector[dtype, V](rg, head + i * V)
+            regs_a = regs_a.insert[offset=k * V](va)
+            regs_g = regs_g.insert[offset=k * V](vg)
+            s += backward_term[log_in, acc, V](
+                va.cast[acc](), vg.cast[acc]()
+            ).reduce_add()
+    async_copy_wait_all()
+    for i in range(R * T + t, nvec, T):
+        var at = (i - R * T) * V
+        s += backward_term[log_in, acc, V](
+            smem_a.unsafe_offset(at)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc](),
+            smem_g.unsafe_offset(at)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc](),
+        ).reduce_add()
+    return s
+
+
+@always_inline
+def _load_edges[
+    dtype: DType, V: Int
+](
+    ra: Pointer[Scalar[dtype], MutAnyOrigin],
+    rg: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int,
+    len: Int,
+    head: Int,
+    tail_begin: Int,
+    mut edge_a: SIMD[accum_dtype[dtype](), 2],
+    mut edge_g: SIMD[accum_dtype[dtype](), 2],
+):
+    """Thread `t`'s element of each row's head (before its first 16-byte
+    boundary, when that is under V elements) into `[0]` of `edge_a` and
+    `edge_g`, and of its tail (after the last whole vector) into `[1]`;
+    where it has none they keep their 0, which adds 0 to either sum (dy *
+    y, or dy)."""
+    comptime acc = accum_dtype[dtype]()
+    if t < head and head < V:
+        edge_a[0] = ra[unsafe_offset=t].cast[acc]()
+        edge_g[0] = rg[unsafe_offset=t].cast[acc]()
+    if tail_begin + t < len:
+        edge_a[1] = ra[unsafe_offset=tail_begin + t].cast[acc]()
+        edge_g[1] = rg[unsafe_offset=tail_begin + t].cast[acc]()
+
+
+@always_inline
+def _add_scalar_head[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    ra: Pointer[Scalar[dtype], MutAnyOrigin],
+    rg: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int,
+    head: Int,
+    s: Scalar[accum_dtype[dtype]()],
+) -> Scalar[accum_dtype[dtype]()]:
+    """`s` plus thread `t`'s `backward_term` over a head of V elements or
+    more (the whole row when the buffers are unaligned), element by
+    element past the first, which `_load_edges` holds."""
+    comptime acc = accum_dtype[dtype]()
+    var sum = s
+    for e in range(t + (T if head < V else 0), head, T):
+        sum += backward_term[log_in, acc, 1](
+            ra[unsafe_offset=e].cast[acc](), rg[unsafe_offset=e].cast[acc]()
+        )
+    return sum
+
+
+@always_inline
+def _write_aligned_part[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    rdx: Pointer[Scalar[dtype], MutAnyOrigin],
+    regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    smem_a: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    smem_g: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    total: Scalar[accum_dtype[dtype]()],
+):
+    """Sweep 2 over the aligned part: thread `t`'s vectors of dx (from `rdx
+    + head`), from the registers and shared memory `_sum_aligned_part`
+    filled."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = BACKWARD_REG_CHUNKS
+    comptime for k in range(R):
+        var i = k * T + t
+        if i < nvec:
+            rdx.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+                backward_out[log_in, acc, V](
+                    regs_a.slice[V, offset=k * V]().cast[acc](),
+                    regs_g.slice[V, offset=k * V]().cast[acc](),
+                    total,
+                ).cast[dtype]()
+            )
+    for i in range(R * T + t, nvec, T):
+        var at = (i - R * T) * V
+        rdx.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+            backward_out[log_in, acc, V](
+                smem_a.unsafe_offset(at)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
+                smem_g.unsafe_offset(at)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc](),
+                total,
+            ).cast[dtype]()
+        )
+
+
+@always_inline
+def _write_scalar_parts[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    rdx: Pointer[Scalar[dtype], MutAnyOrigin],
+    ra: Pointer[Scalar[dtype], MutAnyOrigin],
+    rg: Pointer[Scalar[dtype], MutAnyOrigin],
+    edge_a: SIMD[accum_dtype[dtype](), 2],
+    edge_g: SIMD[accum_dtype[dtype](), 2],
+    t: Int,
+    len: Int,
+    head: Int,
+    tail_begin: Int,
+    total: Scalar[accum_dtype[dtype]()],
+):
+    """Sweep 2 outside the aligned part: thread `t`'s elements of dx in the
+    head and tail (from the edges `_load_edges` got) and, for a head of V
+    elements or more, re-read element by element as `_add_scalar_head`
+    read them."""
+    comptime acc = accum_dtype[dtype]()
+    var edges = backward_out[log_in, acc, 2](edge_a, edge_g, total).cast[
+        dtype
+    ]()
+    if t < head and head < V:
+        rdx[unsafe_offset=t] = edges[0]
+    if tail_begin + t < len:
+        rdx[unsafe_offset=tail_begin + t] = edges[1]
+    for e in range(t + (T if head < V else 0), head, T):
+        rdx[unsafe_offset=e] = backward_out[log_in, acc, 1](
+            ra[unsafe_offset=e].cast[acc](),
+            rg[unsafe_offset=e].cast[acc](),
+            total,
+        ).cast[dtype]()
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
@@ -86,7 +270,7 @@ def backward_smem_kernel[
     var start = Int(block_idx.x) * len
     var ra = a.unsafe_offset(start)
     var rg = dy.unsafe_offset(start)
-    var out = dx.unsafe_offset(start)
+    var rdx = dx.unsafe_offset(start)
     # head: elements before the row's first 16-byte boundary (all of them
     # when the buffers themselves are unaligned: scalar throughout).
     var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
@@ -97,89 +281,28 @@ def backward_smem_kernel[
     ]()
     # dy's shared part follows a's: a whole number of 16-byte vectors.
     var smem_g = smem_a.unsafe_offset(max(0, nvec - R * T) * V)
-    start_row_copy[dtype, V, T, R](ra, smem_a, t, head, nvec)
-    start_row_copy[dtype, V, T, R](rg, smem_g, t, head, nvec)
 
-    # Sweep 1: the register part lands while the shared part streams in;
-    # the row's terms, summed over the on-chip copy.
+    # Sweep 1: the row's terms, summed over the on-chip copy.
     var regs_a = SIMD[dtype, V * R](0)
     var regs_g = SIMD[dtype, V * R](0)
-    var s = Scalar[acc](0)
-    comptime for k in range(R):
-        var i = k * T + t
-        if i < nvec:
-            var va = load_vector[dtype, V](ra, head + i * V)
-            var vg = load_vector[dtype, V](rg, head + i * V)
-            regs_a = regs_a.insert[offset=k * V](va)
-            regs_g = regs_g.insert[offset=k * V](vg)
-            s += backward_term[log_in, acc, V](
-                va.cast[acc](), vg.cast[acc]()
-            ).reduce_add()
-    async_copy_wait_all()
-    for i in range(R * T + t, nvec, T):
-        var at = (i - R * T) * V
-        s += backward_term[log_in, acc, V](
-            smem_a.unsafe_offset(at)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc](),
-            smem_g.unsafe_offset(at)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc](),
-        ).reduce_add()
-    # Head and tail: fewer than V elements each, unless the row is scalar.
-    # Their padding 0 adds 0 to either sum (dy * y, or dy).
+    var s = _sum_aligned_part[dtype, log_in, V, T](
+        ra, rg, smem_a, smem_g, t, head, nvec, regs_a, regs_g
+    )
     var edge_a = SIMD[acc, 2](0)
     var edge_g = SIMD[acc, 2](0)
-    if t < head and head < V:
-        edge_a[0] = ra[unsafe_offset=t].cast[acc]()
-        edge_g[0] = rg[unsafe_offset=t].cast[acc]()
-    if tail_begin + t < len:
-        edge_a[1] = ra[unsafe_offset=tail_begin + t].cast[acc]()
-        edge_g[1] = rg[unsafe_offset=tail_begin + t].cast[acc]()
+    _load_edges[dtype, V](ra, rg, t, len, head, tail_begin, edge_a, edge_g)
     s += backward_term[log_in, acc, 2](edge_a, edge_g).reduce_add()
-    for e in range(t + (T if head < V else 0), head, T):
-        s += backward_term[log_in, acc, 1](
-            ra[unsafe_offset=e].cast[acc](), rg[unsafe_offset=e].cast[acc]()
-        )
-    var total = block_sum[acc, T](s)
+    var total = block_sum[acc, T](
+        _add_scalar_head[dtype, log_in, V, T](ra, rg, t, head, s)
+    )
 
     # Sweep 2: write dx from the on-chip copy.
-    comptime for k in range(R):
-        var i = k * T + t
-        if i < nvec:
-            out.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-                backward_out[log_in, acc, V](
-                    regs_a.slice[V, offset=k * V]().cast[acc](),
-                    regs_g.slice[V, offset=k * V]().cast[acc](),
-                    total,
-                ).cast[dtype]()
-            )
-    for i in range(R * T + t, nvec, T):
-        var at = (i - R * T) * V
-        out.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-            backward_out[log_in, acc, V](
-                smem_a.unsafe_offset(at)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
-                smem_g.unsafe_offset(at)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
-                total,
-            ).cast[dtype]()
-        )
-    var edges = backward_out[log_in, acc, 2](edge_a, edge_g, total).cast[
-        dtype
-    ]()
-    if t < head and head < V:
-        out[unsafe_offset=t] = edges[0]
-    if tail_begin + t < len:
-        out[unsafe_offset=tail_begin + t] = edges[1]
-    for e in range(t + (T if head < V else 0), head, T):
-        out[unsafe_offset=e] = backward_out[log_in, acc, 1](
-            ra[unsafe_offset=e].cast[acc](),
-            rg[unsafe_offset=e].cast[acc](),
-            total,
-        ).cast[dtype]()
+    _write_aligned_part[dtype, log_in, V, T](
+        rdx, regs_a, regs_g, smem_a, smem_g, t, head, nvec, total
+    )
+    _write_scalar_parts[dtype, log_in, V, T](
+        rdx, ra, rg, edge_a, edge_g, t, len, head, tail_begin, total
+    )
 
 
 def launch_backward_smem[

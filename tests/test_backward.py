@@ -29,17 +29,29 @@ def test_matches_formula(rng, device, op, dtype, shape, axis):
     assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
 
 
-# Rows past the register plans, one shape for each GPU backward family of
-# dispatch.mojo's backward_kernel_for, with n not a multiple of the 16-byte
-# vector so rows start unaligned (peeled heads and tails):
-# - 300 x 20001: both rows on chip, a block a row (512 threads for 16-bit,
-#   1024 for float32);
+# One shape for each GPU backward family of dispatch.mojo's
+# backward_kernel_for, with n not a multiple of the 16-byte vector so rows
+# start unaligned (peeled heads and tails):
+# - 7 x 4000, 3 x 16384: register plans of a block a row (16-bit rows held
+#   raw, the kernel that asks for 1024 resident threads);
+# - 300 x 20001: registers for 16-bit (512 threads x 8 chunks), on chip for
+#   float32 (1024 threads);
+# - 300 x 35001: both rows on chip, a block a row (512 threads for 16-bit);
 # - 300 x 50257: on chip for 16-bit (1024 threads), split stream for float32
 #   (too long for one SM);
 # - 8 x 300001: split stream, too few rows for a block a row;
 # - 2 x 2^20: split stream, rows of 4 MB (float32);
 # - 1 x (2^22 + 3): past the split stream's 8 MB, the block-per-row fallback.
-GPU_LONG_ROWS = [(300, 20001), (300, 50257), (8, 300001), (2, 1 << 20), (1, (1 << 22) + 3)]
+GPU_LONG_ROWS = [
+    (7, 4000),
+    (3, 16384),
+    (300, 20001),
+    (300, 35001),
+    (300, 50257),
+    (8, 300001),
+    (2, 1 << 20),
+    (1, (1 << 22) + 3),
+]
 
 
 @GPU_SKIP
