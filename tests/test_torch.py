@@ -140,6 +140,7 @@ def test_cuda_bridge_waits_for_torch_stream(monkeypatch, path):
     replay = path == "replay"
     if path == "launch":
         monkeypatch.setattr(torch_launch, "CUDA_ENABLED", True)
+        torch_launch.extension()  # built now, not in the background
     else:
         monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
     cache = torch_replay.ReplayCache()
@@ -165,6 +166,7 @@ def test_cuda_torch_waits_for_the_bridge(monkeypatch, path):
 
     if path == "launch":
         monkeypatch.setattr(torch_launch, "CUDA_ENABLED", True)
+        torch_launch.extension()  # built now, not in the background
     else:
         monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
 

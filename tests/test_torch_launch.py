@@ -177,8 +177,9 @@ def test_cpu_only_build_refuses_a_gpu_launch():
 
 def test_graph_fallback_switch(monkeypatch):
     """MAX_SOFTMAX_TORCH_LAUNCH=graph turns the launch path off (the bridge
-    keeps Model.execute), "auto" (the default) launches CPU tensors only,
-    "extension" CUDA ones too; any other value is refused."""
+    keeps Model.execute); "auto" (the default) and "extension" launch CPU and
+    CUDA tensors, "auto" building for CUDA in the background; any other value
+    is refused."""
     import importlib
 
     try:
@@ -187,10 +188,10 @@ def test_graph_fallback_switch(monkeypatch):
         assert not tl.ENABLED and not tl.available()
         monkeypatch.delenv("MAX_SOFTMAX_TORCH_LAUNCH")
         importlib.reload(tl)
-        assert tl.available() and not tl.available(cuda=True)
+        assert tl.available() and tl.CUDA_ENABLED and tl.BUILD_IN_BACKGROUND
         monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "extension")
         importlib.reload(tl)
-        assert tl.available() and tl.CUDA_ENABLED
+        assert tl.available() and tl.CUDA_ENABLED and not tl.BUILD_IN_BACKGROUND
         monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "fast")
         with pytest.raises(ValueError, match="MAX_SOFTMAX_TORCH_LAUNCH"):
             importlib.reload(tl)
@@ -198,6 +199,37 @@ def test_graph_fallback_switch(monkeypatch):
         monkeypatch.delenv("MAX_SOFTMAX_TORCH_LAUNCH", raising=False)
         importlib.reload(tl)
     assert tl.ENABLED and tl.available()
+
+
+def test_cuda_build_in_background(monkeypatch, tmp_path):
+    """Under "auto", a CUDA call that finds no built extension starts the
+    build on a thread and returns at once (the graph path meanwhile), and
+    every call while it builds does too; once it is loaded the bridge
+    launches."""
+    import threading
+
+    gate, module = threading.Event(), object()
+
+    def slow_extension():
+        gate.wait(30)
+        tl._module = module
+        return module
+
+    monkeypatch.setattr(tl, "_module", None)
+    monkeypatch.setattr(tl, "_failure", None)
+    monkeypatch.setattr(tl, "_builder", None)
+    monkeypatch.setattr(tl, "CUDA_ENABLED", True)
+    monkeypatch.setattr(tl, "BUILD_IN_BACKGROUND", True)
+    monkeypatch.setattr(tl, "extension_path", lambda: tmp_path / "missing.so")
+    monkeypatch.setattr(tl, "extension", slow_extension)
+    assert not tl.available(cuda=True)
+    builder = tl._builder
+    assert builder is not None and builder.is_alive()
+    assert not tl.available(cuda=True) and not tl.available()
+    assert tl._builder is builder  # one build, however many calls
+    gate.set()
+    builder.join(30)
+    assert tl.available(cuda=True) and tl.available()
 
 
 def test_failed_build_falls_back_once(monkeypatch, tmp_path, capsys):

@@ -17,10 +17,11 @@ host. On the CPU the kernel runs before `run` returns.
 The extension is built once per kernel sources, compiler and target (~1 min
 on 2 cores without a GPU target, longer with one) into the kernel cache
 (`kernels.cache_dir()`), announced on stderr, and reused by every process.
-`MAX_SOFTMAX_TORCH_LAUNCH` picks the path: "auto" (default) launches CPU
-tensors here and runs CUDA ones through `Model.execute` (the launch path on
-CUDA awaits its first GPU run), "extension" launches both here, "graph"
-neither.
+`MAX_SOFTMAX_TORCH_LAUNCH` picks the path: "auto" (default) launches CPU and
+CUDA tensors here; where the extension is not built yet, a CPU call builds it
+at once, a CUDA call starts the build in the background (~1-2 min with a GPU
+target) and the bridge runs `Model.execute` until it is loaded. "extension"
+builds it at once for either; "graph" never uses it.
 
 What the caller guarantees (the bridge checks at its edge; nothing here
 checks again):
@@ -67,10 +68,15 @@ ENABLED: bool = _MODE != "graph"
 MAX_SOFTMAX_TORCH_LAUNCH: "auto", the default, or "extension") rather than
 `Model.execute` ("graph")."""
 
-CUDA_ENABLED: bool = _MODE == "extension"
-"""Whether CUDA tensors launch through the extension too. Opt-in
-(MAX_SOFTMAX_TORCH_LAUNCH=extension) until the integrated path has run on a
-GPU: its design was measured on an H100 (RESULTS.md), this module was not."""
+CUDA_ENABLED: bool = _MODE != "graph"
+"""Whether CUDA tensors launch through the extension too (on the H100 it is
+1.26x torch.softmax by wall clock at 4096 x 4096 fp32, where Model.execute
+was 0.75x: benchmarks/RESULTS.md)."""
+
+BUILD_IN_BACKGROUND: bool = _MODE == "auto"
+"""Whether a CUDA call that finds no built extension starts the build on a
+thread and takes the graph path meanwhile (a GPU target takes ~1-2 min to
+build, a graph ~15-20 s to compile), rather than waiting for it."""
 
 EXTENSION_SOURCE: Path = Path(__file__).resolve().parent / "bridge_ext" / "torch_ext.mojo"
 """The extension's Mojo source."""
@@ -109,6 +115,8 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _failure: LaunchError | None = None
 _announced = False
+_builder: threading.Thread | None = None
+_builder_lock = threading.Lock()
 
 
 def target_accelerator() -> str | None:
@@ -269,15 +277,26 @@ def extension() -> ModuleType:
 def available(cuda: bool = False) -> bool:
     """Whether the bridge should launch through the extension for CPU
     tensors (or CUDA ones, `cuda`): switched on (MAX_SOFTMAX_TORCH_LAUNCH)
-    and built and loaded (building it on the first call). A failed build is
-    announced once; the bridge then uses `Model.execute`."""
-    global _announced
+    and built and loaded. The first call builds it, on a thread for a CUDA
+    call under "auto" (False until it is loaded). A failed build is announced
+    once; the bridge then uses `Model.execute`."""
     if not (CUDA_ENABLED if cuda else ENABLED):
         return False
     if _module is not None:
         return True
     if _failure is not None and _announced:  # the graph path, call after call
         return False
+    if _builder is not None:  # building: the graph path meanwhile
+        return False
+    if cuda and BUILD_IN_BACKGROUND and not extension_path().is_file():
+        _build_in_background()
+        return False
+    return _load_or_announce()
+
+
+def _load_or_announce() -> bool:
+    """extension(), announcing a failure once: whether it is loaded."""
+    global _announced
     try:
         extension()
     except LaunchError as err:
@@ -286,6 +305,18 @@ def available(cuda: bool = False) -> bool:
             kernels.announce(f"{err}; the torch bridge falls back to Model.execute")
         return False
     return True
+
+
+def _build_in_background() -> None:
+    """Start building and loading the extension on a daemon thread, once;
+    `available` is True from the call after it is loaded."""
+    global _builder
+    with _builder_lock:  # not _lock: the build holds that one throughout
+        if _builder is None:
+            _builder = threading.Thread(
+                target=_load_or_announce, name="max-softmax-torch-ext", daemon=True
+            )
+            _builder.start()
 
 
 # ---------------------------------------------------------------------------
