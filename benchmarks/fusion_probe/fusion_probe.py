@@ -153,6 +153,10 @@ def checks(runner: Runner, x, mask, z, ir_dir: str | None) -> int:
             ),
             [x, mask],
         ),
+        "probe_copy(reshape(x * 0.125 + mask, [rows, n, 1]))": (
+            lambda a, m: _probe("probe_copy_fused", ops.reshape(_scaled(a, m), [rows, n, 1])),
+            [x, mask],
+        ),
     }
     for i, (name, (fn, arrays)) in enumerate(cases.items()):
         where = None
@@ -165,6 +169,8 @@ def checks(runner: Runner, x, mask, z, ir_dir: str | None) -> int:
         row = {"graph": name}
         if name.startswith("flag"):
             row["has_prologue_fusion"] = float(out[0])
+        elif name.startswith("probe_copy"):
+            row["exact"] = bool(np.array_equal(out.reshape(rows, n), z))
         else:
             zz = z.reshape(rows * 2, n // 2)
             want = np.exp(zz - zz.max(axis=1, keepdims=True))
