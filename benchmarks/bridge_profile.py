@@ -51,6 +51,12 @@ def steps(x: torch.Tensor, dy: torch.Tensor) -> dict:
 
         return run
 
+    def by_hand(forward, backward):
+        def run():
+            backward(forward(x), dy)
+
+        return run
+
     return {
         "torch fwd": lambda: torch.softmax(x, -1),
         "ours fwd": lambda: mst.softmax(x, dim=-1),
@@ -58,6 +64,13 @@ def steps(x: torch.Tensor, dy: torch.Tensor) -> dict:
         "ours bwd (run)": ours_bwd_launch,
         "torch fwd+bwd": step(torch.softmax),
         "ours fwd+bwd": step(mst.softmax),
+        "torch fwd+bwd by hand": by_hand(
+            lambda t: torch.softmax(t, -1),
+            lambda y_, d: torch._softmax_backward_data(d, y_, -1, x.dtype),
+        ),
+        "ours fwd+bwd by hand": by_hand(
+            lambda t: mst.softmax(t, dim=-1), lambda y_, d: mst._run("softmax_backward", -1, y_, d)
+        ),
     }
 
 
@@ -107,7 +120,7 @@ def main() -> None:
     calls = steps(x, dy)
     for name, fn in calls.items():
         print(json.dumps({"call": name, "wall_us": round(wall_us(fn, args.reps), 1)}))
-    for name in ("torch fwd+bwd", "ours fwd+bwd", "ours fwd"):
+    for name in ("torch fwd+bwd", "ours fwd+bwd", "ours fwd+bwd by hand", "ours fwd"):
         print(json.dumps({"trace": name, **trace(calls[name], 20)}), flush=True)
 
 
