@@ -80,6 +80,7 @@ from .gpu_smem_rows import (
     smem_capacity,
     smem_threads_for,
 )
+from .gpu_split_chunks import SharedBuffer
 from .row_math import (
     accum_dtype,
     exp_nan,
@@ -654,6 +655,191 @@ def _target_owner[V: Int, T: Int](tgt: Int, head: Int, tail_begin: Int) -> Int:
     return ((tgt - head) // V) % T
 
 
+@fieldwise_init
+struct _SmemRowShare(ImplicitlyCopyable):
+    """Thread `t`'s share of a row that `ce_smem_kernel` holds on chip: a
+    scalar head up to the row's first 16-byte boundary (all of the row when
+    the buffers themselves are unaligned: scalar throughout), `nvec`
+    aligned vectors, a scalar tail. A head under V elements and the tail
+    sit in the thread's `edge` pair; a longer (scalar) head is read from
+    global memory at each sweep, from element `lead`."""
+
+    var t: Int
+    """The thread."""
+    var head: Int
+    """Elements before the vector body."""
+    var nvec: Int
+    """16-byte vectors of the body."""
+    var tail_begin: Int
+    """First element of the tail."""
+    var len: Int
+    """Row length."""
+    var has_head: Bool
+    """The thread holds head element `t` in `edge[0]`."""
+    var has_tail: Bool
+    """The thread holds tail element `tail_begin + t` in `edge[1]`."""
+    var lead: Int
+    """First element of a long head the thread reads from global memory."""
+
+
+@always_inline
+def _smem_row_share[
+    V: Int, T: Int
+](t: Int, start: Int, len: Int, aligned_flag: Int32) -> _SmemRowShare:
+    """Thread `t`'s `_SmemRowShare` of the row of `len` from element
+    `start` of the buffers."""
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var tail_begin = head + nvec * V
+    return _SmemRowShare(
+        t,
+        head,
+        nvec,
+        tail_begin,
+        len,
+        t < head and head < V,
+        tail_begin + t < len,
+        t + (T if head < V else 0),
+    )
+
+
+@always_inline
+def _smem_row_max[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 1 of `ce_smem_kernel`: load the row on chip (`load_row`; the
+    head and tail into `edge`) and reduce its max over the block."""
+    comptime acc = accum_dtype[dtype]()
+    var m = load_row[dtype, V, T](x, smem, p.t, p.head, p.nvec, regs)
+    if p.has_head:
+        edge[0] = x[unsafe_offset=p.t].cast[acc]()
+    if p.has_tail:
+        edge[1] = x[unsafe_offset=p.tail_begin + p.t].cast[acc]()
+    m = max(m, edge.reduce_max())
+    for e in range(p.lead, p.head, T):
+        m = max(m, x[unsafe_offset=e].cast[acc]())
+    return block_max[acc, T](m)
+
+
+@always_inline
+def _smem_row_sums[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of `ce_smem_kernel`: thread `t`'s sums of exp(x - max) and
+    of x (label smoothing) over its share of the on-chip copy. -inf
+    padding in `edge` adds exp(-inf) = 0 to the first unless the row is
+    all -inf (NaN anyway); the second leaves it out."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var s = Scalar[acc](0)
+    var sx = Scalar[acc](0)
+    comptime for k in range(R):
+        if k * T + p.t < p.nvec:
+            var v = regs.slice[V, offset=k * V]().cast[acc]()
+            s += exp_nan[acc, V](v - row_max).reduce_add()
+            sx += v.reduce_add()
+    for i in range(R * T + p.t, p.nvec, T):
+        var v = (
+            smem.unsafe_offset((i - R * T) * V)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc]()
+        )
+        s += exp_nan[acc, V](v - row_max).reduce_add()
+        sx += v.reduce_add()
+    s += exp_nan[acc, 2](edge - row_max).reduce_add()
+    if p.has_head:
+        sx += edge[0]
+    if p.has_tail:
+        sx += edge[1]
+    for e in range(p.lead, p.head, T):
+        var v = x[unsafe_offset=e].cast[acc]()
+        s += exp_nan[acc, 1](v - row_max)
+        sx += v
+    return (s, sx)
+
+
+@always_inline
+def _smem_row_grad[
+    dtype: DType, mean: Bool, V: Int, T: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    kind: Int,
+    tgt: Int,
+):
+    """Sweep 3 of `ce_smem_kernel` for a kept row: thread `t`'s share of
+    the gradient into `y`, from the on-chip copy; then the target's owner
+    fixes its entry up."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var scale = _scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, p.len)
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                grad_of[acc, V](
+                    exp_nan[acc, V](
+                        regs.slice[V, offset=k * V]().cast[acc]() - row_max
+                    ),
+                    inv_s,
+                    smooth,
+                    scale,
+                ).cast[dtype]()
+            )
+    for i in range(R * T + p.t, p.nvec, T):
+        var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            grad_of[acc, V](
+                exp_nan[acc, V](v.cast[acc]() - row_max),
+                inv_s,
+                smooth,
+                scale,
+            ).cast[dtype]()
+        )
+    var edges = grad_of[acc, 2](
+        exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
+    ).cast[dtype]()
+    if p.has_head:
+        y[unsafe_offset=p.t] = edges[0]
+    if p.has_tail:
+        y[unsafe_offset=p.tail_begin + p.t] = edges[1]
+    for e in range(p.lead, p.head, T):
+        y[unsafe_offset=e] = _scalar_grad[dtype](
+            x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
+        )
+    # The target's entry, by the thread that wrote it (its store above
+    # came first in program order).
+    if p.t == _target_owner[V, T](tgt, p.head, p.tail_begin):
+        y[unsafe_offset=tgt] = target_grad[acc](
+            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
@@ -676,30 +862,20 @@ def ce_smem_kernel[
     forward's `smem_rows_kernel` layout (gpu_smem_rows), `REG_CHUNKS`
     vectors a thread in registers, the rest of the row in dynamic shared
     memory, the head and tail in the registers of the threads that load
-    them. Arguments as `ce_block_kernel`.
+    them (`_SmemRowShare`). Arguments as `ce_block_kernel`.
 
-    Sweep 1 (`load_row`) loads the row and its max; sweep 2 sums exp(x -
-    max) and x (label smoothing) over the on-chip copy; sweep 3 writes
-    the gradient from it, and the target's owner fixes its entry up.
+    Sweep 1 (`_smem_row_max`) loads the row and its max; sweep 2
+    (`_smem_row_sums`) sums exp(x - max) and x (label smoothing) over the
+    on-chip copy; sweep 3 (`_smem_row_grad`) writes the gradient from it.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime R = REG_CHUNKS
     var t = Int(thread_idx.x)
     var row = Int(block_idx.x)
     var len = Int(n)
     var start = row * len
     var x = logits.unsafe_offset(start)
-    # head: elements before the row's first 16-byte boundary (all of them
-    # when the buffers themselves are unaligned: scalar throughout). A
-    # head under V elements and the tail sit in `edge`; a longer (scalar)
-    # head is read from global memory at each sweep, from element `lead`.
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
-    var nvec = (len - head) // V
-    var tail_begin = head + nvec * V
-    var has_head = t < head and head < V
-    var has_tail = tail_begin + t < len
-    var lead = t + (T if head < V else 0)
+    var p = _smem_row_share[V, T](t, start, len, aligned_flag)
     var opts = _options[acc](options)
     var eps = opts[1]
     var tgt = targets[unsafe_offset=row]
@@ -707,7 +883,7 @@ def ce_smem_kernel[
     var smem = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
-    var regs = SIMD[dtype, V * R](0)
+    var regs = SIMD[dtype, V * REG_CHUNKS](0)
     var edge = SIMD[acc, 2](-inf[acc]())
     # kind is the same for the whole block, so the reductions inside the
     # branch are reached by every thread or by none; rows not kept load
@@ -718,45 +894,10 @@ def ce_smem_kernel[
     var x_t = Scalar[acc](0)
     if kind == KEPT:
         x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
-        var m = load_row[dtype, V, T](x, smem, t, head, nvec, regs)
-        if has_head:
-            edge[0] = x[unsafe_offset=t].cast[acc]()
-        if has_tail:
-            edge[1] = x[unsafe_offset=tail_begin + t].cast[acc]()
-        m = max(m, edge.reduce_max())
-        for e in range(lead, head, T):
-            m = max(m, x[unsafe_offset=e].cast[acc]())
-        row_max = block_max[acc, T](m)
-
-        # Sweep 2: sum of exp(x - max), and of x, over the on-chip copy.
-        # -inf padding in `edge` adds exp(-inf) = 0 to the first unless
-        # the row is all -inf (NaN anyway); the second leaves it out.
-        var s = Scalar[acc](0)
-        var sx = Scalar[acc](0)
-        comptime for k in range(R):
-            if k * T + t < nvec:
-                var v = regs.slice[V, offset=k * V]().cast[acc]()
-                s += exp_nan[acc, V](v - row_max).reduce_add()
-                sx += v.reduce_add()
-        for i in range(R * T + t, nvec, T):
-            var v = (
-                smem.unsafe_offset((i - R * T) * V)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc]()
-            )
-            s += exp_nan[acc, V](v - row_max).reduce_add()
-            sx += v.reduce_add()
-        s += exp_nan[acc, 2](edge - row_max).reduce_add()
-        if has_head:
-            sx += edge[0]
-        if has_tail:
-            sx += edge[1]
-        for e in range(lead, head, T):
-            var v = x[unsafe_offset=e].cast[acc]()
-            s += exp_nan[acc, 1](v - row_max)
-            sx += v
-        var row_sum = block_sum[acc, T](s)
-        var sum_x = block_sum[acc, T](sx) if eps != 0 else Scalar[acc](0)
+        row_max = _smem_row_max[dtype, V, T](x, smem, p, regs, edge)
+        var sums = _smem_row_sums[dtype, V, T](x, smem, p, regs, edge, row_max)
+        var row_sum = block_sum[acc, T](sums[0])
+        var sum_x = block_sum[acc, T](sums[1]) if eps != 0 else Scalar[acc](0)
         value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
         inv_s = 1 / row_sum
     elif kind != IGNORED:
@@ -766,58 +907,29 @@ def ce_smem_kernel[
             row_losses[unsafe_offset=row] = value
         else:
             loss[unsafe_offset=row] = value.cast[dtype]()
-
-    # Sweep 3: the gradient, from the on-chip copy.
     comptime if with_grad:
         var y = dlogits.unsafe_offset(start)
         if kind != KEPT:
             var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
-            _fill_row[dtype, V, T](y, t, head, nvec, tail_begin, len, fill)
+            _fill_row[dtype, V, T](
+                y, p.t, p.head, p.nvec, p.tail_begin, len, fill
+            )
             return
-        var scale = _scale[acc, mean](count)
-        var smooth = smoothing_of[acc](eps, len)
-        comptime for k in range(R):
-            var i = k * T + t
-            if i < nvec:
-                y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-                    grad_of[acc, V](
-                        exp_nan[acc, V](
-                            regs.slice[V, offset=k * V]().cast[acc]() - row_max
-                        ),
-                        inv_s,
-                        smooth,
-                        scale,
-                    ).cast[dtype]()
-                )
-        for i in range(R * T + t, nvec, T):
-            var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-                grad_of[acc, V](
-                    exp_nan[acc, V](v.cast[acc]() - row_max),
-                    inv_s,
-                    smooth,
-                    scale,
-                ).cast[dtype]()
-            )
-        var edges = grad_of[acc, 2](
-            exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
-        ).cast[dtype]()
-        if has_head:
-            y[unsafe_offset=t] = edges[0]
-        if has_tail:
-            y[unsafe_offset=tail_begin + t] = edges[1]
-        for e in range(lead, head, T):
-            y[unsafe_offset=e] = _scalar_grad[dtype](
-                x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
-            )
-        # The target's entry, by the thread that wrote it (its store above
-        # came first in program order).
-        if t == _target_owner[V, T](Int(tgt), head, tail_begin):
-            y[unsafe_offset=Int(tgt)] = target_grad[acc](
-                exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-            ).cast[dtype]()
+        _smem_row_grad[dtype, mean, V, T](
+            y,
+            x,
+            smem,
+            p,
+            regs,
+            edge,
+            count,
+            row_max,
+            inv_s,
+            x_t,
+            eps,
+            kind,
+            Int(tgt),
+        )
 
 
 def launch_ce_smem[
@@ -952,6 +1064,111 @@ def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
     return "block"
 
 
+def launch_ce_block[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `ce_block_kernel` on `rows` rows of `n`, a block of
+    `CE_BLOCK_THREADS` a row (any length)."""
+    comptime V = vector_width[dtype]()
+    comptime kernel = ce_block_kernel[
+        dtype, with_grad, mean, reduce, V, CE_BLOCK_THREADS
+    ]
+    ctx.enqueue_function[kernel](
+        dlogits,
+        logits,
+        targets,
+        options,
+        count,
+        row_losses,
+        loss,
+        Int64(n),
+        aligned_flag_of(aligned),
+        grid_dim=rows,
+        block_dim=CE_BLOCK_THREADS,
+    )
+
+
+def _launch_ce_rows[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+) raises:
+    """Enqueue the row kernel `ce_kernel_for` picks for `rows > 0` rows of
+    `n`: each row's loss (to `row_losses` if `reduce`, else to `loss`) and,
+    `with_grad`, its gradient."""
+    comptime V = vector_width[dtype]()
+    var aligned = aligned16(Int(logits), Int(dlogits))
+    var family = ce_kernel_for(rows, n, V)
+    if family == "smem":
+        launch_ce_smem[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+    elif family == "register":
+        var plan = register_plan(n, V, 0)
+        launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+            ctx,
+            CERegisterRows[dtype, with_grad, mean, reduce](
+                held(dlogits),
+                held(logits),
+                held(targets),
+                held(options),
+                held(count),
+                held(row_losses),
+                held(loss),
+                rows,
+                n,
+                vector_flag_of(aligned, n, V),
+            ),
+            plan,
+            rows,
+        )
+    else:
+        launch_ce_block[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+
+
 def launch_cross_entropy[
     dtype: DType, with_grad: Bool, reduction: StaticString
 ](
@@ -966,10 +1183,9 @@ def launch_cross_entropy[
 ) raises:
     """Enqueue the cross-entropy of `rows` rows of `n` logits (see the
     module docstring): the count ("mean"), the row kernel the row length
-    picks, the reduction ("mean", "sum"). Arguments as `cross_entropy_cpu`,
-    with `options` on the device."""
+    picks (`_launch_ce_rows`), the reduction ("mean", "sum"). Arguments as
+    `cross_entropy_cpu`, with `options` on the device."""
     comptime acc = accum_dtype[dtype]()
-    comptime V = vector_width[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
     var count = ctx.enqueue_create_buffer[DType.float64](1)
@@ -992,58 +1208,18 @@ def launch_cross_entropy[
             block_dim=CE_SMALL_THREADS,
         )
     if rows > 0:
-        var aligned = aligned16(Int(logits), Int(dlogits))
-        var family = ce_kernel_for(rows, n, V)
-        if family == "smem":
-            launch_ce_smem[dtype, with_grad, mean, reduce](
-                ctx,
-                dlogits,
-                logits,
-                targets,
-                options,
-                count_ptr,
-                losses_ptr,
-                loss,
-                rows,
-                n,
-                aligned,
-            )
-        elif family == "register":
-            var plan = register_plan(n, V, 0)
-            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
-                ctx,
-                CERegisterRows[dtype, with_grad, mean, reduce](
-                    held(dlogits),
-                    held(logits),
-                    held(targets),
-                    held(options),
-                    held(count_ptr),
-                    held(losses_ptr),
-                    held(loss),
-                    rows,
-                    n,
-                    vector_flag_of(aligned, n, V),
-                ),
-                plan,
-                rows,
-            )
-        else:
-            comptime kernel = ce_block_kernel[
-                dtype, with_grad, mean, reduce, V, CE_BLOCK_THREADS
-            ]
-            ctx.enqueue_function[kernel](
-                dlogits,
-                logits,
-                targets,
-                options,
-                count_ptr,
-                losses_ptr,
-                loss,
-                Int64(n),
-                aligned_flag_of(aligned),
-                grid_dim=rows,
-                block_dim=CE_BLOCK_THREADS,
-            )
+        _launch_ce_rows[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count_ptr,
+            losses_ptr,
+            loss,
+            rows,
+            n,
+        )
     comptime if reduce:
         comptime kernel = ce_reduce_kernel[dtype, mean]
         ctx.enqueue_function[kernel](
