@@ -42,6 +42,8 @@ from max.gpu import (
 )
 from max.gpu.host import DeviceContext, FuncAttribute
 from max.gpu.memory import AddressSpace, external_memory
+from std.math import exp2
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -97,6 +99,18 @@ comptime CE_BLOCK_THREADS = 512
 # 4096 fp32, 8192 16-bit, 2048 float64 classes); longer rows go to the
 # smem kernel (`ce_kernel_for`).
 comptime CE_PLAN_THREADS = 256
+
+# 16-bit rows on chip: after sweep 2, `ce_smem_kernel` keeps exp(x - max)
+# * 2^HELD_EXP_SHIFT in place of each logit, in the logits' own type, so the
+# gradient sweep computes no exp (`_holds_exp`). The shift keeps float16's
+# full precision down to exp(x - max) = 2^-29 (subnormals to 2^-39), below
+# which a float16 gradient is subnormal or 0 anyway; the largest value,
+# 2^15, stays under float16's 65504. bfloat16 holds any exp, rounded to 8
+# bits: the gradient, rounded again, is within one bfloat16 ulp of the
+# correctly rounded value (~74% equal on normal logits), float16 within
+# one float16 ulp.
+comptime HELD_EXP_SHIFT = 15
+comptime LOG2E = 1.4426950408889634
 
 
 @always_inline
@@ -772,6 +786,45 @@ def _smem_row_sums[
 
 
 @always_inline
+def _smem_edges_grad[
+    dtype: DType, V: Int, T: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    p: _SmemRowShare,
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    kind: Int,
+    tgt: Int,
+):
+    """The end of sweep 3 of `ce_smem_kernel`: the gradient of thread
+    `t`'s head and tail elements (`edge`, a long head from global memory),
+    then the target's entry by the thread that wrote it (its store came
+    first in program order)."""
+    comptime acc = accum_dtype[dtype]()
+    var edges = grad_of[acc, 2](
+        exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
+    ).cast[dtype]()
+    if p.has_head:
+        y[unsafe_offset=p.t] = edges[0]
+    if p.has_tail:
+        y[unsafe_offset=p.tail_begin + p.t] = edges[1]
+    for e in range(p.lead, p.head, T):
+        y[unsafe_offset=e] = _scalar_grad[dtype](
+            x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
+        )
+    if p.t == _target_owner[V, T](tgt, p.head, p.tail_begin):
+        y[unsafe_offset=tgt] = target_grad[acc](
+            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
+
+
+@always_inline
 def _smem_row_grad[
     dtype: DType, mean: Bool, V: Int, T: Int
 ](
@@ -790,10 +843,28 @@ def _smem_row_grad[
     tgt: Int,
 ):
     """Sweep 3 of `ce_smem_kernel` for a kept row: thread `t`'s share of
-    the gradient into `y`, from the on-chip copy; then the target's owner
-    fixes its entry up."""
+    the gradient into `y`, from the on-chip copy (for 16-bit rows from the
+    exps it holds: `_smem_held_grad`); then the target's owner fixes its
+    entry up."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
+    comptime if _holds_exp[dtype]():
+        _smem_held_grad[dtype, mean, V, T](
+            y,
+            x,
+            smem,
+            p,
+            regs,
+            edge,
+            count,
+            row_max,
+            inv_s,
+            x_t,
+            eps,
+            kind,
+            tgt,
+        )
+        return
     var scale = _scale[acc, mean](count)
     var smooth = smoothing_of[acc](eps, p.len)
     comptime for k in range(R):
@@ -821,23 +892,163 @@ def _smem_row_grad[
                 scale,
             ).cast[dtype]()
         )
-    var edges = grad_of[acc, 2](
-        exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
-    ).cast[dtype]()
+    _smem_edges_grad[dtype, V, T](
+        y, x, p, edge, row_max, inv_s, smooth, scale, x_t, eps, kind, tgt
+    )
+
+
+@always_inline
+def _holds_exp[dtype: DType]() -> Bool:
+    """Whether `ce_smem_kernel` holds exp(x - max) instead of the logits
+    after sweep 2: 16-bit rows, where two exps a value (one for the sum,
+    one for the gradient) kept the SM busy while HBM idled (78-81% of copy
+    against float32's 96%)."""
+    return size_of[dtype]() == 2
+
+
+@always_inline
+def _held_exp[acc: DType, w: Int](d: SIMD[acc, w]) -> SIMD[acc, w]:
+    """exp(d) * 2^HELD_EXP_SHIFT for d = x - max <= 0 (NaN stays NaN):
+    one FMA and one `ex2.approx` an element on the GPU."""
+    comptime assert acc.is_floating_point()
+    return exp2(d.fma(Scalar[acc](LOG2E), Scalar[acc](HELD_EXP_SHIFT)))
+
+
+@always_inline
+def _smem_held_sums[
+    dtype: DType, V: Int, T: Int, with_x: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of `ce_smem_kernel` for 16-bit rows (`_holds_exp`): thread
+    `t`'s sums of `_held_exp`(x - max) (2^HELD_EXP_SHIFT x the sum of exp)
+    and, `with_x` (label smoothing), of x, over its share; each vector of the
+    on-chip copy is overwritten by its held exps, in `dtype`. Edge
+    padding as in `_smem_row_sums`."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var s = Scalar[acc](0)
+    var sx = Scalar[acc](0)
+    comptime for k in range(R):
+        if k * T + p.t < p.nvec:
+            var v = regs.slice[V, offset=k * V]().cast[acc]()
+            var h = _held_exp[acc, V](v - row_max)
+            s += h.reduce_add()
+            comptime if with_x:
+                sx += v.reduce_add()
+            regs = regs.insert[offset=k * V](h.cast[dtype]())
+    for i in range(R * T + p.t, p.nvec, T):
+        var at = smem.unsafe_offset((i - R * T) * V)
+        var v = at.unsafe_load[width=V, alignment=16]().cast[acc]()
+        var h = _held_exp[acc, V](v - row_max)
+        s += h.reduce_add()
+        comptime if with_x:
+            sx += v.reduce_add()
+        at.unsafe_store[alignment=16](h.cast[dtype]())
+    s += _held_exp[acc, 2](edge - row_max).reduce_add()
     if p.has_head:
-        y[unsafe_offset=p.t] = edges[0]
+        sx += edge[0]
     if p.has_tail:
-        y[unsafe_offset=p.tail_begin + p.t] = edges[1]
+        sx += edge[1]
     for e in range(p.lead, p.head, T):
-        y[unsafe_offset=e] = _scalar_grad[dtype](
-            x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
+        var v = x[unsafe_offset=e].cast[acc]()
+        s += _held_exp[acc, 1](v - row_max)[0]
+        sx += v
+    return (s, sx)
+
+
+@always_inline
+def _smem_held_grad[
+    dtype: DType, mean: Bool, V: Int, T: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    kind: Int,
+    tgt: Int,
+):
+    """Sweep 3 of `ce_smem_kernel` for 16-bit rows: the gradient of the
+    vector body from the held exps (`_smem_held_sums`), h * (scale / sum)
+    - eps / V * scale, one FMA an element; the edges and the target as
+    `_smem_row_grad`."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var scale = _scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, p.len)
+    var per_held = inv_s * Scalar[acc](2.0**-HELD_EXP_SHIFT) * scale
+    var shift = -smooth * scale
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            var h = regs.slice[V, offset=k * V]().cast[acc]()
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                h.fma(per_held, shift).cast[dtype]()
+            )
+    for i in range(R * T + p.t, p.nvec, T):
+        var h = (
+            smem.unsafe_offset((i - R * T) * V)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc]()
         )
-    # The target's entry, by the thread that wrote it (its store above
-    # came first in program order).
-    if p.t == _target_owner[V, T](tgt, p.head, p.tail_begin):
-        y[unsafe_offset=tgt] = target_grad[acc](
-            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-        ).cast[dtype]()
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            h.fma(per_held, shift).cast[dtype]()
+        )
+    _smem_edges_grad[dtype, V, T](
+        y, x, p, edge, row_max, inv_s, smooth, scale, x_t, eps, kind, tgt
+    )
+
+
+@always_inline
+def _smem_row_stats[
+    dtype: DType, with_grad: Bool, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of `ce_smem_kernel` and its block reductions: the row's sum
+    of exp(x - max) and, with label smoothing (`eps` != 0, the same for
+    every thread), its sum of x. 16-bit rows hold their exps from here on
+    for the gradient (`_holds_exp`; the loss alone needs no second exp).
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime if with_grad and _holds_exp[dtype]():
+        # The sum of x only with smoothing: two loops, not a select a value.
+        var part = (Scalar[acc](0), Scalar[acc](0))
+        if eps != 0:
+            part = _smem_held_sums[dtype, V, T, True](
+                x, smem, p, regs, edge, row_max
+            )
+        else:
+            part = _smem_held_sums[dtype, V, T, False](
+                x, smem, p, regs, edge, row_max
+            )
+        var row_sum = block_sum[acc, T](part[0]) * Scalar[acc](
+            2.0**-HELD_EXP_SHIFT
+        )
+        var sum_x = block_sum[acc, T](part[1]) if eps != 0 else Scalar[acc](0)
+        return (row_sum, sum_x)
+    var part = _smem_row_sums[dtype, V, T](x, smem, p, regs, edge, row_max)
+    var row_sum = block_sum[acc, T](part[0])
+    var sum_x = block_sum[acc, T](part[1]) if eps != 0 else Scalar[acc](0)
+    return (row_sum, sum_x)
 
 
 @__llvm_metadata(
@@ -865,8 +1076,9 @@ def ce_smem_kernel[
     them (`_SmemRowShare`). Arguments as `ce_block_kernel`.
 
     Sweep 1 (`_smem_row_max`) loads the row and its max; sweep 2
-    (`_smem_row_sums`) sums exp(x - max) and x (label smoothing) over the
-    on-chip copy; sweep 3 (`_smem_row_grad`) writes the gradient from it.
+    (`_smem_row_stats`) sums exp(x - max) and x (label smoothing) over the
+    on-chip copy, and 16-bit rows keep their exps in it (`_holds_exp`);
+    sweep 3 (`_smem_row_grad`) writes the gradient from it.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
@@ -895,11 +1107,11 @@ def ce_smem_kernel[
     if kind == KEPT:
         x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
         row_max = _smem_row_max[dtype, V, T](x, smem, p, regs, edge)
-        var sums = _smem_row_sums[dtype, V, T](x, smem, p, regs, edge, row_max)
-        var row_sum = block_sum[acc, T](sums[0])
-        var sum_x = block_sum[acc, T](sums[1]) if eps != 0 else Scalar[acc](0)
-        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
-        inv_s = 1 / row_sum
+        var sums = _smem_row_stats[dtype, with_grad, V, T](
+            x, smem, p, regs, edge, row_max, eps
+        )
+        value = row_loss[acc](row_max, sums[0], x_t, sums[1], eps, len)
+        inv_s = 1 / sums[0]
     elif kind != IGNORED:
         value = nan[acc]()
     if t == 0:

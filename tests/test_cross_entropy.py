@@ -393,20 +393,24 @@ def test_gpu_smem_rows(rng, dtype, shape, eps):
 
 
 @GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_gpu_smem_special_rows(rng, eps):
+def test_gpu_smem_special_rows(rng, dtype, eps):
     """ce_smem_kernel's rows of every kind, in one batch: ignored, a bad
     target (NaN loss and gradient row), targets in a row's scalar head and
     tail, -inf logits (a -inf target: infinite loss, finite gradient), NaN
-    and +inf (NaN rows)."""
+    and +inf (NaN rows). bfloat16 rows hold their exps on chip for the
+    gradient (`_holds_exp`), float32 rows their logits."""
     from max.dtype import DType
 
     from max_softmax.devices import device
     from max_softmax.dtypes import to_buffer, to_numpy
     from max_softmax.models import cross_entropy_model
 
-    n = 20001  # row r starts r % 4 elements past a 16-byte boundary
-    x = random_logits(rng, (264, n), "float32")
+    # Row r starts r % V elements past a 16-byte boundary (V = 4 float32,
+    # 8 bfloat16 elements): row 2 has a head, rows 8 and 9 a short tail.
+    n = 20001
+    x = random_logits(rng, (264, n), dtype)
     t = rng.integers(0, n, size=264)
     t[0] = -100  # ignored
     t[1] = n  # bad
@@ -417,14 +421,14 @@ def test_gpu_smem_special_rows(rng, eps):
     x[5, 100] = np.nan
     x[6, 17] = np.inf
     gpu = device("gpu")
-    model = cross_entropy_model(True, DType.float32, "gpu", "none")
+    model = cross_entropy_model(True, getattr(DType, dtype), "gpu", "none")
     args = (x, t, np.array([-100, eps]))
     loss, dlogits = (to_numpy(b) for b in model.execute(*(to_buffer(a).to(gpu) for a in args)))
     assert np.isnan(loss[1]) and np.all(np.isnan(dlogits[1]))
     good = np.arange(264) != 1
     want_loss, want_grad = reference(x[good], t[good], reduction="none", label_smoothing=eps)
-    assert_close(loss[good], want_loss, "float32", "loss")
-    assert_close(dlogits[good], want_grad, "float32", "dlogits")
+    assert_close(loss[good], want_loss, dtype, "loss")
+    assert_close(dlogits[good], want_grad, dtype, "dlogits")
     assert loss[0] == 0 and np.all(dlogits[0] == 0)
     assert np.isposinf(loss[4]) and np.all(np.isfinite(dlogits[4]))
     assert np.all(np.isnan(loss[5:7])) and np.all(np.isnan(dlogits[5:7]))
