@@ -20,6 +20,10 @@ capturable for device-graph replay):
      ~148K 16-bit classes): `ce_smem_kernel`, a block per row holding it
      on chip as the softmax forward's gpu_smem_rows (registers, the rest
      in shared memory by cp.async), read once, the gradient written once;
+   - as many rows to `pair_capacity(V)` (~148K fp32, ~296K 16-bit
+     classes): `ce_pair_kernel`, a thread-block cluster of two such blocks
+     a row, each holding half of it, their (max, sum) partials exchanged
+     through global memory at cluster barriers: read once;
    - longer rows, or fewer: `ce_block_kernel`, a block per row: an online
      (max, sum) pass, then, with the gradient, a pass that re-reads the
      row (mostly from L2) to write it. Loss-only reads the row once.
@@ -40,8 +44,9 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import AddressSpace, external_memory
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
 from std.math import exp2
 from std.sys import size_of
 from std.utils import StaticTuple
@@ -99,6 +104,9 @@ comptime CE_BLOCK_THREADS = 512
 # 4096 fp32, 8192 16-bit, 2048 float64 classes); longer rows go to the
 # smem kernel (`ce_kernel_for`).
 comptime CE_PLAN_THREADS = 256
+# `ce_pair_kernel`'s partials a row: two exchanges of (rank 0, rank 1)
+# pairs, each in a 128-byte line of its own (float64: two).
+comptime CE_PAIR_SLOTS = 64
 
 # 16-bit rows on chip: after sweep 2, `ce_smem_kernel` keeps exp(x - max)
 # * 2^HELD_EXP_SHIFT in place of each logit, in the logits' own type, so the
@@ -787,7 +795,7 @@ def _smem_row_sums[
 
 @always_inline
 def _smem_edges_grad[
-    dtype: DType, V: Int, T: Int
+    dtype: DType, V: Int, T: Int, part: Bool = False
 ](
     y: Pointer[Scalar[dtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -805,7 +813,8 @@ def _smem_edges_grad[
     """The end of sweep 3 of `ce_smem_kernel`: the gradient of thread
     `t`'s head and tail elements (`edge`, a long head from global memory),
     then the target's entry by the thread that wrote it (its store came
-    first in program order)."""
+    first in program order). With `part`, `p` is a part of the row and
+    `tgt` (relative to it) may lie outside it."""
     comptime acc = accum_dtype[dtype]()
     var edges = grad_of[acc, 2](
         exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
@@ -818,6 +827,9 @@ def _smem_edges_grad[
         y[unsafe_offset=e] = _scalar_grad[dtype](
             x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
         )
+    comptime if part:  # a part of the row (`ce_pair_kernel`)
+        if tgt < 0 or tgt >= p.len:
+            return
     if p.t == _target_owner[V, T](tgt, p.head, p.tail_begin):
         y[unsafe_offset=tgt] = target_grad[acc](
             exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
@@ -826,7 +838,7 @@ def _smem_edges_grad[
 
 @always_inline
 def _smem_row_grad[
-    dtype: DType, mean: Bool, V: Int, T: Int
+    dtype: DType, mean: Bool, V: Int, T: Int, part: Bool = False
 ](
     y: Pointer[Scalar[dtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -849,7 +861,7 @@ def _smem_row_grad[
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
     comptime if _holds_exp[dtype]():
-        _smem_held_grad[dtype, mean, V, T](
+        _smem_held_grad[dtype, mean, V, T, part](
             y,
             x,
             smem,
@@ -892,7 +904,7 @@ def _smem_row_grad[
                 scale,
             ).cast[dtype]()
         )
-    _smem_edges_grad[dtype, V, T](
+    _smem_edges_grad[dtype, V, T, part](
         y, x, p, edge, row_max, inv_s, smooth, scale, x_t, eps, kind, tgt
     )
 
@@ -964,7 +976,7 @@ def _smem_held_sums[
 
 @always_inline
 def _smem_held_grad[
-    dtype: DType, mean: Bool, V: Int, T: Int
+    dtype: DType, mean: Bool, V: Int, T: Int, part: Bool = False
 ](
     y: Pointer[Scalar[dtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -1006,7 +1018,7 @@ def _smem_held_grad[
         y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
             h.fma(per_held, shift).cast[dtype]()
         )
-    _smem_edges_grad[dtype, V, T](
+    _smem_edges_grad[dtype, V, T, part](
         y, x, p, edge, row_max, inv_s, smooth, scale, x_t, eps, kind, tgt
     )
 
@@ -1144,6 +1156,175 @@ def ce_smem_kernel[
         )
 
 
+@always_inline
+def _pair_split[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
+    """Where `ce_pair_kernel` splits the row of `len` from element `start`:
+    rank 0 takes the scalar head and the first half of the aligned vectors,
+    rank 1 the rest (so its part starts 16-byte aligned)."""
+    if aligned_flag == 0:
+        return (len + 1) // 2
+    var head = min((V - start % V) % V, len)
+    return head + ((len - head) // V + 1) // 2 * V
+
+
+@always_inline
+def _pair_exchange[
+    acc: DType
+](
+    slots: Pointer[Scalar[acc], MutAnyOrigin],
+    rank: Int,
+    t: Int,
+    a: Scalar[acc],
+    b: Scalar[acc],
+) -> Tuple[SIMD[acc, 2], SIMD[acc, 2]]:
+    """Both blocks of a `ce_pair_kernel` cluster publish (a, b) (thread 0,
+    into `slots[2 * rank]`, `slots[2 * rank + 1]`) and get both blocks'
+    pairs back, (a0, a1) and (b0, b1), after a cluster barrier (release /
+    acquire: the other block's stores are visible). `slots` has a 128-byte
+    line to itself, read only after the barrier: no stale L1 copy."""
+    if t == 0:
+        slots[unsafe_offset=2 * rank] = a
+        slots[unsafe_offset=2 * rank + 1] = b
+    cluster_sync()
+    return (
+        SIMD[acc, 2](slots[unsafe_offset=0], slots[unsafe_offset=2]),
+        SIMD[acc, 2](slots[unsafe_offset=1], slots[unsafe_offset=3]),
+    )
+
+
+@always_inline
+def _pair_row_stats[
+    dtype: DType, with_grad: Bool, V: Int, T: Int
+](
+    xp: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+    slots: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    rank: Int,
+    eps: Scalar[accum_dtype[dtype]()],
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+]:
+    """Sweeps 1 and 2 of `ce_pair_kernel` over this block's part `p` (from
+    `xp`), each followed by an exchange with the other block (`slots`: the
+    row's `CE_PAIR_SLOTS`): the whole row's max, sum of exp(x - max) and
+    (label smoothing) sum of x."""
+    comptime acc = accum_dtype[dtype]()
+    var m = _smem_row_max[dtype, V, T](xp, smem, p, regs, edge)
+    var row_max = _pair_exchange[acc](slots, rank, p.t, m, 0)[0].reduce_max()
+    var sums = _smem_row_stats[dtype, with_grad, V, T](
+        xp, smem, p, regs, edge, row_max, eps
+    )
+    var both = _pair_exchange[acc](
+        slots.unsafe_offset(CE_PAIR_SLOTS // 2), rank, p.t, sums[0], sums[1]
+    )
+    return (row_max, both[0].reduce_add(), both[1].reduce_add())
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def ce_pair_kernel[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Cross-entropy of rows too long for one SM (to `pair_capacity(V)`),
+    a row per thread-block cluster of two T-thread blocks, read once: each
+    block holds its part of the row on chip as `ce_smem_kernel` holds a
+    row (`_pair_split`), and the parts' max, then sums, meet through
+    `partials` (`CE_PAIR_SLOTS` a row) at two cluster barriers. Arguments as
+    `ce_smem_kernel`; `grid_dim.x` = 2 x rows, clusters of 2.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var rank = Int(block_rank_in_cluster())
+    var row = Int(block_idx.x) // 2
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    var split = _pair_split[V](start, len, aligned_flag)
+    var first = 0 if rank == 0 else split
+    var part = split if rank == 0 else len - split
+    var xp = x.unsafe_offset(first)
+    var p = _smem_row_share[V, T](t, start + first, part, aligned_flag)
+    var opts = _options[acc](options)
+    var eps = opts[1]
+    var tgt = targets[unsafe_offset=row]
+    # The same for both blocks of the cluster: the cluster barriers inside
+    # the branch are reached by every thread of both or by none.
+    var kind = target_kind(tgt, opts[0], len)
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var regs = SIMD[dtype, V * REG_CHUNKS](0)
+    var edge = SIMD[acc, 2](-inf[acc]())
+    var value = Scalar[acc](0)
+    var row_max = Scalar[acc](0)
+    var inv_s = Scalar[acc](0)
+    var x_t = Scalar[acc](0)
+    if kind == KEPT:
+        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
+        var stats = _pair_row_stats[dtype, with_grad, V, T](
+            xp,
+            smem,
+            p,
+            regs,
+            edge,
+            partials.unsafe_offset(row * CE_PAIR_SLOTS),
+            rank,
+            eps,
+        )
+        row_max = stats[0]
+        value = row_loss[acc](row_max, stats[1], x_t, stats[2], eps, len)
+        inv_s = 1 / stats[1]
+    elif kind != IGNORED:
+        value = nan[acc]()
+    if t == 0 and rank == 0:
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+    comptime if with_grad:
+        var y = dlogits.unsafe_offset(start + first)
+        if kind != KEPT:
+            var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
+            _fill_row[dtype, V, T](
+                y, p.t, p.head, p.nvec, p.tail_begin, part, fill
+            )
+            return
+        _smem_row_grad[dtype, mean, V, T, True](
+            y,
+            xp,
+            smem,
+            p,
+            regs,
+            edge,
+            count,
+            row_max,
+            inv_s,
+            x_t,
+            eps,
+            kind,
+            Int(tgt) - first,
+        )
+
+
 def launch_ce_smem[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
 ](
@@ -1194,6 +1375,75 @@ def launch_ce_smem[
                     UInt32(smem_bytes)
                 ),
             )
+
+
+def pair_capacity(V: Int) -> Int:
+    """Longest row (classes) `ce_pair_kernel` holds on chip: two blocks'
+    `smem_capacity(V)`, less the rounding of the split (`_pair_split`)."""
+    return 2 * (smem_capacity(V) - 2 * V)
+
+
+def launch_ce_pair[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `ce_pair_kernel` on `rows` rows of `n`: clusters of two
+    blocks a row, each with the shared memory its part needs (parts of at
+    most (n + 1) / 2 + 2V elements), and `CE_PAIR_SLOTS` partials a row. Raises past
+    `pair_capacity(V)`."""
+    comptime V = vector_width[dtype]()
+    comptime acc = accum_dtype[dtype]()
+    if n > pair_capacity(V):
+        raise Error(
+            "max_softmax: the cross-entropy 'pair' kernel handles rows up to "
+            + String(pair_capacity(V))
+            + " classes, got "
+            + String(n)
+        )
+    var part = (n + 1) // 2 + 2 * V
+    var threads = smem_threads_for(part, V)
+    var smem_bytes = smem_bytes_for(part, V, threads)
+    var partials = ctx.enqueue_create_buffer[acc](rows * CE_PAIR_SLOTS)
+    var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        partials.unsafe_ptr()
+    )
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = ce_pair_kernel[
+                dtype, with_grad, mean, reduce, V, T
+            ]
+            ctx.enqueue_function[kernel](
+                dlogits,
+                logits,
+                targets,
+                options,
+                count,
+                row_losses,
+                loss,
+                partials_ptr,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=2 * rows,
+                block_dim=T,
+                cluster_dim=Dim(2),
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )
+    # Freed in stream order, after the kernel.
+    _ = partials^
 
 
 @fieldwise_init
@@ -1250,7 +1500,7 @@ struct CERegisterRows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
 
 def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
     """The row kernel `launch_cross_entropy` picks for `rows` rows of `n`
-    classes: "register", "smem" or "block".
+    classes: "register", "smem", "pair" or "block".
 
     Where the smem kernel can take the rows (rows >= SPLIT_BELOW_ROWS, so
     a block a row fills the GPU twice over, and n <= `smem_capacity(V)`),
@@ -1263,8 +1513,11 @@ def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
     plan -> smem: fp32 8192 x 16384 2473 -> 2833, 16384 x 32000 1556 ->
     2914; bf16 8192 x 16384 1277 -> 2102; but fp32 32768 x 4096 2159 ->
     1895 (512 threads are too many for such rows).
-    Fewer rows keep every register plan (a row read once), and rows past
-    the smem kernel's capacity the block kernel.
+    Fewer rows keep every register plan (a row read once). Rows past the
+    smem kernel's capacity, to `pair_capacity(V)` (~148K fp32, ~296K
+    16-bit classes: Llama-3's 128256 fp32), go to `ce_pair_kernel` (a
+    cluster of two blocks a row, read once) where there are as many rows,
+    else to the block kernel (read twice).
     """
     var plan = register_plan(n, V, 0)
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
@@ -1273,6 +1526,8 @@ def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
         return "smem"
     if plan >= 0:
         return "register"
+    if rows >= SPLIT_BELOW_ROWS and n <= pair_capacity(V):
+        return "pair"
     return "block"
 
 
@@ -1334,6 +1589,20 @@ def _launch_ce_rows[
     var family = ce_kernel_for(rows, n, V)
     if family == "smem":
         launch_ce_smem[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+    elif family == "pair":
+        launch_ce_pair[dtype, with_grad, mean, reduce](
             ctx,
             dlogits,
             logits,
