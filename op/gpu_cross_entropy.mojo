@@ -20,6 +20,10 @@ capturable for device-graph replay):
      ~148K 16-bit classes): `ce_smem_kernel`, a block per row holding it
      on chip as the softmax forward's gpu_smem_rows (registers, the rest
      in shared memory by cp.async), read once, the gradient written once;
+   - as many rows to `pair_capacity(V)` (~148K fp32, ~296K 16-bit
+     classes): `ce_pair_kernel`, a thread-block cluster of two such blocks
+     a row, each holding half of it, their (max, sum) partials exchanged
+     through global memory at cluster barriers: read once;
    - longer rows, or fewer: `ce_block_kernel`, a block per row: an online
      (max, sum) pass, then, with the gradient, a pass that re-reads the
      row (mostly from L2) to write it. Loss-only reads the row once.
@@ -40,8 +44,11 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import AddressSpace, external_memory
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
+from std.math import exp2
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -80,6 +87,7 @@ from .gpu_smem_rows import (
     smem_capacity,
     smem_threads_for,
 )
+from .gpu_split_chunks import SharedBuffer
 from .row_math import (
     accum_dtype,
     exp_nan,
@@ -96,6 +104,21 @@ comptime CE_BLOCK_THREADS = 512
 # 4096 fp32, 8192 16-bit, 2048 float64 classes); longer rows go to the
 # smem kernel (`ce_kernel_for`).
 comptime CE_PLAN_THREADS = 256
+# `ce_pair_kernel`'s partials a row: two exchanges of (rank 0, rank 1)
+# pairs, each in a 128-byte line of its own (float64: two).
+comptime CE_PAIR_SLOTS = 64
+
+# 16-bit rows on chip: after sweep 2, `ce_smem_kernel` keeps exp(x - max)
+# * 2^HELD_EXP_SHIFT in place of each logit, in the logits' own type, so the
+# gradient sweep computes no exp (`_holds_exp`). The shift keeps float16's
+# full precision down to exp(x - max) = 2^-29 (subnormals to 2^-39), below
+# which a float16 gradient is subnormal or 0 anyway; the largest value,
+# 2^15, stays under float16's 65504. bfloat16 holds any exp, rounded to 8
+# bits: the gradient, rounded again, is within one bfloat16 ulp of the
+# correctly rounded value (~74% equal on normal logits), float16 within
+# one float16 ulp.
+comptime HELD_EXP_SHIFT = 15
+comptime LOG2E = 1.4426950408889634
 
 
 @always_inline
@@ -654,6 +677,392 @@ def _target_owner[V: Int, T: Int](tgt: Int, head: Int, tail_begin: Int) -> Int:
     return ((tgt - head) // V) % T
 
 
+@fieldwise_init
+struct _SmemRowShare(ImplicitlyCopyable):
+    """Thread `t`'s share of a row that `ce_smem_kernel` holds on chip: a
+    scalar head up to the row's first 16-byte boundary (all of the row when
+    the buffers themselves are unaligned: scalar throughout), `nvec`
+    aligned vectors, a scalar tail. A head under V elements and the tail
+    sit in the thread's `edge` pair; a longer (scalar) head is read from
+    global memory at each sweep, from element `lead`."""
+
+    var t: Int
+    """The thread."""
+    var head: Int
+    """Elements before the vector body."""
+    var nvec: Int
+    """16-byte vectors of the body."""
+    var tail_begin: Int
+    """First element of the tail."""
+    var len: Int
+    """Row length."""
+    var has_head: Bool
+    """The thread holds head element `t` in `edge[0]`."""
+    var has_tail: Bool
+    """The thread holds tail element `tail_begin + t` in `edge[1]`."""
+    var lead: Int
+    """First element of a long head the thread reads from global memory."""
+
+
+@always_inline
+def _smem_row_share[
+    V: Int, T: Int
+](t: Int, start: Int, len: Int, aligned_flag: Int32) -> _SmemRowShare:
+    """Thread `t`'s `_SmemRowShare` of the row of `len` from element
+    `start` of the buffers."""
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var tail_begin = head + nvec * V
+    return _SmemRowShare(
+        t,
+        head,
+        nvec,
+        tail_begin,
+        len,
+        t < head and head < V,
+        tail_begin + t < len,
+        t + (T if head < V else 0),
+    )
+
+
+@always_inline
+def _smem_row_max[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 1 of `ce_smem_kernel`: load the row on chip (`load_row`; the
+    head and tail into `edge`) and reduce its max over the block."""
+    comptime acc = accum_dtype[dtype]()
+    var m = load_row[dtype, V, T](x, smem, p.t, p.head, p.nvec, regs)
+    if p.has_head:
+        edge[0] = x[unsafe_offset=p.t].cast[acc]()
+    if p.has_tail:
+        edge[1] = x[unsafe_offset=p.tail_begin + p.t].cast[acc]()
+    m = max(m, edge.reduce_max())
+    for e in range(p.lead, p.head, T):
+        m = max(m, x[unsafe_offset=e].cast[acc]())
+    return block_max[acc, T](m)
+
+
+@always_inline
+def _smem_row_sums[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of `ce_smem_kernel`: thread `t`'s sums of exp(x - max) and
+    of x (label smoothing) over its share of the on-chip copy. -inf
+    padding in `edge` adds exp(-inf) = 0 to the first unless the row is
+    all -inf (NaN anyway); the second leaves it out."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var s = Scalar[acc](0)
+    var sx = Scalar[acc](0)
+    comptime for k in range(R):
+        if k * T + p.t < p.nvec:
+            var v = regs.slice[V, offset=k * V]().cast[acc]()
+            s += exp_nan[acc, V](v - row_max).reduce_add()
+            sx += v.reduce_add()
+    for i in range(R * T + p.t, p.nvec, T):
+        var v = (
+            smem.unsafe_offset((i - R * T) * V)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc]()
+        )
+        s += exp_nan[acc, V](v - row_max).reduce_add()
+        sx += v.reduce_add()
+    s += exp_nan[acc, 2](edge - row_max).reduce_add()
+    if p.has_head:
+        sx += edge[0]
+    if p.has_tail:
+        sx += edge[1]
+    for e in range(p.lead, p.head, T):
+        var v = x[unsafe_offset=e].cast[acc]()
+        s += exp_nan[acc, 1](v - row_max)
+        sx += v
+    return (s, sx)
+
+
+@always_inline
+def _smem_edges_grad[
+    dtype: DType, V: Int, T: Int, part: Bool = False
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    p: _SmemRowShare,
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    kind: Int,
+    tgt: Int,
+):
+    """The end of sweep 3 of `ce_smem_kernel`: the gradient of thread
+    `t`'s head and tail elements (`edge`, a long head from global memory),
+    then the target's entry by the thread that wrote it (its store came
+    first in program order). With `part`, `p` is a part of the row and
+    `tgt` (relative to it) may lie outside it."""
+    comptime acc = accum_dtype[dtype]()
+    var edges = grad_of[acc, 2](
+        exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
+    ).cast[dtype]()
+    if p.has_head:
+        y[unsafe_offset=p.t] = edges[0]
+    if p.has_tail:
+        y[unsafe_offset=p.tail_begin + p.t] = edges[1]
+    for e in range(p.lead, p.head, T):
+        y[unsafe_offset=e] = _scalar_grad[dtype](
+            x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
+        )
+    comptime if part:  # a part of the row (`ce_pair_kernel`)
+        if tgt < 0 or tgt >= p.len:
+            return
+    if p.t == _target_owner[V, T](tgt, p.head, p.tail_begin):
+        y[unsafe_offset=tgt] = target_grad[acc](
+            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
+
+
+@always_inline
+def _smem_row_grad[
+    dtype: DType, mean: Bool, V: Int, T: Int, part: Bool = False
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    kind: Int,
+    tgt: Int,
+):
+    """Sweep 3 of `ce_smem_kernel` for a kept row: thread `t`'s share of
+    the gradient into `y`, from the on-chip copy (for 16-bit rows from the
+    exps it holds: `_smem_held_grad`); then the target's owner fixes its
+    entry up."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    comptime if _holds_exp[dtype]():
+        _smem_held_grad[dtype, mean, V, T, part](
+            y,
+            x,
+            smem,
+            p,
+            regs,
+            edge,
+            count,
+            row_max,
+            inv_s,
+            x_t,
+            eps,
+            kind,
+            tgt,
+        )
+        return
+    var scale = _scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, p.len)
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                grad_of[acc, V](
+                    exp_nan[acc, V](
+                        regs.slice[V, offset=k * V]().cast[acc]() - row_max
+                    ),
+                    inv_s,
+                    smooth,
+                    scale,
+                ).cast[dtype]()
+            )
+    for i in range(R * T + p.t, p.nvec, T):
+        var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            grad_of[acc, V](
+                exp_nan[acc, V](v.cast[acc]() - row_max),
+                inv_s,
+                smooth,
+                scale,
+            ).cast[dtype]()
+        )
+    _smem_edges_grad[dtype, V, T, part](
+        y, x, p, edge, row_max, inv_s, smooth, scale, x_t, eps, kind, tgt
+    )
+
+
+@always_inline
+def _holds_exp[dtype: DType]() -> Bool:
+    """Whether `ce_smem_kernel` holds exp(x - max) instead of the logits
+    after sweep 2: 16-bit rows, where two exps a value (one for the sum,
+    one for the gradient) kept the SM busy while HBM idled (78-81% of copy
+    against float32's 96%)."""
+    return size_of[dtype]() == 2
+
+
+@always_inline
+def _held_exp[acc: DType, w: Int](d: SIMD[acc, w]) -> SIMD[acc, w]:
+    """exp(d) * 2^HELD_EXP_SHIFT for d = x - max <= 0 (NaN stays NaN):
+    one FMA and one `ex2.approx` an element on the GPU."""
+    comptime assert acc.is_floating_point()
+    return exp2(d.fma(Scalar[acc](LOG2E), Scalar[acc](HELD_EXP_SHIFT)))
+
+
+@always_inline
+def _smem_held_sums[
+    dtype: DType, V: Int, T: Int, with_x: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of `ce_smem_kernel` for 16-bit rows (`_holds_exp`): thread
+    `t`'s sums of `_held_exp`(x - max) (2^HELD_EXP_SHIFT x the sum of exp)
+    and, `with_x` (label smoothing), of x, over its share; each vector of the
+    on-chip copy is overwritten by its held exps, in `dtype`. Edge
+    padding as in `_smem_row_sums`."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var s = Scalar[acc](0)
+    var sx = Scalar[acc](0)
+    comptime for k in range(R):
+        if k * T + p.t < p.nvec:
+            var v = regs.slice[V, offset=k * V]().cast[acc]()
+            var h = _held_exp[acc, V](v - row_max)
+            s += h.reduce_add()
+            comptime if with_x:
+                sx += v.reduce_add()
+            regs = regs.insert[offset=k * V](h.cast[dtype]())
+    for i in range(R * T + p.t, p.nvec, T):
+        var at = smem.unsafe_offset((i - R * T) * V)
+        var v = at.unsafe_load[width=V, alignment=16]().cast[acc]()
+        var h = _held_exp[acc, V](v - row_max)
+        s += h.reduce_add()
+        comptime if with_x:
+            sx += v.reduce_add()
+        at.unsafe_store[alignment=16](h.cast[dtype]())
+    s += _held_exp[acc, 2](edge - row_max).reduce_add()
+    if p.has_head:
+        sx += edge[0]
+    if p.has_tail:
+        sx += edge[1]
+    for e in range(p.lead, p.head, T):
+        var v = x[unsafe_offset=e].cast[acc]()
+        s += _held_exp[acc, 1](v - row_max)[0]
+        sx += v
+    return (s, sx)
+
+
+@always_inline
+def _smem_held_grad[
+    dtype: DType, mean: Bool, V: Int, T: Int, part: Bool = False
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    kind: Int,
+    tgt: Int,
+):
+    """Sweep 3 of `ce_smem_kernel` for 16-bit rows: the gradient of the
+    vector body from the held exps (`_smem_held_sums`), h * (scale / sum)
+    - eps / V * scale, one FMA an element; the edges and the target as
+    `_smem_row_grad`."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var scale = _scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, p.len)
+    var per_held = inv_s * Scalar[acc](2.0**-HELD_EXP_SHIFT) * scale
+    var shift = -smooth * scale
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            var h = regs.slice[V, offset=k * V]().cast[acc]()
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                h.fma(per_held, shift).cast[dtype]()
+            )
+    for i in range(R * T + p.t, p.nvec, T):
+        var h = (
+            smem.unsafe_offset((i - R * T) * V)
+            .unsafe_load[width=V, alignment=16]()
+            .cast[acc]()
+        )
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            h.fma(per_held, shift).cast[dtype]()
+        )
+    _smem_edges_grad[dtype, V, T, part](
+        y, x, p, edge, row_max, inv_s, smooth, scale, x_t, eps, kind, tgt
+    )
+
+
+@always_inline
+def _smem_row_stats[
+    dtype: DType, with_grad: Bool, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    row_max: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of `ce_smem_kernel` and its block reductions: the row's sum
+    of exp(x - max) and, with label smoothing (`eps` != 0, the same for
+    every thread), its sum of x. 16-bit rows hold their exps from here on
+    for the gradient (`_holds_exp`; the loss alone needs no second exp).
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime if with_grad and _holds_exp[dtype]():
+        # The sum of x only with smoothing: two loops, not a select a value.
+        var part = (Scalar[acc](0), Scalar[acc](0))
+        if eps != 0:
+            part = _smem_held_sums[dtype, V, T, True](
+                x, smem, p, regs, edge, row_max
+            )
+        else:
+            part = _smem_held_sums[dtype, V, T, False](
+                x, smem, p, regs, edge, row_max
+            )
+        var row_sum = block_sum[acc, T](part[0]) * Scalar[acc](
+            2.0**-HELD_EXP_SHIFT
+        )
+        var sum_x = block_sum[acc, T](part[1]) if eps != 0 else Scalar[acc](0)
+        return (row_sum, sum_x)
+    var part = _smem_row_sums[dtype, V, T](x, smem, p, regs, edge, row_max)
+    var row_sum = block_sum[acc, T](part[0])
+    var sum_x = block_sum[acc, T](part[1]) if eps != 0 else Scalar[acc](0)
+    return (row_sum, sum_x)
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
@@ -676,30 +1085,21 @@ def ce_smem_kernel[
     forward's `smem_rows_kernel` layout (gpu_smem_rows), `REG_CHUNKS`
     vectors a thread in registers, the rest of the row in dynamic shared
     memory, the head and tail in the registers of the threads that load
-    them. Arguments as `ce_block_kernel`.
+    them (`_SmemRowShare`). Arguments as `ce_block_kernel`.
 
-    Sweep 1 (`load_row`) loads the row and its max; sweep 2 sums exp(x -
-    max) and x (label smoothing) over the on-chip copy; sweep 3 writes
-    the gradient from it, and the target's owner fixes its entry up.
+    Sweep 1 (`_smem_row_max`) loads the row and its max; sweep 2
+    (`_smem_row_stats`) sums exp(x - max) and x (label smoothing) over the
+    on-chip copy, and 16-bit rows keep their exps in it (`_holds_exp`);
+    sweep 3 (`_smem_row_grad`) writes the gradient from it.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime R = REG_CHUNKS
     var t = Int(thread_idx.x)
     var row = Int(block_idx.x)
     var len = Int(n)
     var start = row * len
     var x = logits.unsafe_offset(start)
-    # head: elements before the row's first 16-byte boundary (all of them
-    # when the buffers themselves are unaligned: scalar throughout). A
-    # head under V elements and the tail sit in `edge`; a longer (scalar)
-    # head is read from global memory at each sweep, from element `lead`.
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
-    var nvec = (len - head) // V
-    var tail_begin = head + nvec * V
-    var has_head = t < head and head < V
-    var has_tail = tail_begin + t < len
-    var lead = t + (T if head < V else 0)
+    var p = _smem_row_share[V, T](t, start, len, aligned_flag)
     var opts = _options[acc](options)
     var eps = opts[1]
     var tgt = targets[unsafe_offset=row]
@@ -707,7 +1107,7 @@ def ce_smem_kernel[
     var smem = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
-    var regs = SIMD[dtype, V * R](0)
+    var regs = SIMD[dtype, V * REG_CHUNKS](0)
     var edge = SIMD[acc, 2](-inf[acc]())
     # kind is the same for the whole block, so the reductions inside the
     # branch are reached by every thread or by none; rows not kept load
@@ -718,47 +1118,12 @@ def ce_smem_kernel[
     var x_t = Scalar[acc](0)
     if kind == KEPT:
         x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
-        var m = load_row[dtype, V, T](x, smem, t, head, nvec, regs)
-        if has_head:
-            edge[0] = x[unsafe_offset=t].cast[acc]()
-        if has_tail:
-            edge[1] = x[unsafe_offset=tail_begin + t].cast[acc]()
-        m = max(m, edge.reduce_max())
-        for e in range(lead, head, T):
-            m = max(m, x[unsafe_offset=e].cast[acc]())
-        row_max = block_max[acc, T](m)
-
-        # Sweep 2: sum of exp(x - max), and of x, over the on-chip copy.
-        # -inf padding in `edge` adds exp(-inf) = 0 to the first unless
-        # the row is all -inf (NaN anyway); the second leaves it out.
-        var s = Scalar[acc](0)
-        var sx = Scalar[acc](0)
-        comptime for k in range(R):
-            if k * T + t < nvec:
-                var v = regs.slice[V, offset=k * V]().cast[acc]()
-                s += exp_nan[acc, V](v - row_max).reduce_add()
-                sx += v.reduce_add()
-        for i in range(R * T + t, nvec, T):
-            var v = (
-                smem.unsafe_offset((i - R * T) * V)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc]()
-            )
-            s += exp_nan[acc, V](v - row_max).reduce_add()
-            sx += v.reduce_add()
-        s += exp_nan[acc, 2](edge - row_max).reduce_add()
-        if has_head:
-            sx += edge[0]
-        if has_tail:
-            sx += edge[1]
-        for e in range(lead, head, T):
-            var v = x[unsafe_offset=e].cast[acc]()
-            s += exp_nan[acc, 1](v - row_max)
-            sx += v
-        var row_sum = block_sum[acc, T](s)
-        var sum_x = block_sum[acc, T](sx) if eps != 0 else Scalar[acc](0)
-        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
-        inv_s = 1 / row_sum
+        row_max = _smem_row_max[dtype, V, T](x, smem, p, regs, edge)
+        var sums = _smem_row_stats[dtype, with_grad, V, T](
+            x, smem, p, regs, edge, row_max, eps
+        )
+        value = row_loss[acc](row_max, sums[0], x_t, sums[1], eps, len)
+        inv_s = 1 / sums[0]
     elif kind != IGNORED:
         value = nan[acc]()
     if t == 0:
@@ -766,58 +1131,198 @@ def ce_smem_kernel[
             row_losses[unsafe_offset=row] = value
         else:
             loss[unsafe_offset=row] = value.cast[dtype]()
-
-    # Sweep 3: the gradient, from the on-chip copy.
     comptime if with_grad:
         var y = dlogits.unsafe_offset(start)
         if kind != KEPT:
             var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
-            _fill_row[dtype, V, T](y, t, head, nvec, tail_begin, len, fill)
+            _fill_row[dtype, V, T](
+                y, p.t, p.head, p.nvec, p.tail_begin, len, fill
+            )
             return
-        var scale = _scale[acc, mean](count)
-        var smooth = smoothing_of[acc](eps, len)
-        comptime for k in range(R):
-            var i = k * T + t
-            if i < nvec:
-                y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-                    grad_of[acc, V](
-                        exp_nan[acc, V](
-                            regs.slice[V, offset=k * V]().cast[acc]() - row_max
-                        ),
-                        inv_s,
-                        smooth,
-                        scale,
-                    ).cast[dtype]()
-                )
-        for i in range(R * T + t, nvec, T):
-            var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-                grad_of[acc, V](
-                    exp_nan[acc, V](v.cast[acc]() - row_max),
-                    inv_s,
-                    smooth,
-                    scale,
-                ).cast[dtype]()
+        _smem_row_grad[dtype, mean, V, T](
+            y,
+            x,
+            smem,
+            p,
+            regs,
+            edge,
+            count,
+            row_max,
+            inv_s,
+            x_t,
+            eps,
+            kind,
+            Int(tgt),
+        )
+
+
+@always_inline
+def _pair_split[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
+    """Where `ce_pair_kernel` splits the row of `len` from element `start`:
+    rank 0 takes the scalar head and the first half of the aligned vectors,
+    rank 1 the rest (so its part starts 16-byte aligned)."""
+    if aligned_flag == 0:
+        return (len + 1) // 2
+    var head = min((V - start % V) % V, len)
+    return head + ((len - head) // V + 1) // 2 * V
+
+
+@always_inline
+def _pair_exchange[
+    acc: DType
+](
+    slots: Pointer[Scalar[acc], MutAnyOrigin],
+    rank: Int,
+    t: Int,
+    a: Scalar[acc],
+    b: Scalar[acc],
+) -> Tuple[SIMD[acc, 2], SIMD[acc, 2]]:
+    """Both blocks of a `ce_pair_kernel` cluster publish (a, b) (thread 0,
+    into `slots[2 * rank]`, `slots[2 * rank + 1]`) and get both blocks'
+    pairs back, (a0, a1) and (b0, b1), after a cluster barrier (release /
+    acquire: the other block's stores are visible). `slots` has a 128-byte
+    line to itself, read only after the barrier: no stale L1 copy."""
+    if t == 0:
+        slots[unsafe_offset=2 * rank] = a
+        slots[unsafe_offset=2 * rank + 1] = b
+    cluster_sync()
+    return (
+        SIMD[acc, 2](slots[unsafe_offset=0], slots[unsafe_offset=2]),
+        SIMD[acc, 2](slots[unsafe_offset=1], slots[unsafe_offset=3]),
+    )
+
+
+@always_inline
+def _pair_row_stats[
+    dtype: DType, with_grad: Bool, V: Int, T: Int
+](
+    xp: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: _SmemRowShare,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+    slots: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    rank: Int,
+    eps: Scalar[accum_dtype[dtype]()],
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+]:
+    """Sweeps 1 and 2 of `ce_pair_kernel` over this block's part `p` (from
+    `xp`), each followed by an exchange with the other block (`slots`: the
+    row's `CE_PAIR_SLOTS`): the whole row's max, sum of exp(x - max) and
+    (label smoothing) sum of x."""
+    comptime acc = accum_dtype[dtype]()
+    var m = _smem_row_max[dtype, V, T](xp, smem, p, regs, edge)
+    var row_max = _pair_exchange[acc](slots, rank, p.t, m, 0)[0].reduce_max()
+    var sums = _smem_row_stats[dtype, with_grad, V, T](
+        xp, smem, p, regs, edge, row_max, eps
+    )
+    var both = _pair_exchange[acc](
+        slots.unsafe_offset(CE_PAIR_SLOTS // 2), rank, p.t, sums[0], sums[1]
+    )
+    return (row_max, both[0].reduce_add(), both[1].reduce_add())
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def ce_pair_kernel[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Cross-entropy of rows too long for one SM (to `pair_capacity(V)`),
+    a row per thread-block cluster of two T-thread blocks, read once: each
+    block holds its part of the row on chip as `ce_smem_kernel` holds a
+    row (`_pair_split`), and the parts' max, then sums, meet through
+    `partials` (`CE_PAIR_SLOTS` a row) at two cluster barriers. Arguments as
+    `ce_smem_kernel`; `grid_dim.x` = 2 x rows, clusters of 2.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var rank = Int(block_rank_in_cluster())
+    var row = Int(block_idx.x) // 2
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    var split = _pair_split[V](start, len, aligned_flag)
+    var first = 0 if rank == 0 else split
+    var part = split if rank == 0 else len - split
+    var xp = x.unsafe_offset(first)
+    var p = _smem_row_share[V, T](t, start + first, part, aligned_flag)
+    var opts = _options[acc](options)
+    var eps = opts[1]
+    var tgt = targets[unsafe_offset=row]
+    # The same for both blocks of the cluster: the cluster barriers inside
+    # the branch are reached by every thread of both or by none.
+    var kind = target_kind(tgt, opts[0], len)
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var regs = SIMD[dtype, V * REG_CHUNKS](0)
+    var edge = SIMD[acc, 2](-inf[acc]())
+    var value = Scalar[acc](0)
+    var row_max = Scalar[acc](0)
+    var inv_s = Scalar[acc](0)
+    var x_t = Scalar[acc](0)
+    if kind == KEPT:
+        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
+        var stats = _pair_row_stats[dtype, with_grad, V, T](
+            xp,
+            smem,
+            p,
+            regs,
+            edge,
+            partials.unsafe_offset(row * CE_PAIR_SLOTS),
+            rank,
+            eps,
+        )
+        row_max = stats[0]
+        value = row_loss[acc](row_max, stats[1], x_t, stats[2], eps, len)
+        inv_s = 1 / stats[1]
+    elif kind != IGNORED:
+        value = nan[acc]()
+    if t == 0 and rank == 0:
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+    comptime if with_grad:
+        var y = dlogits.unsafe_offset(start + first)
+        if kind != KEPT:
+            var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
+            _fill_row[dtype, V, T](
+                y, p.t, p.head, p.nvec, p.tail_begin, part, fill
             )
-        var edges = grad_of[acc, 2](
-            exp_nan[acc, 2](edge - row_max), inv_s, smooth, scale
-        ).cast[dtype]()
-        if has_head:
-            y[unsafe_offset=t] = edges[0]
-        if has_tail:
-            y[unsafe_offset=tail_begin + t] = edges[1]
-        for e in range(lead, head, T):
-            y[unsafe_offset=e] = _scalar_grad[dtype](
-                x, e, kind, Scalar[dtype](0), row_max, inv_s, smooth, scale
-            )
-        # The target's entry, by the thread that wrote it (its store above
-        # came first in program order).
-        if t == _target_owner[V, T](Int(tgt), head, tail_begin):
-            y[unsafe_offset=Int(tgt)] = target_grad[acc](
-                exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-            ).cast[dtype]()
+            return
+        _smem_row_grad[dtype, mean, V, T, True](
+            y,
+            xp,
+            smem,
+            p,
+            regs,
+            edge,
+            count,
+            row_max,
+            inv_s,
+            x_t,
+            eps,
+            kind,
+            Int(tgt) - first,
+        )
 
 
 def launch_ce_smem[
@@ -870,6 +1375,75 @@ def launch_ce_smem[
                     UInt32(smem_bytes)
                 ),
             )
+
+
+def pair_capacity(V: Int) -> Int:
+    """Longest row (classes) `ce_pair_kernel` holds on chip: two blocks'
+    `smem_capacity(V)`, less the rounding of the split (`_pair_split`)."""
+    return 2 * (smem_capacity(V) - 2 * V)
+
+
+def launch_ce_pair[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `ce_pair_kernel` on `rows` rows of `n`: clusters of two
+    blocks a row, each with the shared memory its part needs (parts of at
+    most (n + 1) / 2 + 2V elements), and `CE_PAIR_SLOTS` partials a row. Raises past
+    `pair_capacity(V)`."""
+    comptime V = vector_width[dtype]()
+    comptime acc = accum_dtype[dtype]()
+    if n > pair_capacity(V):
+        raise Error(
+            "max_softmax: the cross-entropy 'pair' kernel handles rows up to "
+            + String(pair_capacity(V))
+            + " classes, got "
+            + String(n)
+        )
+    var part = (n + 1) // 2 + 2 * V
+    var threads = smem_threads_for(part, V)
+    var smem_bytes = smem_bytes_for(part, V, threads)
+    var partials = ctx.enqueue_create_buffer[acc](rows * CE_PAIR_SLOTS)
+    var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        partials.unsafe_ptr()
+    )
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = ce_pair_kernel[
+                dtype, with_grad, mean, reduce, V, T
+            ]
+            ctx.enqueue_function[kernel](
+                dlogits,
+                logits,
+                targets,
+                options,
+                count,
+                row_losses,
+                loss,
+                partials_ptr,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=2 * rows,
+                block_dim=T,
+                cluster_dim=Dim(2),
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )
+    # Freed in stream order, after the kernel.
+    _ = partials^
 
 
 @fieldwise_init
@@ -926,7 +1500,7 @@ struct CERegisterRows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
 
 def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
     """The row kernel `launch_cross_entropy` picks for `rows` rows of `n`
-    classes: "register", "smem" or "block".
+    classes: "register", "smem", "pair" or "block".
 
     Where the smem kernel can take the rows (rows >= SPLIT_BELOW_ROWS, so
     a block a row fills the GPU twice over, and n <= `smem_capacity(V)`),
@@ -939,8 +1513,11 @@ def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
     plan -> smem: fp32 8192 x 16384 2473 -> 2833, 16384 x 32000 1556 ->
     2914; bf16 8192 x 16384 1277 -> 2102; but fp32 32768 x 4096 2159 ->
     1895 (512 threads are too many for such rows).
-    Fewer rows keep every register plan (a row read once), and rows past
-    the smem kernel's capacity the block kernel.
+    Fewer rows keep every register plan (a row read once). Rows past the
+    smem kernel's capacity, to `pair_capacity(V)` (~148K fp32, ~296K
+    16-bit classes: Llama-3's 128256 fp32), go to `ce_pair_kernel` (a
+    cluster of two blocks a row, read once) where there are as many rows,
+    else to the block kernel (read twice).
     """
     var plan = register_plan(n, V, 0)
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
@@ -949,7 +1526,128 @@ def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
         return "smem"
     if plan >= 0:
         return "register"
+    if rows >= SPLIT_BELOW_ROWS and n <= pair_capacity(V):
+        return "pair"
     return "block"
+
+
+def launch_ce_block[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `ce_block_kernel` on `rows` rows of `n`, a block of
+    `CE_BLOCK_THREADS` a row (any length)."""
+    comptime V = vector_width[dtype]()
+    comptime kernel = ce_block_kernel[
+        dtype, with_grad, mean, reduce, V, CE_BLOCK_THREADS
+    ]
+    ctx.enqueue_function[kernel](
+        dlogits,
+        logits,
+        targets,
+        options,
+        count,
+        row_losses,
+        loss,
+        Int64(n),
+        aligned_flag_of(aligned),
+        grid_dim=rows,
+        block_dim=CE_BLOCK_THREADS,
+    )
+
+
+def _launch_ce_rows[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+) raises:
+    """Enqueue the row kernel `ce_kernel_for` picks for `rows > 0` rows of
+    `n`: each row's loss (to `row_losses` if `reduce`, else to `loss`) and,
+    `with_grad`, its gradient."""
+    comptime V = vector_width[dtype]()
+    var aligned = aligned16(Int(logits), Int(dlogits))
+    var family = ce_kernel_for(rows, n, V)
+    if family == "smem":
+        launch_ce_smem[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+    elif family == "pair":
+        launch_ce_pair[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+    elif family == "register":
+        var plan = register_plan(n, V, 0)
+        launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+            ctx,
+            CERegisterRows[dtype, with_grad, mean, reduce](
+                held(dlogits),
+                held(logits),
+                held(targets),
+                held(options),
+                held(count),
+                held(row_losses),
+                held(loss),
+                rows,
+                n,
+                vector_flag_of(aligned, n, V),
+            ),
+            plan,
+            rows,
+        )
+    else:
+        launch_ce_block[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
 
 
 def launch_cross_entropy[
@@ -966,10 +1664,9 @@ def launch_cross_entropy[
 ) raises:
     """Enqueue the cross-entropy of `rows` rows of `n` logits (see the
     module docstring): the count ("mean"), the row kernel the row length
-    picks, the reduction ("mean", "sum"). Arguments as `cross_entropy_cpu`,
-    with `options` on the device."""
+    picks (`_launch_ce_rows`), the reduction ("mean", "sum"). Arguments as
+    `cross_entropy_cpu`, with `options` on the device."""
     comptime acc = accum_dtype[dtype]()
-    comptime V = vector_width[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
     var count = ctx.enqueue_create_buffer[DType.float64](1)
@@ -992,58 +1689,18 @@ def launch_cross_entropy[
             block_dim=CE_SMALL_THREADS,
         )
     if rows > 0:
-        var aligned = aligned16(Int(logits), Int(dlogits))
-        var family = ce_kernel_for(rows, n, V)
-        if family == "smem":
-            launch_ce_smem[dtype, with_grad, mean, reduce](
-                ctx,
-                dlogits,
-                logits,
-                targets,
-                options,
-                count_ptr,
-                losses_ptr,
-                loss,
-                rows,
-                n,
-                aligned,
-            )
-        elif family == "register":
-            var plan = register_plan(n, V, 0)
-            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
-                ctx,
-                CERegisterRows[dtype, with_grad, mean, reduce](
-                    held(dlogits),
-                    held(logits),
-                    held(targets),
-                    held(options),
-                    held(count_ptr),
-                    held(losses_ptr),
-                    held(loss),
-                    rows,
-                    n,
-                    vector_flag_of(aligned, n, V),
-                ),
-                plan,
-                rows,
-            )
-        else:
-            comptime kernel = ce_block_kernel[
-                dtype, with_grad, mean, reduce, V, CE_BLOCK_THREADS
-            ]
-            ctx.enqueue_function[kernel](
-                dlogits,
-                logits,
-                targets,
-                options,
-                count_ptr,
-                losses_ptr,
-                loss,
-                Int64(n),
-                aligned_flag_of(aligned),
-                grid_dim=rows,
-                block_dim=CE_BLOCK_THREADS,
-            )
+        _launch_ce_rows[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count_ptr,
+            losses_ptr,
+            loss,
+            rows,
+            n,
+        )
     comptime if reduce:
         comptime kernel = ce_reduce_kernel[dtype, mean]
         ctx.enqueue_function[kernel](

@@ -21,12 +21,14 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     comptime for with_grad in [False, True]:
         comptime for reduction in ["mean", "sum", "none"]:
             # A register plan (n = 1000), the block-per-row kernel (16 rows
-            # of 50257, past the register plans) and the smem kernel (300
-            # rows of 20001; the launcher compiles both of its block sizes).
+            # of 50257, past the register plans), the smem kernel (300 rows
+            # of 20001; the launcher compiles both of its block sizes) and
+            # the pair kernel (300 rows of 100003, clusters of two blocks).
             comptime launch = launch_cross_entropy[dtype, with_grad, reduction]
             launch(ctx, loss, dlogits, logits, targets, options, 16, 1000)
             launch(ctx, loss, dlogits, logits, targets, options, 16, 50257)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 20001)
+            launch(ctx, loss, dlogits, logits, targets, options, 300, 100003)
 
 
 def main() raises:

@@ -379,11 +379,15 @@ def test_gpu_kernels_compile(tmp_path):
         ("float64", (264, 20001), 0.0),  # 1024 threads a row
         ("float32", (264, 6001), 0.1),  # all in registers, no shared memory
         ("bfloat16", (264, 12001), 0.0),
+        ("float32", (264, 128256), 0.0),  # ce_pair_kernel: Llama-3's vocabulary
+        ("float32", (264, 100003), 0.1),  # ce_pair_kernel, unaligned rows
+        ("bfloat16", (264, 200003), 0.1),  # ce_pair_kernel, 16-bit
     ],
 )
 def test_gpu_smem_rows(rng, dtype, shape, eps):
     """Rows the GPU holds on chip (ce_smem_kernel: rows >= 264, past the
-    256-thread register plans), a fifth of them ignored."""
+    256-thread register plans; past one SM's capacity, ce_pair_kernel: a
+    cluster of two blocks a row), a fifth of them ignored."""
     x = random_logits(rng, shape, dtype)
     t = targets_for(rng, shape[:-1], shape[-1])
     t[:3] = [0, shape[-1] - 1, -100]
@@ -393,38 +397,44 @@ def test_gpu_smem_rows(rng, dtype, shape, eps):
 
 
 @GPU_SKIP
+@pytest.mark.parametrize(
+    ("dtype", "n"), [("float32", 20001), ("bfloat16", 20001), ("float32", 100003)]
+)
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_gpu_smem_special_rows(rng, eps):
+def test_gpu_smem_special_rows(rng, dtype, n, eps):
     """ce_smem_kernel's rows of every kind, in one batch: ignored, a bad
     target (NaN loss and gradient row), targets in a row's scalar head and
     tail, -inf logits (a -inf target: infinite loss, finite gradient), NaN
-    and +inf (NaN rows)."""
+    and +inf (NaN rows). bfloat16 rows hold their exps on chip for the
+    gradient (`_holds_exp`), float32 rows their logits; rows of 100003
+    go to ce_pair_kernel (head in rank 0's part, tail in rank 1's)."""
     from max.dtype import DType
 
     from max_softmax.devices import device
     from max_softmax.dtypes import to_buffer, to_numpy
     from max_softmax.models import cross_entropy_model
 
-    n = 20001  # row r starts r % 4 elements past a 16-byte boundary
-    x = random_logits(rng, (264, n), "float32")
+    # Row r starts r * n % V elements past a 16-byte boundary (V = 4
+    # float32, 8 bfloat16 elements): row 2 has a head, rows 8 and 9 a tail.
+    x = random_logits(rng, (264, n), dtype)
     t = rng.integers(0, n, size=264)
     t[0] = -100  # ignored
     t[1] = n  # bad
-    t[2] = 1  # in row 2's 2-element head
-    t[8], t[9] = n - 1, n - 2  # in row 8's 1-element tail, row 9's 2
+    t[2] = 1  # in row 2's head (2 or 6 elements)
+    t[8], t[9] = n - 1, n - 2  # in row 8's and row 9's tails
     x[4, ::3] = -np.inf
     t[4] = 3  # a -inf target
     x[5, 100] = np.nan
     x[6, 17] = np.inf
     gpu = device("gpu")
-    model = cross_entropy_model(True, DType.float32, "gpu", "none")
+    model = cross_entropy_model(True, getattr(DType, dtype), "gpu", "none")
     args = (x, t, np.array([-100, eps]))
     loss, dlogits = (to_numpy(b) for b in model.execute(*(to_buffer(a).to(gpu) for a in args)))
     assert np.isnan(loss[1]) and np.all(np.isnan(dlogits[1]))
     good = np.arange(264) != 1
     want_loss, want_grad = reference(x[good], t[good], reduction="none", label_smoothing=eps)
-    assert_close(loss[good], want_loss, "float32", "loss")
-    assert_close(dlogits[good], want_grad, "float32", "dlogits")
+    assert_close(loss[good], want_loss, dtype, "loss")
+    assert_close(dlogits[good], want_grad, dtype, "dlogits")
     assert loss[0] == 0 and np.all(dlogits[0] == 0)
     assert np.isposinf(loss[4]) and np.all(np.isfinite(dlogits[4]))
     assert np.all(np.isnan(loss[5:7])) and np.all(np.isnan(dlogits[5:7]))
