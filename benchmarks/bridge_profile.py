@@ -5,7 +5,11 @@ torch's softmax and ours, forward, backward and forward + backward through
 autograd, then a CUPTI trace (torch.profiler) of our forward + backward:
 kernel time a step, GPU idle time between its kernels, host time a step.
 
-    python benchmarks/bridge_profile.py [--shape 4096x4096] [--dtype float32]
+    python benchmarks/bridge_profile.py [--shape 4096x4096] [--dtype float32] [--functions]
+
+`--functions` times a training step through plain `torch.autograd.Function`s
+whose forward / backward are torch's or ours (host and wall µs a step), and
+ours with autograd's worker threads off: which part of the step costs.
 """
 
 from __future__ import annotations
@@ -74,6 +78,72 @@ def steps(x: torch.Tensor, dy: torch.Tensor) -> dict:
     }
 
 
+def host_and_wall_us(fn, reps: int = 100) -> tuple[float, float]:
+    """µs a call until the loop returns (host) and until the GPU is done (wall)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = time.perf_counter()
+    torch.cuda.synchronize()
+    end = time.perf_counter()
+    return round((host - start) / reps * 1e6, 1), round((end - start) / reps * 1e6, 1)
+
+
+def function_steps(x: torch.Tensor, dy: torch.Tensor) -> None:
+    """Print host / wall µs of a step through an autograd.Function made of
+    torch's or our forward and backward, then ours single-threaded."""
+    forwards = {
+        "torch": lambda t: torch.softmax(t, -1),
+        "ours": lambda t: mst._run("softmax", -1, t),
+    }
+    backwards = {
+        "torch": lambda y, d: torch._softmax_backward_data(d, y, -1, y.dtype),
+        "ours": lambda y, d: mst._run("softmax_backward", -1, y, d),
+    }
+    xg = x.detach().clone().requires_grad_()
+    for fname, fwd in forwards.items():
+        for bname, bwd in backwards.items():
+
+            class Step(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, t, fwd=fwd):
+                    y = fwd(t)
+                    ctx.save_for_backward(y)
+                    return y
+
+                @staticmethod
+                def backward(ctx, d, bwd=bwd):
+                    (y,) = ctx.saved_tensors
+                    return bwd(y, d)
+
+            def step(fn=Step):
+                xg.grad = None
+                fn.apply(xg).backward(dy)
+
+            host, wall = host_and_wall_us(step)
+            print(
+                json.dumps(
+                    {"function": f"{fname} fwd / {bname} bwd", "host_us": host, "wall_us": wall}
+                )
+            )
+
+    def ours():
+        xg.grad = None
+        mst.softmax(xg, dim=-1).backward(dy)
+
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        host, wall = host_and_wall_us(ours)
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+    print(
+        json.dumps({"function": "ours, autograd single-threaded", "host_us": host, "wall_us": wall})
+    )
+
+
 def trace(fn, reps: int) -> dict:
     """CUPTI view of `reps` calls of fn: kernel µs, GPU idle µs between the
     first and last kernel, and host µs, each a call."""
@@ -110,6 +180,7 @@ def main() -> None:
     parser.add_argument("--shape", default="4096x4096")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--functions", action="store_true", help="the autograd.Function variants")
     args = parser.parse_args()
     rows, n = (int(v) for v in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)
@@ -117,6 +188,9 @@ def main() -> None:
     dy = torch.randn_like(x)
     torch_launch.extension()
     print(json.dumps({"launch_path": torch_launch.available(cuda=True), "shape": args.shape}))
+    if args.functions:
+        function_steps(x, dy)
+        return
     calls = steps(x, dy)
     for name, fn in calls.items():
         print(json.dumps({"call": name, "wall_us": round(wall_us(fn, args.reps), 1)}))
