@@ -38,6 +38,11 @@ case "$stage" in
   bench)  python3 -m max_softmax bench --out "$OUT" --record "$OUT/results.jsonl" "$@" 2>&1 \
             | tee "$log" | grep -v "^bench:" ;;
   bench-each) shapes=$1; shift
+          # One small run first compiles every provider's graphs (MAX caches them on
+          # disk): a GB-sized shape's process then spends its time timing, and a
+          # timeout cannot keep killing the same compile shape after shape.
+          python3 -m max_softmax bench --shape 256x256 --reps 1 --out "$OUT/warm" "$@" \
+            > "$OUT/warm.log" 2>&1
           for s in ${shapes//,/ }; do
             python3 -m max_softmax bench --shape "$s" --tag "$s" --out "$OUT" \
               --record "$OUT/results.jsonl" "$@" 2>&1 | grep -v "^bench:"
