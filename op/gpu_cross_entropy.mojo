@@ -114,9 +114,11 @@ comptime CE_PAIR_SLOTS = 64
 # full precision down to exp(x - max) = 2^-29 (subnormals to 2^-39), below
 # which a float16 gradient is subnormal or 0 anyway; the largest value,
 # 2^15, stays under float16's 65504. bfloat16 holds any exp, rounded to 8
-# bits: the gradient, rounded again, is within one bfloat16 ulp of the
-# correctly rounded value (~74% equal on normal logits), float16 within
-# one float16 ulp.
+# bits: without label smoothing the gradient, rounded again, is within one
+# bfloat16 ulp of the correctly rounded value (~74% equal on normal logits),
+# float16 within one float16 ulp; with smoothing, entries where p ~ eps / V
+# nearly cancel and keep the held exp's absolute error (up to 2^-9 x eps / V
+# x scale in bfloat16), many ulps of a result near 0.
 comptime HELD_EXP_SHIFT = 15
 comptime LOG2E = 1.4426950408889634
 
@@ -851,13 +853,15 @@ def _smem_row_grad[
     inv_s: Scalar[accum_dtype[dtype]()],
     x_t: Scalar[accum_dtype[dtype]()],
     eps: Scalar[accum_dtype[dtype]()],
+    row_len: Int,
     kind: Int,
     tgt: Int,
 ):
     """Sweep 3 of `ce_smem_kernel` for a kept row: thread `t`'s share of
     the gradient into `y`, from the on-chip copy (for 16-bit rows from the
     exps it holds: `_smem_held_grad`); then the target's owner fixes its
-    entry up."""
+    entry up. `row_len` is the whole row's (label smoothing spreads eps
+    over every class, also where `p` holds only a part of the row)."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
     comptime if _holds_exp[dtype]():
@@ -873,12 +877,13 @@ def _smem_row_grad[
             inv_s,
             x_t,
             eps,
+            row_len,
             kind,
             tgt,
         )
         return
     var scale = _scale[acc, mean](count)
-    var smooth = smoothing_of[acc](eps, p.len)
+    var smooth = smoothing_of[acc](eps, row_len)
     comptime for k in range(R):
         var i = k * T + p.t
         if i < p.nvec:
@@ -989,17 +994,18 @@ def _smem_held_grad[
     inv_s: Scalar[accum_dtype[dtype]()],
     x_t: Scalar[accum_dtype[dtype]()],
     eps: Scalar[accum_dtype[dtype]()],
+    row_len: Int,
     kind: Int,
     tgt: Int,
 ):
     """Sweep 3 of `ce_smem_kernel` for 16-bit rows: the gradient of the
     vector body from the held exps (`_smem_held_sums`), h * (scale / sum)
-    - eps / V * scale, one FMA an element; the edges and the target as
-    `_smem_row_grad`."""
+    - eps / row_len * scale, one FMA an element; the edges and the target
+    as `_smem_row_grad`."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
     var scale = _scale[acc, mean](count)
-    var smooth = smoothing_of[acc](eps, p.len)
+    var smooth = smoothing_of[acc](eps, row_len)
     var per_held = inv_s * Scalar[acc](2.0**-HELD_EXP_SHIFT) * scale
     var shift = -smooth * scale
     comptime for k in range(R):
@@ -1151,6 +1157,7 @@ def ce_smem_kernel[
             inv_s,
             x_t,
             eps,
+            len,
             kind,
             Int(tgt),
         )
@@ -1320,6 +1327,7 @@ def ce_pair_kernel[
             inv_s,
             x_t,
             eps,
+            len,
             kind,
             Int(tgt) - first,
         )

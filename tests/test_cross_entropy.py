@@ -44,6 +44,27 @@ def assert_close(got, want, dtype, what):
     assert ok.all(), f"{what} {dtype}: max abs err {err:.3g} (rtol={tol}, atol={atol:.3g})"
 
 
+ROW_SUM_TOL = {"float32": 1e-4, "float64": 1e-9, "float16": 2e-3, "bfloat16": 1e-2}
+"""A gradient row's sum may differ from the reference's by this fraction of
+the row's sum of |entries| (rounding of every entry; 16-bit rows are
+rounded twice where they hold their exps)."""
+
+
+def assert_row_sums(got, want, dtype):
+    """Each gradient row's sum against the reference's (0 for a kept row):
+    an error spread thinly over every class, as a label-smoothing term
+    computed for half a row, stays far inside the elementwise atol (a
+    fraction of the largest entry) but moves the row's sum by eps x scale."""
+    want = np.asarray(want, dtype=np.float64).reshape(-1, want.shape[-1])
+    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got.sum(-1) - want.sum(-1))
+        bound = ROW_SUM_TOL[dtype] * np.abs(want).sum(-1) + 1e-30
+    rows = np.isfinite(want.sum(-1))
+    bad = np.flatnonzero(rows & ~(diff <= bound))
+    assert bad.size == 0, f"dlogits {dtype}: row {bad[0]} sums off by {diff[bad[0]]:.3g}"
+
+
 def check(device, dtype, x, t, **kw):
     """cross_entropy_with_grad against the reference."""
     loss, dlogits = max_softmax.cross_entropy_with_grad(x, t, device=device, **kw)
@@ -55,6 +76,7 @@ def check(device, dtype, x, t, **kw):
     assert dlogits.shape == x.shape
     assert_close(loss, want_loss, dtype, "loss")
     assert_close(dlogits, want_grad, dtype, "dlogits")
+    assert_row_sums(dlogits, want_grad, dtype)
     return loss, dlogits
 
 
@@ -435,6 +457,7 @@ def test_gpu_smem_special_rows(rng, dtype, n, eps):
     want_loss, want_grad = reference(x[good], t[good], reduction="none", label_smoothing=eps)
     assert_close(loss[good], want_loss, dtype, "loss")
     assert_close(dlogits[good], want_grad, dtype, "dlogits")
+    assert_row_sums(dlogits[good], want_grad, dtype)
     assert loss[0] == 0 and np.all(dlogits[0] == 0)
     assert np.isposinf(loss[4]) and np.all(np.isfinite(dlogits[4]))
     assert np.all(np.isnan(loss[5:7])) and np.all(np.isnan(dlogits[5:7]))
