@@ -6,6 +6,9 @@ finds no accelerator.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -44,3 +47,22 @@ def assert_matches_scipy(op: str, got, x, axis: int) -> None:
         f"max_rel_err={c.max_rel_err:.3g} nan_mismatches={c.nan_mismatches} "
         f"(rtol={c.rtol}, atol={c.atol})"
     )
+
+
+def run_in_threads(worker: Callable[[int], None], count: int) -> None:
+    """Run worker(0) ... worker(count - 1) on as many threads at once; fail
+    with the first error any of them raised."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            worker(i)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
-from conftest import assert_matches_scipy
+from conftest import assert_matches_scipy, run_in_threads
 
 import max_softmax
 from max_softmax.models import compile_count
@@ -13,28 +11,19 @@ from max_softmax.models import compile_count
 
 def test_eight_threads_mixed_shapes_and_dtypes():
     dtypes = ["float32", "float64", "float16", "bfloat16"]
-    errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         rng = np.random.default_rng(i)
-        try:
-            for j in range(12):
-                shape = (1 + (i + j) % 5, 3 + 17 * j)
-                dt = max_softmax.dtypes.DTYPE_NAMES[dtypes[(i + j) % 4]]
-                x = (rng.standard_normal(shape) * 3).astype(dt)
-                axis = -1 if j % 2 else 0
-                assert_matches_scipy(
-                    "softmax", max_softmax.softmax(x, axis=axis, device="cpu"), x, axis
-                )
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
+        for j in range(12):
+            shape = (1 + (i + j) % 5, 3 + 17 * j)
+            dt = max_softmax.dtypes.DTYPE_NAMES[dtypes[(i + j) % 4]]
+            x = (rng.standard_normal(shape) * 3).astype(dt)
+            axis = -1 if j % 2 else 0
+            assert_matches_scipy(
+                "softmax", max_softmax.softmax(x, axis=axis, device="cpu"), x, axis
+            )
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 8)
     assert compile_count and all(n == 1 for n in compile_count.values()), compile_count
 
 

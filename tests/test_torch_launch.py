@@ -127,28 +127,18 @@ def test_unaligned_view():
 def test_threads():
     """Calls from several threads at once, small ones (which keep the GIL)
     and large ones (which release it while the kernel runs)."""
-    import threading
-
-    errors: list[BaseException] = []
+    from conftest import run_in_threads
 
     def worker(i: int) -> None:
-        try:
-            for rows in (2, 512, 3):
-                x = torch.randn(
-                    rows, 257, dtype=torch.float64, generator=torch.Generator().manual_seed(i)
-                )
-                out = torch.empty_like(x)
-                tl.run("softmax", out, x, outer=rows, n=257, inner=1)
-                torch.testing.assert_close(out, torch.softmax(x, dim=-1))
-        except BaseException as err:  # noqa: B036 - reported below
-            errors.append(err)
+        for rows in (2, 512, 3):
+            x = torch.randn(
+                rows, 257, dtype=torch.float64, generator=torch.Generator().manual_seed(i)
+            )
+            out = torch.empty_like(x)
+            tl.run("softmax", out, x, outer=rows, n=257, inner=1)
+            torch.testing.assert_close(out, torch.softmax(x, dim=-1))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(worker, 6)
 
 
 def test_errors_surface_as_exceptions():
