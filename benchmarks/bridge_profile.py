@@ -24,18 +24,23 @@ import max_softmax.torch as mst
 from max_softmax import torch_launch
 
 
+def _round_us(fn, reps: int) -> tuple[float, float]:
+    """One round of `reps` back-to-back calls after a sync: µs a call until
+    the loop returns (host) and until the GPU is done (wall)."""
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = time.perf_counter()
+    torch.cuda.synchronize()
+    end = time.perf_counter()
+    return (host - start) / reps * 1e6, (end - start) / reps * 1e6
+
+
 def wall_us(fn, reps: int) -> float:
     """Median of 5 rounds of `reps` back-to-back calls, µs a call."""
     fn()
     torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - start) / reps * 1e6)
-    return sorted(rounds)[2]
+    return sorted(_round_us(fn, reps)[1] for _ in range(5))[2]
 
 
 def steps(x: torch.Tensor, dy: torch.Tensor) -> dict:
@@ -83,13 +88,8 @@ def host_and_wall_us(fn, reps: int = 100) -> tuple[float, float]:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    host = time.perf_counter()
-    torch.cuda.synchronize()
-    end = time.perf_counter()
-    return round((host - start) / reps * 1e6, 1), round((end - start) / reps * 1e6, 1)
+    host, wall = _round_us(fn, reps)
+    return round(host, 1), round(wall, 1)
 
 
 def function_steps(x: torch.Tensor, dy: torch.Tensor) -> None:
