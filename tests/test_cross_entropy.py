@@ -14,6 +14,7 @@ import pytest
 from conftest import DEVICES, GPU_SKIP, random_logits
 
 import max_softmax
+from max_softmax.dtypes import DTYPE_NAMES
 from max_softmax.reference import CROSS_ENTROPY_TOLERANCES
 from max_softmax.reference import cross_entropy_reference as reference
 
@@ -54,8 +55,11 @@ def assert_row_sums(got, want, dtype):
     """Each gradient row's sum against the reference's (0 for a kept row):
     an error spread thinly over every class, as a label-smoothing term
     computed for half a row, stays far inside the elementwise atol (a
-    fraction of the largest entry) but moves the row's sum by eps x scale."""
-    want = np.asarray(want, dtype=np.float64).reshape(-1, want.shape[-1])
+    fraction of the largest entry) but moves the row's sum by eps x scale.
+    The reference is rounded to `dtype` first: float16 flushes entries
+    below its smallest subnormal (6e-8) to 0, and their sum with them."""
+    want = np.asarray(want).astype(DTYPE_NAMES[dtype]).astype(np.float64)
+    want = want.reshape(-1, want.shape[-1])
     got = np.asarray(got, dtype=np.float64).reshape(want.shape)
     with np.errstate(invalid="ignore"):
         diff = np.abs(got.sum(-1) - want.sum(-1))
