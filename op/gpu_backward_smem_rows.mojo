@@ -11,6 +11,13 @@ dynamic shared memory by cp.async (`start_row_copy`), a's part then dy's.
 The row sum of `backward_term` is reduced over the on-chip copy and dx
 written from it: 3 transfers instead of the block-per-row kernel's 5.
 
+Rows past one SM (to ~74K float32, ~37K float64, ~148K 16-bit values:
+`pair_capacity(V, 2)`, e.g. float32 50257) get `backward_pair_kernel`, the
+cross-entropy's `ce_pair_kernel` design: a thread-block cluster of two such
+blocks a row, each holding its half of both rows on chip; the halves' sums
+meet through a line of global memory at a cluster barrier, and each block
+writes its half of dx from chip. Still 3 transfers.
+
 Rows need not start 16-byte aligned: as in the forward, each row is a
 scalar head up to its first aligned element, an aligned vector body, and a
 scalar tail, the head and tail (under V elements each) kept in the
@@ -18,8 +25,9 @@ registers of the threads that load them.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import AddressSpace, async_copy_wait_all, external_memory
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
 from std.utils import StaticTuple
 
 from .gpu_launch import aligned_flag_of
@@ -28,6 +36,8 @@ from .gpu_smem_rows import (
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
+    pair_capacity,
+    pair_split,
     smem_bytes_for,
     smem_capacity,
     smem_threads_for,
@@ -39,6 +49,9 @@ from .row_math import accum_dtype, backward_out, backward_term, vector_width
 comptime SMEM_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime BACKWARD_REG_CHUNKS = REG_CHUNKS // SMEM_TENSORS
+# `backward_pair_kernel`'s partials a row: the two blocks' sums, in a
+# 128-byte line of their own (float64: two).
+comptime BACKWARD_PAIR_SLOTS = 32
 
 
 @always_inline
@@ -233,6 +246,75 @@ def _write_scalar_parts[
         ).cast[dtype]()
 
 
+@always_inline
+def _sum_on_chip[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    ra: Pointer[Scalar[dtype], MutAnyOrigin],
+    rg: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem_a: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    smem_g: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    t: Int,
+    len: Int,
+    head: Int,
+    nvec: Int,
+    mut regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    mut regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    mut edge_a: SIMD[accum_dtype[dtype](), 2],
+    mut edge_g: SIMD[accum_dtype[dtype](), 2],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 1 over a row (or a pair kernel's part of one) of `len` from
+    `ra` and `rg`: load it on chip (registers, shared memory, edges) and
+    return the block's sum of its `backward_term`."""
+    comptime acc = accum_dtype[dtype]()
+    var s = _sum_aligned_part[dtype, log_in, V, T](
+        ra, rg, smem_a, smem_g, t, head, nvec, regs_a, regs_g
+    )
+    var tail_begin = head + nvec * V
+    _load_edges[dtype, V](ra, rg, t, len, head, tail_begin, edge_a, edge_g)
+    s += backward_term[log_in, acc, 2](edge_a, edge_g).reduce_add()
+    return block_sum[acc, T](
+        _add_scalar_head[dtype, log_in, V, T](ra, rg, t, head, s)
+    )
+
+
+@always_inline
+def _write_on_chip[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    rdx: Pointer[Scalar[dtype], MutAnyOrigin],
+    ra: Pointer[Scalar[dtype], MutAnyOrigin],
+    rg: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem_a: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    smem_g: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    t: Int,
+    len: Int,
+    head: Int,
+    nvec: Int,
+    regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
+    edge_a: SIMD[accum_dtype[dtype](), 2],
+    edge_g: SIMD[accum_dtype[dtype](), 2],
+    total: Scalar[accum_dtype[dtype]()],
+):
+    """Sweep 2: the row's (or part's) dx into `rdx` from what
+    `_sum_on_chip` put on chip, with the whole row's sum `total`."""
+    _write_aligned_part[dtype, log_in, V, T](
+        rdx, regs_a, regs_g, smem_a, smem_g, t, head, nvec, total
+    )
+    _write_scalar_parts[dtype, log_in, V, T](
+        rdx, ra, rg, edge_a, edge_g, t, len, head, head + nvec * V, total
+    )
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
@@ -270,38 +352,48 @@ def backward_smem_kernel[
     var start = Int(block_idx.x) * len
     var ra = a.unsafe_offset(start)
     var rg = dy.unsafe_offset(start)
-    var rdx = dx.unsafe_offset(start)
     # head: elements before the row's first 16-byte boundary (all of them
     # when the buffers themselves are unaligned: scalar throughout).
     var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
     var nvec = (len - head) // V
-    var tail_begin = head + nvec * V
     var smem_a = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
     # dy's shared part follows a's: a whole number of 16-byte vectors.
     var smem_g = smem_a.unsafe_offset(max(0, nvec - R * T) * V)
-
-    # Sweep 1: the row's terms, summed over the on-chip copy.
     var regs_a = SIMD[dtype, V * R](0)
     var regs_g = SIMD[dtype, V * R](0)
-    var s = _sum_aligned_part[dtype, log_in, V, T](
-        ra, rg, smem_a, smem_g, t, head, nvec, regs_a, regs_g
-    )
     var edge_a = SIMD[acc, 2](0)
     var edge_g = SIMD[acc, 2](0)
-    _load_edges[dtype, V](ra, rg, t, len, head, tail_begin, edge_a, edge_g)
-    s += backward_term[log_in, acc, 2](edge_a, edge_g).reduce_add()
-    var total = block_sum[acc, T](
-        _add_scalar_head[dtype, log_in, V, T](ra, rg, t, head, s)
+    var total = _sum_on_chip[dtype, log_in, V, T](
+        ra,
+        rg,
+        smem_a,
+        smem_g,
+        t,
+        len,
+        head,
+        nvec,
+        regs_a,
+        regs_g,
+        edge_a,
+        edge_g,
     )
-
-    # Sweep 2: write dx from the on-chip copy.
-    _write_aligned_part[dtype, log_in, V, T](
-        rdx, regs_a, regs_g, smem_a, smem_g, t, head, nvec, total
-    )
-    _write_scalar_parts[dtype, log_in, V, T](
-        rdx, ra, rg, edge_a, edge_g, t, len, head, tail_begin, total
+    _write_on_chip[dtype, log_in, V, T](
+        dx.unsafe_offset(start),
+        ra,
+        rg,
+        smem_a,
+        smem_g,
+        t,
+        len,
+        head,
+        nvec,
+        regs_a,
+        regs_g,
+        edge_a,
+        edge_g,
+        total,
     )
 
 
@@ -345,3 +437,177 @@ def launch_backward_smem[
                     UInt32(smem_bytes)
                 ),
             )
+
+
+# ===----------------------------------------------------------------------=== #
+# Rows past one SM: a cluster of two blocks a row
+# ===----------------------------------------------------------------------=== #
+
+
+@always_inline
+def _pair_total[
+    acc: DType
+](
+    slots: Pointer[Scalar[acc], MutAnyOrigin],
+    rank: Int,
+    t: Int,
+    s: Scalar[acc],
+) -> Scalar[acc]:
+    """The row's sum from the two blocks' sums `s` of a
+    `backward_pair_kernel` cluster: thread 0 publishes this block's into
+    `slots[rank]`, and after a cluster barrier (release / acquire: the
+    partner's store is visible) every thread adds both, in the same order
+    in both blocks, so both halves use the same total. `slots` has a
+    128-byte line to itself, read only after the barrier: no stale L1
+    copy."""
+    if t == 0:
+        slots[unsafe_offset=rank] = s
+    cluster_sync()
+    return slots[unsafe_offset=0] + slots[unsafe_offset=1]
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def backward_pair_kernel[
+    dtype: DType, log_in: Bool, V: Int, T: Int
+](
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """The gradient of rows too long for one SM (to `pair_capacity(V,
+    2)`), a row per thread-block cluster of two T-thread blocks, each
+    reading its part of y (or log p) and dy once (`pair_split`).
+
+    Each block holds its part on chip as `backward_smem_kernel` holds a
+    row, sums its `backward_term`, exchanges the sum with the other block
+    through `partials` at a cluster barrier (`_pair_total`; the two blocks
+    are co-scheduled, so waiting cannot deadlock), and writes its part of
+    dx from chip.
+
+    Args:
+        dx: Output gradient rows.
+        a: Forward output rows (y or log p).
+        dy: Incoming gradient rows.
+        partials: `BACKWARD_PAIR_SLOTS` a row, for the exchange.
+        n: Row length.
+        aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
+
+    `grid_dim.x` = 2 x rows, in clusters of 2.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime R = BACKWARD_REG_CHUNKS
+    var t = Int(thread_idx.x)
+    var rank = Int(block_rank_in_cluster())
+    var row = Int(block_idx.x) // 2
+    var len_row = Int(n)
+    var split = pair_split[V](row * len_row, len_row, aligned_flag)
+    var start = row * len_row + (0 if rank == 0 else split)
+    var len = split if rank == 0 else len_row - split
+    var ra = a.unsafe_offset(start)
+    var rg = dy.unsafe_offset(start)
+    # As in backward_smem_kernel, for this block's part (rank 1's starts
+    # aligned, so only rank 0 has a head).
+    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var nvec = (len - head) // V
+    var smem_a = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var smem_g = smem_a.unsafe_offset(max(0, nvec - R * T) * V)
+    var regs_a = SIMD[dtype, V * R](0)
+    var regs_g = SIMD[dtype, V * R](0)
+    var edge_a = SIMD[acc, 2](0)
+    var edge_g = SIMD[acc, 2](0)
+    var s = _sum_on_chip[dtype, log_in, V, T](
+        ra,
+        rg,
+        smem_a,
+        smem_g,
+        t,
+        len,
+        head,
+        nvec,
+        regs_a,
+        regs_g,
+        edge_a,
+        edge_g,
+    )
+    var total = _pair_total[acc](
+        partials.unsafe_offset(row * BACKWARD_PAIR_SLOTS), rank, t, s
+    )
+    _write_on_chip[dtype, log_in, V, T](
+        dx.unsafe_offset(start),
+        ra,
+        rg,
+        smem_a,
+        smem_g,
+        t,
+        len,
+        head,
+        nvec,
+        regs_a,
+        regs_g,
+        edge_a,
+        edge_g,
+        total,
+    )
+
+
+def launch_backward_pair[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext,
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `backward_pair_kernel` on `rows` rows of `n`: clusters of two
+    blocks a row, each with the shared memory its part of both tensors
+    needs (parts of at most (n + 1) / 2 + 2V elements), and
+    `BACKWARD_PAIR_SLOTS` partials a row. Raises past `pair_capacity(V,
+    2)`."""
+    comptime V = vector_width[dtype]()
+    comptime acc = accum_dtype[dtype]()
+    if n > pair_capacity(V, SMEM_TENSORS):
+        raise Error(
+            "max_softmax: the backward's 'pair' kernel handles rows up to "
+            + String(pair_capacity(V, SMEM_TENSORS))
+            + " elements, got "
+            + String(n)
+        )
+    var part = (n + 1) // 2 + 2 * V
+    var threads = smem_threads_for(part, V, SMEM_TENSORS)
+    var smem_bytes = smem_bytes_for(part, V, threads, SMEM_TENSORS)
+    var partials = ctx.enqueue_create_buffer[acc](rows * BACKWARD_PAIR_SLOTS)
+    var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        partials.unsafe_ptr()
+    )
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = backward_pair_kernel[dtype, log_in, V, T]
+            ctx.enqueue_function[kernel](
+                dx,
+                a,
+                dy,
+                partials_ptr,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=2 * rows,
+                block_dim=T,
+                cluster_dim=Dim(2),
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )
+    # Freed in stream order, after the kernel.
+    _ = partials^

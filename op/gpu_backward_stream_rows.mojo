@@ -57,6 +57,17 @@ from .row_math import accum_dtype, backward_out, backward_term, vector_width
 comptime BACKWARD_TENSORS = 2
 
 
+def backward_stream_chunk[dtype: DType]() -> Int:
+    """Elements of each tensor a backward chunk holds (6144 float32 or
+    16-bit, 3072 float64): a row of n takes ceil(n / this) chunk slots,
+    the last one part empty."""
+    return (
+        split_stream_threads[dtype]()
+        * split_stream_vectors[dtype, BACKWARD_TENSORS]()
+        * vector_width[dtype]()
+    )
+
+
 struct TermFold[dtype: DType, log_in: Bool](ChunkVisitor):
     """Sums `backward_term` over a held chunk of a and dy."""
 

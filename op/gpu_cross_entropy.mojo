@@ -83,6 +83,8 @@ from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     load_row,
+    pair_capacity,
+    pair_split,
     smem_bytes_for,
     smem_capacity,
     smem_threads_for,
@@ -1164,17 +1166,6 @@ def ce_smem_kernel[
 
 
 @always_inline
-def _pair_split[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
-    """Where `ce_pair_kernel` splits the row of `len` from element `start`:
-    rank 0 takes the scalar head and the first half of the aligned vectors,
-    rank 1 the rest (so its part starts 16-byte aligned)."""
-    if aligned_flag == 0:
-        return (len + 1) // 2
-    var head = min((V - start % V) % V, len)
-    return head + ((len - head) // V + 1) // 2 * V
-
-
-@always_inline
 def _pair_exchange[
     acc: DType
 ](
@@ -1253,7 +1244,7 @@ def ce_pair_kernel[
     """Cross-entropy of rows too long for one SM (to `pair_capacity(V)`),
     a row per thread-block cluster of two T-thread blocks, read once: each
     block holds its part of the row on chip as `ce_smem_kernel` holds a
-    row (`_pair_split`), and the parts' max, then sums, meet through
+    row (`pair_split`), and the parts' max, then sums, meet through
     `partials` (`CE_PAIR_SLOTS` a row) at two cluster barriers. Arguments as
     `ce_smem_kernel`; `grid_dim.x` = 2 x rows, clusters of 2.
     """
@@ -1265,7 +1256,7 @@ def ce_pair_kernel[
     var len = Int(n)
     var start = row * len
     var x = logits.unsafe_offset(start)
-    var split = _pair_split[V](start, len, aligned_flag)
+    var split = pair_split[V](start, len, aligned_flag)
     var first = 0 if rank == 0 else split
     var part = split if rank == 0 else len - split
     var xp = x.unsafe_offset(first)
@@ -1383,12 +1374,6 @@ def launch_ce_smem[
                     UInt32(smem_bytes)
                 ),
             )
-
-
-def pair_capacity(V: Int) -> Int:
-    """Longest row (classes) `ce_pair_kernel` holds on chip: two blocks'
-    `smem_capacity(V)`, less the rounding of the split (`_pair_split`)."""
-    return 2 * (smem_capacity(V) - 2 * V)
 
 
 def launch_ce_pair[

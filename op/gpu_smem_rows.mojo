@@ -75,6 +75,27 @@ def smem_capacity(V: Int, tensors: Int = 1) -> Int:
     )
 
 
+def pair_capacity(V: Int, tensors: Int = 1) -> Int:
+    """Longest row (elements) a cluster of two blocks holds on chip, half
+    each (the cross-entropy's and the backward's pair kernels): two
+    blocks' `smem_capacity(V, tensors)`, less the rounding of the split
+    (`pair_split`)."""
+    return 2 * (smem_capacity(V, tensors) - 2 * V)
+
+
+@always_inline
+def pair_split[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
+    """Where a pair kernel splits the row of `len` from element `start`
+    between the two blocks of its cluster: rank 0 takes the scalar head and
+    the first half of the aligned vectors, rank 1 the rest (so its part
+    starts 16-byte aligned); unaligned buffers split in half. Each part has
+    at most (len + 1) / 2 + 2V elements."""
+    if aligned_flag == 0:
+        return (len + 1) // 2
+    var head = min((V - start % V) % V, len)
+    return head + ((len - head) // V + 1) // 2 * V
+
+
 @always_inline
 def start_row_copy[
     dtype: DType, V: Int, T: Int, R: Int

@@ -13,9 +13,9 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var y = ctx.enqueue_create_buffer[dtype](1 << 20)
     var src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](x.unsafe_ptr())
     var dst = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](y.unsafe_ptr())
-    # Room for the backward's largest shape below (300 x 50257).
-    var big_x = ctx.enqueue_create_buffer[dtype](300 * 50257)
-    var big_y = ctx.enqueue_create_buffer[dtype](300 * 50257)
+    # Room for the backward's largest shape below (300 x 80001).
+    var big_x = ctx.enqueue_create_buffer[dtype](300 * 80001)
+    var big_y = ctx.enqueue_create_buffer[dtype](300 * 80001)
     var big_src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](
         big_x.unsafe_ptr()
     )
@@ -42,11 +42,16 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
         softmax_rows["gpu", dtype, log_out, auto](ctx, dst, src, 4, 100, 7)
         # Backward, a shape for each family of backward_kernel_for
         # (dispatch.mojo): registers, on chip a block a row (16-bit),
-        # split stream (unaligned n too), and the block-per-row fallback.
+        # a cluster of two blocks a row (fp32 40001, 16-bit 80001, fp64
+        # 20001), split stream (unaligned n too), and the block-per-row
+        # fallback.
         comptime for shape in [
             (4, 1000),
             (4, 100),
             (300, 50257),
+            (300, 40001),
+            (300, 80001),
+            (300, 20001),
             (8, 300000),
             (2, 1 << 20),
             (1, 3 << 20),

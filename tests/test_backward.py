@@ -37,8 +37,9 @@ def test_matches_formula(rng, device, op, dtype, shape, axis):
 # - 300 x 20001: registers for 16-bit (512 threads x 8 chunks), on chip for
 #   float32 (1024 threads);
 # - 300 x 35001: both rows on chip, a block a row (512 threads for 16-bit);
-# - 300 x 50257: on chip for 16-bit (1024 threads), split stream for float32
-#   (too long for one SM);
+# - 300 x 50257: on chip for 16-bit (1024 threads); for float32 (too long
+#   for one SM) a cluster of two blocks a row, half each on chip (more in
+#   GPU_PAIR_ROWS below);
 # - 8 x 300001: split stream, too few rows for a block a row;
 # - 2 x 2^20: split stream, rows of 4 MB (float32);
 # - 1 x (2^22 + 3): past the split stream's 8 MB, the block-per-row fallback.
@@ -65,6 +66,46 @@ def test_gpu_long_rows(rng, op, dtype, shape):
     dx = getattr(max_softmax, op)(a, dy, axis=-1, device="gpu")
     assert dx.shape == x.shape and dx.dtype == x.dtype
     c = compare_backward(op, dx, a, dy, -1)
+    assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
+
+
+# Rows past one SM, where backward_kernel_for picks the pair kernel (a
+# cluster of two blocks a row, half each on chip): rows >= 264, n over
+# smem_capacity(V, 2) whose split-stream chunk slots would be under 15/16
+# full. float32 rows unaligned (50257, 40001) and aligned (40000, and 264 x
+# 45056 with a row count that is not a multiple of anything); 16-bit and
+# float64 pairs; and fp32 4096 x 65536's neighbour, which keeps the split
+# stream (the dispatch boundary, checked for values only).
+GPU_PAIR_ROWS = [
+    ("float32", (264, 50257)),
+    ("float32", (300, 40001)),
+    ("float32", (300, 40000)),
+    ("float32", (265, 45056)),
+    ("float32", (264, 65536)),
+    ("bfloat16", (264, 80001)),
+    ("float16", (264, 80001)),
+    ("float64", (264, 20001)),
+]
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("op", list(BACKWARD))
+@pytest.mark.parametrize(
+    "dtype,shape", GPU_PAIR_ROWS, ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}"
+)
+def test_gpu_pair_rows(rng, op, dtype, shape):
+    x = random_logits(rng, shape, dtype)
+    a = getattr(max_softmax, BACKWARD[op])(x, axis=-1, device="gpu")
+    dy = random_logits(rng, shape, dtype, scale=1.0)
+    # Special rows in both halves: a NaN in rank 1's half makes the whole
+    # row NaN (both blocks take the exchanged sum), a large dy in rank 0's
+    # head moves the other half's dx.
+    dy[1, -2] = np.nan
+    dy[2, 1] = 1e3
+    dx = getattr(max_softmax, op)(a, dy, axis=-1, device="gpu")
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    assert np.all(np.isnan(dx[1]))
+    c = compare_backward(op, np.delete(dx, 1, 0), np.delete(a, 1, 0), np.delete(dy, 1, 0), -1)
     assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
 
 
