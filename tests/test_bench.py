@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from max_softmax.bench import WORKLOADS, Row, flag_impossible, main, resolve_tim
 from max_softmax.bench.device_timer import busy_seconds, gpu_spans
 from max_softmax.bench.latency import latency_table
 from max_softmax.bench.measure import measure_replay
+from max_softmax.bench.providers import liger_skips_gradient
 from max_softmax.bench.record import RUN_KEYS, append_record, run_kind, tracked_files
 from max_softmax.bench.report import document, plot
-from max_softmax.bench.workloads import MASK_SCALE
+from max_softmax.bench.workloads import CROSS_ENTROPY_OPS, MASK_SCALE
 from max_softmax.reference import (
     backward_reference,
     cross_entropy_reference,
@@ -36,7 +38,7 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
     w = WORKLOADS[op]
     inputs = w.make_inputs(np.random.default_rng(0), 8, 300, "float32")
     assert len(inputs) == w.arity
-    if op == "cross_entropy":
+    if op in CROSS_ENTROPY_OPS:
         _check_cross_entropy_workload(w, inputs)
         return
     if op == "softmax":
@@ -59,21 +61,27 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
 
 
 def _check_cross_entropy_workload(w, inputs):
-    """(loss, dlogits) of the mean over the whole batch: the reference
-    passes, a wrong gradient entry or a wrong loss fails, and so does a
-    provider that returned a per-row loss."""
+    """(loss, dlogits) of the mean over the whole batch, or the loss alone
+    (cross_entropy_loss): the reference passes, a wrong gradient entry or a
+    wrong loss fails, and so does a provider that returned a per-row loss."""
     x, t = inputs
     assert t.dtype == np.int64 and t[0] != -100 and np.all((t == -100) | ((t >= 0) & (t < 300)))
     loss, grad = cross_entropy_reference(x, t, -100, "mean", 0.0)
     loss, grad = np.float32(loss), grad.astype(np.float32)
-    assert w.check((loss, grad), inputs)[0]
-    wrong = grad.copy()
-    wrong[3, 7] += 0.01
-    ok, why = w.check((loss, wrong), inputs)
+
+    def answer(loss, grad):
+        return (loss, grad) if w.op == "cross_entropy" else loss
+
+    assert w.check(answer(loss, grad), inputs)[0]
+    if w.op == "cross_entropy":
+        wrong = grad.copy()
+        wrong[3, 7] += 0.01
+        ok, why = w.check((loss, wrong), inputs)
+        assert not ok and "max_rel_err" in why
+    ok, why = w.check(answer(loss * np.float32(1.001), grad), inputs)
     assert not ok and "max_rel_err" in why
-    assert not w.check((loss * np.float32(1.001), grad), inputs)[0]
     per_row = cross_entropy_reference(x, t, -100, "none", 0.0)[0].astype(np.float32)
-    assert not w.check((per_row, grad), inputs)[0]
+    assert not w.check(answer(per_row, grad), inputs)[0]
 
 
 def test_cross_entropy_check_uses_the_whole_batch_for_the_mean():
@@ -125,6 +133,33 @@ def test_gpu_figures_above_a_bandwidth_bound_copy_are_flagged(n, flagged):
     assert (rows[1].gbps is None) == flagged
     if flagged:
         assert rows[1].note == "unreliable: 3869 GB/s is over 1.15x the copy roof"
+
+
+@pytest.mark.parametrize("op", ["cross_entropy", "cross_entropy_loss"])
+def test_loss_alone_gets_its_time_over_the_copys(op):
+    """The loss alone counts 1 x logits bytes, the copy 2 x: 1900 GB/s
+    against the copy's 2000 is 95% of copy and 0.53x its time, which the
+    table states; the loss with its gradient (no such target) gets no
+    time column."""
+    rows = [
+        Row("copy", 16384, 32000, "float32", "gpu", 700.0, 2000.0, True),
+        Row("ours", 16384, 32000, "float32", "gpu", 500.0, 1900.0, True),
+    ]
+    lines = table(rows, op).splitlines()
+    has_column = op == "cross_entropy_loss"
+    assert ("ours time / copy (target <= 0.55)" in lines[0]) == has_column
+    assert lines[2].endswith("| 95% | — | 0.53x |" if has_column else "| 95% | — |")
+
+
+@pytest.mark.parametrize("skips", [True, False])
+def test_liger_is_a_loss_only_peer_only_where_its_kernel_can_skip_the_gradient(monkeypatch, skips):
+    """Liger's kernel writes the gradient in its forward unless it has the
+    HAS_GRADIENTS flag (newer releases, off for logits without grad)."""
+    names = ["X_ptr", "Y_ptr"] + (["HAS_GRADIENTS"] if skips else [])
+    module = types.ModuleType("liger_kernel.ops.cross_entropy")
+    module.liger_cross_entropy_kernel = types.SimpleNamespace(arg_names=names)
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.cross_entropy", module)
+    assert liger_skips_gradient() is skips
 
 
 def test_table_footnotes_say_why_a_cell_is_empty():
@@ -380,17 +415,20 @@ def test_cpu_sweep_end_to_end(tmp_path):
     assert all(x["run"]["command"].startswith("softmax bench --device cpu") for x in lines)
 
 
-def test_cpu_cross_entropy_end_to_end(tmp_path):
-    """`--op cross_entropy` on the CPU: ours (a K-op graph of
-    cross_entropy_with_grad), torch's F.cross_entropy + backward and our
-    torch bridge pass the float64 check of loss and dlogits and are timed;
-    the legend says what GB/s counts."""
+@pytest.mark.parametrize(("op", "transfers"), [("cross_entropy", 2), ("cross_entropy_loss", 1)])
+def test_cpu_cross_entropy_end_to_end(tmp_path, op, transfers):
+    """`--op cross_entropy` / `cross_entropy_loss` on the CPU: ours (a K-op
+    graph of cross_entropy_with_grad / cross_entropy), torch's
+    F.cross_entropy (+ backward) and our torch bridge pass the float64
+    check of the loss (and dlogits) and are timed, GB/s from the
+    workload's bytes (2 or 1 x the logits; the copy 2 x); the legend says
+    what GB/s counts."""
     out = tmp_path / "out"
-    argv = ["--device", "cpu", "--op", "cross_entropy", "--dtype", "float32"]
+    argv = ["--device", "cpu", "--op", op, "--dtype", "float32"]
     argv += ["--shape", "8x1000", "--reps", "3", "--max-k", "4", "--out", str(out)]
     assert main(argv) == 0
-    data = json.loads((out / "bench_cpu_cross_entropy.json").read_text())
-    assert data["meta"]["kind"] == "cpu_cross_entropy"
+    data = json.loads((out / f"bench_cpu_{op}.json").read_text())
+    assert data["meta"]["kind"] == f"cpu_{op}"
     by = {r["provider"]: r for r in data["results"]}
     names = {"ours", "copy"} | (
         {"torch", "ours:torch"} if importlib.util.find_spec("torch") else set()
@@ -400,9 +438,13 @@ def test_cpu_cross_entropy_end_to_end(tmp_path):
         row = by[name]
         assert not row["note"].startswith(("wrong", "error")), row
         assert (row["ok"] and row["gbps"] > 0) or row["note"].startswith("unreliable"), row
+        moved = (2 if name == "copy" else transfers) * 8 * 1000 * 4  # float32 logits
+        if row["gbps"]:  # bytes that must move / time
+            assert row["gbps"] == pytest.approx(moved / row["us"] / 1e3), row
     assert by["ours"]["extra"]["graph"] and not by.get("ours:torch", {"extra": {}})["extra"].get(
         "graph"
     )
-    md = (out / "bench_cpu_cross_entropy.md").read_text()
-    assert md.startswith("# softmax bench: cross_entropy on ")
-    assert "GB/s = 2 x logits bytes / time" in md and "| ours exec |" in md
+    md = (out / f"bench_cpu_{op}.md").read_text()
+    assert md.startswith(f"# softmax bench: {op} on ")
+    assert f"GB/s = {transfers} x logits bytes / time" in md and "| ours exec |" in md
+    assert ("ours time / copy" in md) == (op == "cross_entropy_loss")

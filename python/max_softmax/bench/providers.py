@@ -1,7 +1,8 @@
 """Everything the bench times: our op and MAX's built-in as K-op MAX graphs,
 and the peers (torch, the Triton tutorial kernel, JAX, NumPy/SciPy, copies;
 for cross_entropy torch, torch.compile, our torch bridge, Liger-Kernel and
-QuACK, each a forward and a `.backward()` to the logits' gradient).
+QuACK, each a forward and a `.backward()` to the logits' gradient; for
+cross_entropy_loss the same forwards alone, without a gradient).
 
 A provider is prepared with K input tuples, then `run(k)` computes the
 workload for the first k of them and waits for the results. MAX providers
@@ -21,10 +22,17 @@ import numpy as np
 from ..devices import device as max_device
 from ..dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from ..models import build_graph, compiled, device_ref
-from ..ops import cross_entropy_with_grad
 from ..registry import OPS
 from .progress import say
-from .workloads import BACKWARD_OPS, CHECK_ROWS, IGNORE_INDEX, MASK_SCALE, WORKLOADS
+from .workloads import (
+    BACKWARD_OPS,
+    CHECK_ROWS,
+    COPY_TRANSFERS,
+    CROSS_ENTROPY_OPS,
+    IGNORE_INDEX,
+    MASK_SCALE,
+    WORKLOADS,
+)
 
 # JAX grabs 75% of GPU memory on first use unless told not to, which starves
 # MAX's allocator for the large shapes measured after it.
@@ -87,12 +95,8 @@ class MaxGraphProvider(Provider):
             from max.graph import ops as max_ops
 
             groups = [xs[i * arity : (i + 1) * arity] for i in range(k)]
-            if self.op == "cross_entropy":  # (loss, dlogits) per op: 2K outputs
-                return [
-                    out
-                    for g in groups
-                    for out in cross_entropy_with_grad(*g, ignore_index=IGNORE_INDEX)
-                ]
+            if self.op in CROSS_ENTROPY_OPS:  # (loss, dlogits) or (loss,) per op
+                return [out for g in groups for out in _loss_graph(self.op, *g)]
             if self.op in MASKED_OPS:
                 return [_masked_graph(self.op, ours, *g) for g in groups]
             if not ours:
@@ -107,7 +111,7 @@ class MaxGraphProvider(Provider):
             ref = device_ref(self.kind)
             t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], ref)
             types = [t] * arity
-            if self.op == "cross_entropy":  # (logits, int64 targets) per op
+            if self.op in CROSS_ENTROPY_OPS:  # (logits, int64 targets) per op
                 types = [t, TensorType(DType.int64, ["rows"], ref)]
             name = f"bench_{self.name.replace(':', '_').replace('.', '_')}_{self.op}_{k}"
             return build_graph(name, types * k, body)
@@ -135,11 +139,21 @@ class MaxGraphProvider(Provider):
         self.sync()
 
     def output0(self) -> Any:
-        """Output 0 of the last execution, as numpy; for cross_entropy
-        (loss, dlogits) of op 0."""
+        """Output 0 of the last execution, as numpy (for cross_entropy_loss
+        op 0's loss); for cross_entropy (loss, dlogits) of op 0."""
         if self.op == "cross_entropy":
             return to_numpy(self.last[0]), to_numpy(self.last[1])
         return to_numpy(self.last[0])
+
+
+LOSS_GRAPH_OPS = {"cross_entropy": "cross_entropy_with_grad", "cross_entropy_loss": "cross_entropy"}
+"""The registry op each loss workload runs as our MAX graph."""
+
+
+def _loss_graph(op: str, logits: Any, targets: Any) -> list[Any]:
+    """One loss workload op in a graph: [loss, dlogits] or [loss] (mean)."""
+    out = OPS[LOSS_GRAPH_OPS[op]].graph(logits, targets, ignore_index=IGNORE_INDEX)
+    return list(out) if isinstance(out, tuple) else [out]
 
 
 MASKED_OPS = ("masked_softmax", "causal_softmax")
@@ -169,7 +183,7 @@ class TorchProvider(Provider):
 
         self.torch, self.kind, self.copy, self.op = torch, kind, copy, op
         self.name = "copy" if copy else "torch"
-        self.transfers = 2 if copy else WORKLOADS[op].transfers
+        self.transfers = COPY_TRANSFERS if copy else WORKLOADS[op].transfers
         self.dev = torch.device("cuda" if kind == "gpu" else "cpu")
 
     def softmax(self, x: Any) -> Any:
@@ -303,15 +317,17 @@ class QuackProvider(TorchProvider):
 
 class CrossEntropyProvider(TorchProvider):
     """torch's `F.cross_entropy(x, t, ignore_index=-100)` (mean) and
-    `.backward()`, x a fresh leaf on the logits each call: (loss, x.grad).
-    Subclasses swap the loss function: torch.compile, our torch bridge,
-    Liger-Kernel, QuACK."""
+    `.backward()`, x a fresh leaf on the logits each call: (loss, x.grad);
+    for `op="cross_entropy_loss"` the loss alone, under `torch.no_grad()`
+    on logits that do not require grad: (loss, None). Subclasses swap the
+    loss function: torch.compile, our torch bridge, Liger-Kernel, QuACK."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind, op="cross_entropy")
+    def __init__(self, kind: str, op: str = "cross_entropy") -> None:
+        super().__init__(kind, op=op)
         import torch.nn.functional as F
 
         self.F = F
+        self.grad = op == "cross_entropy"
 
     def loss(self, x: Any, t: Any) -> Any:
         """The scalar mean loss of logits `x` against targets `t`."""
@@ -323,18 +339,28 @@ class CrossEntropyProvider(TorchProvider):
         self.ys: list[Any] = [None] * len(xs)
 
     def run(self, k: int) -> None:
-        """Loss and gradient of the first k cases, then wait."""
-        for i, (logits, targets) in enumerate(self.xs[:k]):
-            x = logits.detach().requires_grad_()
-            loss = self.loss(x, targets)
-            loss.backward()
-            self.ys[i] = (loss.detach(), x.grad)
+        """Loss and gradient (or the loss alone) of the first k cases, then wait."""
+        with self.torch.set_grad_enabled(self.grad):
+            for i, (logits, targets) in enumerate(self.xs[:k]):
+                self.ys[i] = self.call(logits, targets)
         if self.kind == "gpu":
             self.torch.cuda.synchronize()
 
+    def call(self, logits: Any, targets: Any) -> tuple[Any, Any]:
+        """One call: (loss, dlogits) through `.backward()`, or (loss, None)."""
+        if not self.grad:
+            return self.loss(logits, targets), None
+        x = logits.detach().requires_grad_()
+        loss = self.loss(x, targets)
+        loss.backward()
+        return loss.detach(), x.grad
+
     def output0(self) -> Any:
-        """(loss, the first CHECK_ROWS rows of dlogits) of case 0, as numpy."""
+        """(loss, the first CHECK_ROWS rows of dlogits) of case 0, as numpy;
+        the loss alone for cross_entropy_loss."""
         loss, grad = self.ys[0]
+        if grad is None:
+            return from_torch(loss)
         return from_torch(loss), from_torch(grad[:CHECK_ROWS])
 
 
@@ -342,8 +368,8 @@ class CompiledCrossEntropy(CrossEntropyProvider):
     """`torch.compile` of the same loss function (static shapes; the
     backward is compiled by AOT autograd). Compiling is warm-up, untimed."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
+    def __init__(self, kind: str, op: str = "cross_entropy") -> None:
+        super().__init__(kind, op)
         # A fresh cache per shape: recompiles of one function past dynamo's
         # limit would silently fall back to eager.
         self.torch._dynamo.reset()
@@ -358,10 +384,11 @@ class CompiledCrossEntropy(CrossEntropyProvider):
 class BridgeCrossEntropy(CrossEntropyProvider):
     """Our fused cross-entropy from torch, `max_softmax.torch.cross_entropy`
     (its forward writes the gradient; backward scales it by the incoming
-    gradient: a second pass over dlogits that the bridge pays)."""
+    gradient: a second pass over dlogits that the bridge pays). On logits
+    that do not require grad it runs the loss-only op."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
+    def __init__(self, kind: str, op: str = "cross_entropy") -> None:
+        super().__init__(kind, op)
         from .. import torch as bridge
 
         self.bridge = bridge
@@ -376,11 +403,20 @@ class LigerCrossEntropy(CrossEntropyProvider):
     """Liger-Kernel's Triton cross-entropy (`liger_cross_entropy`). Its
     forward writes the gradient over the logits (to save memory), so after
     the checked first call each call runs on the previous one's gradient:
-    the same work, as its kernel does not depend on the values."""
+    the same work, as its kernel does not depend on the values. For the
+    loss alone it needs a Liger whose kernel skips the gradient on logits
+    that do not require grad (its `HAS_GRADIENTS` flag); an older one
+    always writes it, and is refused rather than timed as loss-only."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
+    def __init__(self, kind: str, op: str = "cross_entropy") -> None:
+        super().__init__(kind, op)
         from liger_kernel.transformers.functional import liger_cross_entropy
+
+        if not self.grad and not liger_skips_gradient():
+            raise RuntimeError(
+                "this Liger-Kernel's forward always writes the gradient (no HAS_GRADIENTS "
+                "flag): not a loss-only peer"
+            )
 
         self.fn = liger_cross_entropy
         self.name = "liger"
@@ -392,10 +428,13 @@ class LigerCrossEntropy(CrossEntropyProvider):
 
 class QuackCrossEntropy(CrossEntropyProvider):
     """QuACK's CuTe-DSL cross-entropy, `quack.cross_entropy.cross_entropy`
-    (forward kernel, then a backward kernel that reads the logits again)."""
+    (forward kernel, then a backward kernel that reads the logits again).
+    For the loss alone its forward suffices: the autograd function's
+    forward launches only the loss kernel (writing a loss and an lse a
+    row), the gradient kernel runs in its backward."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
+    def __init__(self, kind: str, op: str = "cross_entropy") -> None:
+        super().__init__(kind, op)
         # quack/__init__ exports names that shadow its submodules.
         self.q = importlib.import_module("quack.cross_entropy")
         self.name = "quack"
@@ -437,7 +476,7 @@ class NumpyProvider(Provider):
 
     def __init__(self, which: str, op: str = "softmax") -> None:
         self.name, self.op = which, op
-        self.transfers = 2 if which == "copy" else WORKLOADS[op].transfers
+        self.transfers = COPY_TRANSFERS if which == "copy" else WORKLOADS[op].transfers
 
     def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
         """Keep the inputs; allocate the outputs."""
@@ -512,8 +551,8 @@ def make_providers(
         out.append(lambda: TorchProvider(kind, copy=True))
     if kind == "cpu":
         out.append(lambda: NumpyProvider("copy"))
-    if op == "cross_entropy":
-        return out + _cross_entropy_providers(kind, dtype, have)
+    if op in CROSS_ENTROPY_OPS:
+        return out + _cross_entropy_providers(kind, dtype, have, op)
     if op in MASKED_OPS:
         out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
         if op == "masked_softmax":
@@ -557,21 +596,28 @@ def make_providers(
     return out
 
 
-def _cross_entropy_providers(kind: str, dtype: str, have: set[str]) -> list[Callable[[], Provider]]:
-    """Factories for `--op cross_entropy`: ours, then torch eager, its
-    compiled twin (GPU), our torch bridge, Liger-Kernel and QuACK (GPU, where
-    importable)."""
-    out: list[Callable[[], Provider]] = [
-        partial(MaxGraphProvider, kind, dtype, ours=True, op="cross_entropy")
-    ]
+def _cross_entropy_providers(
+    kind: str, dtype: str, have: set[str], op: str
+) -> list[Callable[[], Provider]]:
+    """Factories for `--op cross_entropy` / `cross_entropy_loss`: ours,
+    then torch eager, its compiled twin (GPU), our torch bridge,
+    Liger-Kernel and QuACK (GPU, where importable)."""
+    out: list[Callable[[], Provider]] = [partial(MaxGraphProvider, kind, dtype, ours=True, op=op)]
     if "torch" not in have:
         return out
-    out.append(lambda: CrossEntropyProvider(kind))
+    classes = [CrossEntropyProvider, BridgeCrossEntropy]
     if kind == "gpu":
-        out.append(lambda: CompiledCrossEntropy(kind))
-    out.append(lambda: BridgeCrossEntropy(kind))
-    if kind == "gpu" and "liger_kernel" in have:
-        out.append(lambda: LigerCrossEntropy(kind))
-    if kind == "gpu" and "quack" in have:
-        out.append(lambda: QuackCrossEntropy(kind))
-    return out
+        classes.insert(1, CompiledCrossEntropy)
+        classes += [c for m, c in GPU_LOSS_PEERS if m in have]
+    return out + [partial(c, kind, op) for c in classes]
+
+
+GPU_LOSS_PEERS = (("liger_kernel", LigerCrossEntropy), ("quack", QuackCrossEntropy))
+"""The optional GPU peers of the loss workloads: (module, provider)."""
+
+
+def liger_skips_gradient() -> bool:
+    """Whether the installed Liger-Kernel's cross-entropy kernel can skip
+    the gradient (its `HAS_GRADIENTS` flag, set from `input.requires_grad`)."""
+    ops = importlib.import_module("liger_kernel.ops.cross_entropy")
+    return "HAS_GRADIENTS" in (getattr(ops.liger_cross_entropy_kernel, "arg_names", None) or ())

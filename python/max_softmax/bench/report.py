@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .workloads import FIGURES, WORKLOADS, Row
+from .workloads import COPY_TRANSFERS, FIGURES, WORKLOADS, Row
 
 
 class Footnotes:
@@ -74,19 +74,30 @@ def _cell(row: Row | None, figure: str | None, notes: Footnotes) -> str:
     return symbol + notes.mark(reason)
 
 
-def table(results: list[Row]) -> str:
+def _time_vs_copy(op: str) -> tuple[str, float] | None:
+    """(column head, ours' transfers / the copy's) where `op`'s workload has
+    a target for ours' time against the copy's; None where it has none."""
+    workload = WORKLOADS.get(op)
+    if workload is None or workload.copy_time_target is None:
+        return None
+    head = f"ours time / copy (target <= {workload.copy_time_target:g})"
+    return head, workload.transfers / COPY_TRANSFERS
+
+
+def table(results: list[Row], op: str = "softmax") -> str:
     """Markdown table: GB/s per provider (a MAX graph's three figures side
-    by side), ours % of the copy roof and ours / best peer, and below it a
-    footnote for every value that is missing or in doubt."""
+    by side), ours % of the copy roof and ours / best peer (and, where
+    `op`'s workload has a target against the copy's time, ours' time over
+    the copy's), and below it a footnote for every value that is missing
+    or in doubt."""
     cols = _columns(results)
     providers = list(dict.fromkeys(p for p, _ in cols))
     peers = [p for p in providers if not p.startswith("ours") and p != "copy"]
     timer = peer_timer(results)
+    vs_copy = _time_vs_copy(op)
     head = [p if f is None else f"{p} {f}" for p, f in cols]
-    lines = [
-        "| dtype | rows x N | " + " | ".join(head) + " | ours % of copy | ours / best peer |",
-        "|" + "---|" * (len(cols) + 4),
-    ]
+    head += ["ours % of copy", "ours / best peer"] + ([vs_copy[0]] if vs_copy else [])
+    lines = ["| dtype | rows x N | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
     notes = Footnotes()
     for key in dict.fromkeys(r.shape_key for r in results):
         by = {r.provider: r for r in results if r.shape_key == key}
@@ -98,8 +109,10 @@ def table(results: list[Row]) -> str:
         best = max((comparable(by[p], timer) or 0 for p in peers if p in by), default=0)
         pct = f"{100 * mine / roof:.0f}%" if mine and roof else "—"
         ratio = f"{mine / best:.2f}x" if mine and best else "—"
-        cells = " | ".join(_cell(by.get(p), f, notes) for p, f in cols)
-        lines.append(f"| {key[0]} | {key[1]} x {key[2]} | {cells} | {pct} | {ratio} |")
+        cells = [_cell(by.get(p), f, notes) for p, f in cols] + [pct, ratio]
+        if vs_copy:  # time ratio = (bytes ours moves / the copy's) x copy GB/s / ours' GB/s
+            cells.append(f"{vs_copy[1] * roof / mine:.2f}x" if mine and roof else "—")
+        lines.append(f"| {key[0]} | {key[1]} x {key[2]} | " + " | ".join(cells) + " |")
     foot = notes.lines()
     return "\n".join(lines + ([""] + foot if foot else []))
 
@@ -121,7 +134,7 @@ def legend(results: list[Row], op: str) -> str:
         "ours:<variant>, max.ops.softmax) have three figures: **exec**, the K-op graph "
         "executed (marginal wall time per op, the headline); **replay**, the same graph "
         "captured once and replayed (wall / K); **device**, GPU busy time (CUPTI). "
-        f"Peers have one figure: {peer}. The last two columns use ours' {ours} figure."
+        f"Peers have one figure: {peer}. The columns after the providers use ours' {ours} figure."
     )
 
 
@@ -140,7 +153,7 @@ def document(results: list[Row], meta: dict[str, Any]) -> str:
         ("method", meta.get("method")),
     ]
     lines += [f"- {name}: {value}" for name, value in facts if value]
-    lines += ["", legend(results, op), "", table(results), ""]
+    lines += ["", legend(results, op), "", table(results, op), ""]
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from .measure import (
 from .progress import progress, say
 from .providers import Provider, is_max_graph, make_providers
 from .workloads import (
+    CROSS_ENTROPY_OPS,
     ISSUE_SHAPES_GPU,
     SHAPES_CPU,
     SHAPES_CROSS_ENTROPY_CPU,
@@ -40,9 +41,9 @@ from .workloads import (
 
 
 def default_shapes(kind: str, op: str = "softmax") -> list[tuple[int, int]]:
-    """The shapes swept when `--shape` is not given (cross_entropy: token
-    batches against LLM vocabularies)."""
-    if op == "cross_entropy":
+    """The shapes swept when `--shape` is not given (the cross_entropy ops:
+    token batches against LLM vocabularies)."""
+    if op in CROSS_ENTROPY_OPS:
         return list(SHAPES_CROSS_ENTROPY_GPU if kind == "gpu" else SHAPES_CROSS_ENTROPY_CPU)
     return ISSUE_SHAPES_GPU + SWEEP_GPU if kind == "gpu" else list(SHAPES_CPU)
 
