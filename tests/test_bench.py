@@ -448,3 +448,22 @@ def test_cpu_cross_entropy_end_to_end(tmp_path, op, transfers):
     assert md.startswith(f"# softmax bench: {op} on ")
     assert f"GB/s = {transfers} x logits bytes / time" in md and "| ours exec |" in md
     assert ("ours time / copy" in md) == (op == "cross_entropy_loss")
+
+
+@pytest.mark.parametrize("op", ["softmax_backward", "cross_entropy"])
+def test_input_sets_past_the_l2_are_rotations(op):
+    """Sets small enough for the L2 are drawn afresh; past it, sets 2..K are
+    the first's rows rotated (same values, other rows at each index)."""
+    from max_softmax.bench.sweep import input_sets
+    from max_softmax.bench.workloads import L2_BYTES, WORKLOADS
+
+    rng = np.random.default_rng(0)
+    small = input_sets(WORKLOADS[op], rng, 8, 64, "float32", 3)
+    assert not np.array_equal(small[0][0], small[1][0])
+    rows = 2 * L2_BYTES // (4 * 1024) + 2
+    big = input_sets(WORKLOADS[op], rng, rows, 1024, "float32", 3)
+    assert len(big) == 3
+    for i, s in enumerate(big[1:], 1):
+        for a, b in zip(big[0], s):
+            assert np.array_equal(np.roll(a, i, axis=0), b)
+        assert not np.array_equal(s[0], big[0][0])

@@ -40,6 +40,30 @@ def test_values_and_gradients_match_torch(device, dtype, shape, dim, name):
     torch.testing.assert_close(ours_x.grad.double(), ref_x.grad, rtol=4 * tol, atol=4 * tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "expanded_dy"])
+def test_repeated_calls_follow_new_values_and_layouts(device, name, layout):
+    """The second and later calls of a shape take the bridge's cached plan
+    (torch._plans, no checks): they must still read each call's own values,
+    make a non-contiguous input or an expanded (stride 0) gradient dense, and
+    match torch every time."""
+    gen = torch.Generator().manual_seed(1)
+    fn, ref_fn = getattr(mst, name), getattr(torch, name)
+    for _ in range(3):
+        base = torch.randn(6, 33, generator=gen, dtype=torch.float64).to(device)
+        x = (base.t().contiguous().t() if layout == "transposed" else base).requires_grad_()
+        ref_x = base.detach().clone().requires_grad_()
+        dy = torch.randn(1, 33, dtype=torch.float64).to(device).expand(6, 33)
+        if layout != "expanded_dy":
+            dy = dy.contiguous()
+        y, ref = fn(x, dim=-1), ref_fn(ref_x, dim=-1)
+        torch.testing.assert_close(y, ref)
+        y.backward(dy)
+        ref.backward(dy)
+        torch.testing.assert_close(x.grad, ref_x.grad)
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("grad", ["requires_grad", "no_grad", "plain"])
 def test_autograd_records_only_when_a_gradient_is_wanted(name, grad):

@@ -112,11 +112,32 @@ def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
     return t.contiguous().view(*_dims(t.shape, dim))
 
 
+_plans: dict[tuple, torch_launch.Launcher] = {}
+"""Launches of the bridge's row ops by (op, dim, shape, dtype, device) of
+the first tensor, made once that call passed `_run`'s checks: a repeated
+call (a training step's forward and backward) skips straight to the launch."""
+
+
 def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
+    """Row op `name` of `tensors` along `dim` into a new tensor. Later
+    tensors (a backward's dy, from autograd) must be like the first; the
+    checks run once per shape, dtype and device (`_plans` then launches)."""
+    first = tensors[0]
+    launch = _plans.get((name, dim, first.shape, first.dtype, first.device))
+    if launch is not None and not torch.compiler.is_compiling():
+        out = torch.empty_like(first, memory_format=torch.contiguous_format)
+        launch(out, *[t if t.is_contiguous() else t.contiguous() for t in tensors])
+        return out
+    return _run_checked(name, dim, *tensors)
+
+
+def _run_checked(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
+    """`_run` for a call no plan covers: check, run, and keep a plan for the
+    launch path."""
     first = tensors[0]
     if first.dtype not in DTYPES:
         raise TypeError(f"max_softmax: softmax needs a floating-point tensor, got {first.dtype}")
-    dim = normalize_axis(dim, first.dim())
+    axis = normalize_axis(dim, first.dim())
     for t in tensors[1:]:
         if (t.shape, t.dtype, t.device) != (first.shape, first.dtype, first.device):
             raise ValueError(
@@ -128,18 +149,19 @@ def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"max_softmax: no {name} for tensors on {first.device}")
     # The launch path runs on any CUDA device (MAX's Accelerator(index));
     # the graph path on cuda:0 only.
-    if first.is_cuda and not torch_launch.available(cuda=True):
+    launching = torch_launch.available(first.is_cuda)
+    if first.is_cuda and not launching:
         torch_buffers.check_cuda_device(first)
     out = torch.empty_like(first, memory_format=torch.contiguous_format)
     if first.numel() == 0:
         return out
-    if torch_launch.available(first.is_cuda) and not torch.compiler.is_compiling():
+    if launching and not torch.compiler.is_compiling():
         # Raw addresses and dims: no (outer, n, inner) views to make.
-        outer, n, inner = _dims(first.shape, dim)
-        srcs = [t.detach().contiguous() for t in tensors]
-        torch_launch.run(name, out, *srcs, outer=outer, n=n, inner=inner)
+        launch = torch_launch.launcher(name, first, *_dims(first.shape, axis))
+        launch(out, *[t.detach().contiguous() for t in tensors])
+        _plans[(name, dim, first.shape, first.dtype, first.device)] = launch
         return out
-    views = [_canonical(t.detach(), dim) for t in tensors]
+    views = [_canonical(t.detach(), axis) for t in tensors]
     out3 = out.view(views[0].shape)
     if torch.compiler.is_compiling():  # the tracer sees a torch custom op
         _TORCH_OPS[name](out3, *views)

@@ -44,7 +44,7 @@ import os
 import platform
 import threading
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -366,44 +366,65 @@ def _context_and_stream(t: torch.Tensor) -> tuple[int, int | None]:
     return _gpu_contexts.get(index) or _gpu_context(index), _raw_stream(index)
 
 
-def run(op: str, out: torch.Tensor, *inputs: torch.Tensor, outer: int, n: int, inner: int) -> None:
-    """Write row op `op` (one of ROW_OPS) of `inputs` into `out`, all
-    contiguous (outer, n, inner) tensors of one dtype on one device (see the
-    module docstring for what the caller guarantees).
+Launcher = Callable[..., None]
+"""`launch(out, *inputs)`: one row op on tensors of a fixed shape, dtype
+and device (see `launcher`)."""
+
+
+def launcher(op: str, like: torch.Tensor, outer: int, n: int, inner: int) -> Launcher:
+    """A launch of row op `op` (one of ROW_OPS) on contiguous (outer, n,
+    inner) tensors of `like`'s dtype and device: `launch(out, *inputs)`
+    writes the op of `inputs` into `out` (see the module docstring for what
+    the caller guarantees). Everything but the addresses and, on CUDA,
+    torch's current stream is looked up here once, so a caller that keeps
+    the launcher pays ~1 µs a call (the torch bridge's per-shape plans).
 
     Forward ops take the input x; backward ops take the forward's output
     (y, or log p) and dy, and write dx. On CUDA the op is queued in order on
-    torch's current stream of the device and `run` returns at once; on the
-    CPU it has run when `run` returns. Nothing is done when a dim is 0.
-    Raises LaunchError where the extension cannot be built or the launch
-    fails (e.g. a row too long for the GPU), ValueError for an unknown op,
-    TypeError for a dtype not in DTYPE_CODES.
+    torch's current stream of the device and the launch returns at once; on
+    the CPU it has run when the launch returns. Raises LaunchError where the
+    extension cannot be built or a launch fails (e.g. a row too long for the
+    GPU), ValueError for an unknown op, TypeError for a dtype not in
+    DTYPE_CODES.
     """
-    if outer * n * inner == 0:
-        return
     fn = _functions.get(op)
     if fn is None:
         extension()
         fn = _functions.get(op)
         if fn is None:
             raise ValueError(f"max_softmax: no launch for op {op!r}; one of {ROW_OPS}")
-    code = DTYPE_CODES.get(out.dtype)
+    code = DTYPE_CODES.get(like.dtype)
     if code is None:
-        raise TypeError(f"max_softmax: no {op} launch for {out.dtype}")
-    ctx, stream = _context_and_stream(out)
-    try:
-        fn(
-            ctx,
-            stream,
-            code,
-            out.data_ptr(),
-            *[t.data_ptr() for t in inputs],
-            outer,
-            n,
-            inner,
-        )
-    except Exception as err:  # the extension raises plain Exception
-        raise LaunchError(str(err)) from None
+        raise TypeError(f"max_softmax: no {op} launch for {like.dtype}")
+    index = like.get_device()
+    ctx = _cpu_context() if index < 0 else _gpu_context(index)
+    stream = (lambda: None) if index < 0 else partial(_raw_stream, index)
+    if outer * n * inner == 0:
+        return lambda out, *inputs: None
+
+    def launch(out: torch.Tensor, *inputs: torch.Tensor) -> None:
+        try:
+            fn(
+                ctx,
+                stream(),
+                code,
+                out.data_ptr(),
+                *[t.data_ptr() for t in inputs],
+                outer,
+                n,
+                inner,
+            )
+        except Exception as err:  # the extension raises plain Exception
+            raise LaunchError(str(err)) from None
+
+    return launch
+
+
+def run(op: str, out: torch.Tensor, *inputs: torch.Tensor, outer: int, n: int, inner: int) -> None:
+    """Write row op `op` of `inputs` into `out`, all contiguous (outer, n,
+    inner) tensors of one dtype on one device: `launcher(op, out, outer, n,
+    inner)(out, *inputs)`, for one call. Nothing is done when a dim is 0."""
+    launcher(op, out, outer, n, inner)(out, *inputs)
 
 
 def cross_entropy(
