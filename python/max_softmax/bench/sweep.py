@@ -29,8 +29,8 @@ from .progress import progress, say
 from .providers import Provider, is_max_graph, make_providers
 from .workloads import (
     CROSS_ENTROPY_OPS,
-    L2_BYTES,
     ISSUE_SHAPES_GPU,
+    L2_BYTES,
     SHAPES_CPU,
     SHAPES_CROSS_ENTROPY_CPU,
     SHAPES_CROSS_ENTROPY_GPU,
