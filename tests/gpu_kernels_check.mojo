@@ -5,6 +5,7 @@ from max.gpu.host import DeviceContext
 
 from op.baselines.registered_ops import launch_baseline
 from op.dispatch import softmax_backward_rows, softmax_rows
+from op.gpu_scale_rows import launch_scale_rows
 from op.variants import launch_variant
 
 
@@ -59,6 +60,9 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             softmax_backward_rows["gpu", dtype, log_out](
                 ctx, big_dst, big_src, big_src, shape[0], shape[1], 1
             )
+    # The torch bridge's cross-entropy backward: one factor, one a row.
+    launch_scale_rows[dtype](ctx, dst, src, 4, 1000, False)
+    launch_scale_rows[dtype](ctx, dst, src, 4, 1000, True)
 
 
 def main() raises:

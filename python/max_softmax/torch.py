@@ -511,6 +511,15 @@ class _CrossEntropy(torch.autograd.Function):
         ):
             return (dlogits, *none)
         # "none": a gradient a row; "mean"/"sum": one scalar (shape (1,)).
+        if (
+            dlogits.is_cuda
+            and torch_launch.available(cuda=True)
+            and not torch.compiler.is_compiling()
+        ):
+            # Rows whose factor is 1 (loss.backward()) are left unread.
+            factor = grad_loss.to(dlogits.dtype).contiguous()
+            torch_launch.scale_rows(dlogits, factor)
+            return (dlogits, *none)
         scale = grad_loss[:, None] if reduction == "none" else grad_loss
         return (dlogits.mul_(scale), *none)
 

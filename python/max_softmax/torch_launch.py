@@ -270,6 +270,7 @@ def extension() -> ModuleType:
                 raise _failure from err
             _functions.update({name: getattr(module, name) for name in ROW_OPS})
             _functions["cross_entropy"] = module.cross_entropy
+            _functions["scale_rows"] = module.scale_rows
             _module = module
     return _module
 
@@ -466,6 +467,34 @@ def cross_entropy(
             options.data_ptr(),
             rows,
             classes,
+        )
+    except Exception as err:
+        raise LaunchError(str(err)) from None
+
+
+def scale_rows(data: torch.Tensor, factor: torch.Tensor) -> None:
+    """`data *= factor` in place for a contiguous CUDA (rows, n) `data` and a
+    contiguous `factor` of its dtype and device, of one element or one a row
+    ((rows,) or (rows, 1)), leaving rows whose factor is 1 unread and
+    unwritten (`op/gpu_scale_rows.mojo`): the cross-entropy backward's
+    scaling by an incoming gradient that is nearly always 1, without a pass
+    over the gradient or a host sync. Ordering and guarantees as `run`."""
+    rows, n = data.shape
+    fn = _functions.get("scale_rows")
+    if fn is None:
+        extension()
+        fn = _functions["scale_rows"]
+    ctx, stream = _context_and_stream(data)
+    try:
+        fn(
+            ctx,
+            stream,
+            DTYPE_CODES[data.dtype],
+            data.data_ptr(),
+            factor.data_ptr(),
+            rows,
+            n,
+            int(factor.numel() > 1),
         )
     except Exception as err:
         raise LaunchError(str(err)) from None

@@ -384,8 +384,8 @@ class CompiledCrossEntropy(CrossEntropyProvider):
 class BridgeCrossEntropy(CrossEntropyProvider):
     """Our fused cross-entropy from torch, `max_softmax.torch.cross_entropy`
     (its forward writes the gradient; backward scales it by the incoming
-    gradient: a second pass over dlogits that the bridge pays). On logits
-    that do not require grad it runs the loss-only op."""
+    gradient, on CUDA's launch path without reading rows whose factor is 1).
+    On logits that do not require grad it runs the loss-only op."""
 
     def __init__(self, kind: str, op: str = "cross_entropy") -> None:
         super().__init__(kind, op)

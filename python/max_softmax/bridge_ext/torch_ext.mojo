@@ -36,6 +36,7 @@ from max.gpu.host import DeviceContext, DeviceStream
 from op.cpu_cross_entropy import cross_entropy_cpu
 from op.dispatch import launch_auto, softmax_backward_rows, softmax_rows
 from op.gpu_cross_entropy import launch_cross_entropy
+from op.gpu_scale_rows import launch_scale_rows
 
 comptime GPU = not is_defined["MAX_SOFTMAX_CPU_ONLY"]()
 """Whether this build holds the GPU path: a host with no GPU builds with
@@ -498,6 +499,52 @@ def cross_entropy(
     raise _bad_code("dtype", code, DTYPE_COUNT)
 
 
+def scale_rows(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    data_obj: PythonObject,
+    factor_obj: PythonObject,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+    per_row_obj: PythonObject,
+) raises -> PythonObject:
+    """Multiply the (rows, n) buffer at `data` in place by the factors at
+    `factor` (one, or one a row if `per_row`), on the GPU, skipping rows
+    whose factor is 1 without reading them (`op.gpu_scale_rows`). GPU
+    contexts only: on the CPU the caller reads the factor itself."""
+    if torch_stream is PythonObject(None):
+        raise Error("max_softmax: scale_rows runs on a GPU context only")
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var dims = _dims(rows_obj, n_obj, PythonObject(1))
+    var data = Int(py=data_obj)
+    var factor = Int(py=factor_obj)
+    var per_row = Int(py=per_row_obj) != 0
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            comptime if GPU:
+                var ts = _torch_first(ctx, torch_stream)
+                try:
+                    launch_scale_rows[dtype](
+                        ctx,
+                        _ptr[dtype](data),
+                        _ptr[dtype](factor),
+                        dims[0],
+                        dims[1],
+                        per_row,
+                    )
+                except e:
+                    _torch_after(ctx, ts)
+                    raise e^
+                _torch_after(ctx, ts)
+                return PythonObject(None)
+            else:
+                raise _no_gpu()
+    raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
 # ===----------------------------------------------------------------------=== #
 # The module
 # ===----------------------------------------------------------------------=== #
@@ -537,6 +584,12 @@ def PyInit_torch_ext() abi("C") -> PythonObject:
             docstring=(
                 "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits,"
                 " logits, targets, options, rows, n)"
+            ),
+        )
+        b.def_function[scale_rows](
+            "scale_rows",
+            docstring=(
+                "scale_rows(ctx, stream, dtype, data, factor, rows, n, per_row)"
             ),
         )
         return b.finalize()
