@@ -367,6 +367,26 @@ def _context_and_stream(t: torch.Tensor) -> tuple[int, int | None]:
     return _gpu_contexts.get(index) or _gpu_context(index), _raw_stream(index)
 
 
+def _function(name: str) -> Callable[..., Any]:
+    """The extension's function `name`, the extension built and loaded on
+    first use; ValueError for a name it does not have."""
+    fn = _functions.get(name)
+    if fn is None:
+        extension()
+        fn = _functions.get(name)
+        if fn is None:
+            raise ValueError(f"max_softmax: no launch for op {name!r}; one of {ROW_OPS}")
+    return fn
+
+
+def _launch(fn: Callable[..., Any], *args: Any) -> None:
+    """`fn(*args)`, the extension's plain Exception raised as LaunchError."""
+    try:
+        fn(*args)
+    except Exception as err:
+        raise LaunchError(str(err)) from None
+
+
 Launcher = Callable[..., None]
 """`launch(out, *inputs)`: one row op on tensors of a fixed shape, dtype
 and device (see `launcher`)."""
@@ -388,12 +408,7 @@ def launcher(op: str, like: torch.Tensor, outer: int, n: int, inner: int) -> Lau
     GPU), ValueError for an unknown op, TypeError for a dtype not in
     DTYPE_CODES.
     """
-    fn = _functions.get(op)
-    if fn is None:
-        extension()
-        fn = _functions.get(op)
-        if fn is None:
-            raise ValueError(f"max_softmax: no launch for op {op!r}; one of {ROW_OPS}")
+    fn = _function(op)
     code = DTYPE_CODES.get(like.dtype)
     if code is None:
         raise TypeError(f"max_softmax: no {op} launch for {like.dtype}")
@@ -404,6 +419,7 @@ def launcher(op: str, like: torch.Tensor, outer: int, n: int, inner: int) -> Lau
         return lambda out, *inputs: None
 
     def launch(out: torch.Tensor, *inputs: torch.Tensor) -> None:
+        # `_launch` inlined: this is the bridge's per-call path.
         try:
             fn(
                 ctx,
@@ -449,27 +465,21 @@ def cross_entropy(
         if dlogits is not None:
             dlogits.zero_()
         return
-    fn = _functions.get("cross_entropy")
-    if fn is None:
-        extension()
-        fn = _functions["cross_entropy"]
     ctx, stream = _context_and_stream(logits)
-    try:
-        fn(
-            ctx,
-            stream,
-            DTYPE_CODES[logits.dtype],
-            REDUCTION_CODES[reduction],
-            loss.data_ptr(),
-            0 if dlogits is None else dlogits.data_ptr(),
-            logits.data_ptr(),
-            targets.data_ptr(),
-            options.data_ptr(),
-            rows,
-            classes,
-        )
-    except Exception as err:
-        raise LaunchError(str(err)) from None
+    _launch(
+        _function("cross_entropy"),
+        ctx,
+        stream,
+        DTYPE_CODES[logits.dtype],
+        REDUCTION_CODES[reduction],
+        loss.data_ptr(),
+        0 if dlogits is None else dlogits.data_ptr(),
+        logits.data_ptr(),
+        targets.data_ptr(),
+        options.data_ptr(),
+        rows,
+        classes,
+    )
 
 
 def scale_rows(data: torch.Tensor, factor: torch.Tensor) -> None:
@@ -480,21 +490,15 @@ def scale_rows(data: torch.Tensor, factor: torch.Tensor) -> None:
     scaling by an incoming gradient that is nearly always 1, without a pass
     over the gradient or a host sync. Ordering and guarantees as `run`."""
     rows, n = data.shape
-    fn = _functions.get("scale_rows")
-    if fn is None:
-        extension()
-        fn = _functions["scale_rows"]
     ctx, stream = _context_and_stream(data)
-    try:
-        fn(
-            ctx,
-            stream,
-            DTYPE_CODES[data.dtype],
-            data.data_ptr(),
-            factor.data_ptr(),
-            rows,
-            n,
-            int(factor.numel() > 1),
-        )
-    except Exception as err:
-        raise LaunchError(str(err)) from None
+    _launch(
+        _function("scale_rows"),
+        ctx,
+        stream,
+        DTYPE_CODES[data.dtype],
+        data.data_ptr(),
+        factor.data_ptr(),
+        rows,
+        n,
+        int(factor.numel() > 1),
+    )
