@@ -64,6 +64,21 @@ def test_repeated_calls_follow_new_values_and_layouts(device, name, layout):
         torch.testing.assert_close(x.grad, ref_x.grad)
 
 
+def test_launch_plans_stay_bounded(monkeypatch):
+    """Shapes that never repeat keep at most PLAN_LIMIT plans, and calls
+    past the limit still compute the right values."""
+    from max_softmax import torch_launch
+
+    if not torch_launch.available():
+        pytest.skip("the launch extension is off or not built")
+    monkeypatch.setattr(mst, "PLAN_LIMIT", 3)
+    monkeypatch.setattr(mst, "_plans", {})
+    for n in range(1, 9):
+        x = torch.randn(2, n, dtype=torch.float64)
+        torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))
+        assert 1 <= len(mst._plans) <= 3
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("grad", ["requires_grad", "no_grad", "plain"])
 def test_autograd_records_only_when_a_gradient_is_wanted(name, grad):

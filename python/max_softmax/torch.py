@@ -117,6 +117,10 @@ _plans: dict[tuple, torch_launch.Launcher] = {}
 the first tensor, made once that call passed `_run`'s checks: a repeated
 call (a training step's forward and backward) skips straight to the launch."""
 
+PLAN_LIMIT = 4096
+"""Plans kept at most: past it they are dropped and remade as calls come (a
+model whose shapes never repeat must not grow the table without end)."""
+
 
 def _run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     """Row op `name` of `tensors` along `dim` into a new tensor. Later
@@ -159,6 +163,8 @@ def _run_checked(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
         # Raw addresses and dims: no (outer, n, inner) views to make.
         launch = torch_launch.launcher(name, first, *_dims(first.shape, axis))
         launch(out, *[t.detach().contiguous() for t in tensors])
+        if len(_plans) >= PLAN_LIMIT:
+            _plans.clear()
         _plans[(name, dim, first.shape, first.dtype, first.device)] = launch
         return out
     views = [_canonical(t.detach(), axis) for t in tensors]
