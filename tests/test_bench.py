@@ -55,9 +55,27 @@ def test_workload_check_accepts_the_reference_and_rejects_a_wrong_answer(op):
     right = right.astype(np.float32)
     assert w.check(right, inputs)[0]
     wrong = right.copy()
-    wrong[3, 7] += 0.01
+    wrong.reshape(-1, 300)[3, 7] += 0.01
     ok, why = w.check(wrong, inputs)
     assert not ok and "max_rel_err" in why
+
+
+def test_causal_workload_of_several_matrices():
+    """`rows x n` with rows a larger multiple of n is rows / n causal (n, n)
+    matrices (attention's B x L x L), each restarting at j <= 0 unlike one
+    tall matrix; the check passes their reference (it looks at the first)."""
+    from max_softmax.bench.workloads import causal_batches
+
+    assert causal_batches(65536, 4096) == 16
+    assert causal_batches(4096, 4096) == causal_batches(100, 30) == causal_batches(8, 300) == 1
+    w = WORKLOADS["causal_softmax"]
+    (x,) = w.make_inputs(np.random.default_rng(0), 64, 16, "float32")
+    assert x.shape == (4, 16, 16)
+    right = masked_reference("softmax", x, -1, MASK_SCALE, None, True)
+    assert w.check(right.astype(np.float32), (x,))[0]
+    tall = masked_reference("softmax", x.reshape(64, 16), -1, MASK_SCALE, None, True)
+    assert np.array_equal(tall[:16], right[0].reshape(16, 16))  # the first matrix agrees
+    assert not np.allclose(tall[16:], right[1:].reshape(48, 16))  # the rest does not
 
 
 def _check_cross_entropy_workload(w, inputs):

@@ -109,7 +109,8 @@ class MaxGraphProvider(Provider):
             from max.graph import TensorType
 
             ref = device_ref(self.kind)
-            t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), ["rows", "n"], ref)
+            dims = ["b", "rows", "n"] if self.op == "causal_softmax" else ["rows", "n"]
+            t = TensorType(max_dtype(DTYPE_NAMES[self.dtype]), dims, ref)
             types = [t] * arity
             if self.op in CROSS_ENTROPY_OPS:  # (logits, int64 targets) per op
                 types = [t, TensorType(DType.int64, ["rows"], ref)]

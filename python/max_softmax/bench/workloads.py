@@ -128,8 +128,10 @@ class Workload:
         """Fresh random inputs of one call: (x,), (y, dy), (x, dy) or
         (logits, targets)."""
         x = (rng.standard_normal((rows, n), dtype=np.float32) * 4).astype(DTYPE_NAMES[dtype])
-        if self.op in ("softmax", "causal_softmax"):
+        if self.op == "softmax":
             return (x,)
+        if self.op == "causal_softmax":  # (B, L, n): B attention matrices
+            return (x.reshape(causal_batches(rows, n), -1, n),)
         if self.op == "masked_softmax":  # an additive float mask shaped like x
             m = rng.standard_normal((rows, n), dtype=np.float32)
             m[rng.random((rows, n)) < MASK_DROPPED] = -np.inf
@@ -153,11 +155,11 @@ class Workload:
             return check_cross_entropy(got[0], got[1], inputs[0], inputs[1])
         if self.op == "cross_entropy_loss":
             return check_cross_entropy(got, None, inputs[0], inputs[1])
-        got = got[:CHECK_ROWS]
-        first = [a[:CHECK_ROWS] for a in inputs]
+        got = _head(np.asarray(got))
+        first = [_head(a) for a in inputs]
         if self.op in ("masked_softmax", "causal_softmax"):
             mask = first[1] if self.op == "masked_softmax" else None
-            # Causal over the whole (rows, n) matrix: its first rows keep j <= i.
+            # The first matrix's first rows keep j <= i.
             want = masked_reference(
                 "softmax", first[0], -1, MASK_SCALE, mask, self.op == "causal_softmax"
             )
@@ -177,6 +179,19 @@ class Workload:
         cases or 3 large ones, always well over 4x the L2 in total (two K
         values only: each K is a graph to compile)."""
         return max_k if 3 * self.arity * nbytes < 4 * L2_BYTES else 3
+
+
+def _head(a: np.ndarray) -> np.ndarray:
+    """The rows a check looks at: the first CHECK_ROWS, of the first matrix
+    where `a` holds several (the causal workload's (B, L, n))."""
+    return a[0][:CHECK_ROWS] if a.ndim == 3 else a[:CHECK_ROWS]
+
+
+def causal_batches(rows: int, n: int) -> int:
+    """B, the causal workload's matrices in a `rows x n` shape: rows / n
+    square (n, n) matrices where rows is a larger multiple of n (`--shape
+    65536x4096` is attention's 16 x 4096 x 4096), else one (rows, n)."""
+    return rows // n if rows > n and rows % n == 0 else 1
 
 
 def cross_entropy_targets(rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
@@ -275,8 +290,9 @@ WORKLOADS: dict[str, Workload] = {
         "causal_softmax",
         2,
         1,
-        f"causal_softmax: softmax(x * {MASK_SCALE}) keeping j <= i over the (rows, N) matrix "
-        "(a causal mask computed, not read); GB/s = 2 x tensor bytes / time. Peers: torch's "
+        f"causal_softmax: softmax(x * {MASK_SCALE}) keeping j <= i over the (rows, N) matrix, "
+        "or over rows / N square (N, N) matrices where rows is a larger multiple of N (a causal "
+        "mask computed, not read); GB/s = 2 x tensor bytes / time. Peers: torch's "
         "masked_fill with a precomputed boolean mask, torch.compile of the same.",
     ),
 }
