@@ -167,7 +167,8 @@ def cross_entropy_reference(
 ) -> tuple[np.ndarray, np.ndarray]:
     """torch.nn.functional.cross_entropy (class indices, classes on the
     last axis) in float64: (loss, d loss / d logits). For "none" the
-    gradient is that of sum(loss); "mean" over the rows kept (NaN if none)."""
+    gradient is that of sum(loss); "mean" over the rows kept (a NaN loss and
+    a zero gradient if none, as torch)."""
     x = np.asarray(logits).astype(np.float64)
     eps = label_smoothing
     classes = x.shape[-1]
@@ -178,7 +179,9 @@ def cross_entropy_reference(
     rows = np.arange(len(t1))
     with np.errstate(all="ignore"):
         m = x2.max(axis=-1, keepdims=True)
-        logp = x2 - (m + np.log(np.exp(x2 - m).sum(axis=-1, keepdims=True)))
+        # (x - m) - log s, not x - (m + log s): at |m| ~ 1e38 even float64
+        # rounds m + log s back to m.
+        logp = (x2 - m) - np.log(np.exp(x2 - m).sum(axis=-1, keepdims=True))
         loss = -logp[rows, safe]
         if eps:
             loss = (1 - eps) * loss - eps / classes * logp.sum(axis=-1)
@@ -188,7 +191,9 @@ def cross_entropy_reference(
         grad = np.where(kept[:, None], grad, 0.0)
         if reduction == "mean":
             count = kept.sum()
-            return loss.sum() / count, (grad / count).reshape(x.shape)
+            # Every row ignored: the loss is 0 / 0 = NaN, the gradient
+            # (zeros, as each ignored row's) stays 0, as torch's.
+            return loss.sum() / count, (grad / max(count, 1)).reshape(x.shape)
     if reduction == "sum":
         return loss.sum(), grad.reshape(x.shape)
     return loss.reshape(x.shape[:-1]), grad.reshape(x.shape)
