@@ -23,6 +23,10 @@ from max_softmax.reference import compare_backward, reference
 EXAMPLES = int(os.environ.get("MAX_SOFTMAX_FUZZ_EXAMPLES", "15"))
 SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 32, 33, 64, 127, 128, 129, 255, 257, 1000, 1023, 1025]
 VALUE_KINDS = ["normal", "huge", "tiny", "all_equal", "specials", "dtype_max"]
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None
+)
+"""Every fuzz test's hypothesis settings (EXAMPLES examples, no deadline)."""
 
 
 @st.composite
@@ -68,12 +72,7 @@ def cases(draw):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_fuzz_against_scipy(device, op):
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
+    @FUZZ
     @given(cases())
     def check(case):
         x, axis = case
@@ -97,12 +96,7 @@ def test_fuzz_backward_against_formula(device, op):
     """The backward ops on the forward's float64 output (rounded to the
     dtype, specials and all) and random dy, against the float64 formula."""
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
+    @FUZZ
     @given(cases(), st.integers(0, 2**32 - 1))
     def check(case, seed):
         x, axis = case
@@ -149,12 +143,7 @@ def test_fuzz_masked_against_reference(device, op):
     values against the float64 reference (torch's attention semantics)."""
     from max_softmax.reference import compare, masked_reference
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
+    @FUZZ
     @given(masked_cases())
     def check(case):
         x, axis, scale, mask, causal = case
@@ -212,12 +201,7 @@ def test_fuzz_cross_entropy_against_reference(device):
 
     from max_softmax.reference import cross_entropy_reference
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
+    @FUZZ
     @given(cross_entropy_cases())
     def check(case):
         x, t, reduction, ignore_index, eps = case
