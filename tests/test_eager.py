@@ -97,3 +97,78 @@ def test_buffer_round_trip_keeps_values_and_shape(rng, dtype, shape):
     got = to_numpy(to_buffer(x))
     assert got.shape == x.shape and got.dtype == x.dtype
     assert np.array_equal(got.reshape(-1).view(np.uint8), x.reshape(-1).view(np.uint8))
+
+
+# ---- scale, mask and causal (the graph-level edge staged with the declared masked op) ----
+
+MASKED_CASES = [
+    # (x shape, mask shape or None, mask kind, causal, axis)
+    ((2, 3, 5, 7), (5, 7), "bool", False, -1),
+    ((5, 4, 3), (5, 1, 3), "bool", False, 1),
+    ((2, 3, 7, 7), (2, 1, 1, 7), "bool", True, -1),
+    ((3, 1000), None, None, False, -1),
+]
+
+
+def _mask(rng, shape, kind):
+    if kind is None:
+        return None
+    if kind == "bool":
+        return rng.random(shape) < 0.7
+    return np.where(rng.random(shape) < 0.3, -np.inf, rng.standard_normal(shape))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", MASKED_CASES, ids=lambda c: f"{c[0]}-{c[2]}-causal{c[3]}")
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_eager_masked_matches_reference(rng, device, case, op):
+    from max_softmax.reference import compare, masked_reference
+
+    shape, mask_shape, kind, causal, axis = case
+    x = random_logits(rng, shape, "float32")
+    mask = _mask(rng, mask_shape, kind)
+    scale = 0.37
+    y = getattr(max_softmax, op)(to_tensor(x, device), axis, scale=scale, mask=mask, causal=causal)
+    assert isinstance(y, Tensor) and y.device == max_device(device)
+    want = masked_reference(op, x, axis=axis, scale=scale, mask=mask, causal=causal)
+    c = compare(op, from_tensor(y), x, axis, ref=want)
+    assert c.ok, (c.max_abs_err, c.max_rel_err, c.nan_mismatches)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_mask_as_a_tensor_and_16_bit(rng, device):
+    """A mask that is itself a MAX Tensor; bfloat16 x with a float mask."""
+    x = random_logits(rng, (3, 6, 40), "bfloat16")
+    keep = rng.random((6, 40)) < 0.6
+    keep[2] = False  # a row with nothing kept: zeros
+    y = max_softmax.softmax(to_tensor(x, device), mask=to_tensor(keep, device))
+    want = max_softmax.softmax(x, mask=keep, device="cpu")
+    got = from_tensor(y)
+    assert got.dtype == x.dtype and np.all(got[:, 2] == 0)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+def test_eager_backward_takes_the_scale(rng, device, op):
+    x = random_logits(rng, (5, 30), "float32")
+    forward = op.removesuffix("_backward")
+    a = getattr(max_softmax, forward)(x, scale=0.5, device="cpu")
+    dy = random_logits(rng, x.shape, "float32")
+    fn = getattr(max_softmax, op)
+    got = from_tensor(fn(to_tensor(a, device), to_tensor(dy, device), scale=0.5))
+    np.testing.assert_allclose(got, fn(a, dy, scale=0.5, device="cpu"), rtol=1e-6, atol=1e-7)
+
+
+def test_eager_masked_errors():
+    f = Tensor.from_dlpack(np.ones((4, 5), dtype=np.float32))
+    with pytest.raises(TypeError, match="boolean mask"):
+        max_softmax.softmax(f, mask=np.ones((4, 5), np.int32))
+    with pytest.raises(ValueError, match="broadcastable"):
+        max_softmax.softmax(f, mask=np.ones((3, 5), bool))
+    with pytest.raises(max_softmax.SoftmaxInputError, match="last axis"):
+        max_softmax.softmax(f, axis=0, causal=True)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        max_softmax.softmax(f, scale=float("nan"))
+    with pytest.raises(ValueError, match="leave device and variant"):
+        max_softmax.softmax(f, scale=2.0, variant="warp")

@@ -63,7 +63,7 @@ def softmax(
             (torch's `is_causal`, top-left aligned), computed in the kernel.
 
     A `max.experimental.tensor.Tensor` gives a `Tensor` on its own device
-    (see `max_softmax.eager`; not with scale, mask or causal).
+    (see `max_softmax.eager`), scale, mask and causal included.
 
     Returns:
         A new numpy array of the same shape and dtype. Rows holding NaN or
@@ -242,11 +242,7 @@ def as_array(x: Any) -> np.ndarray:
 
 def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = None) -> Any:
     if eager.is_max_tensor(x):
-        if device_name != "auto" or variant != "auto":
-            raise ValueError(
-                "max_softmax: a MAX Tensor runs on its own device with the dispatch "
-                "table; leave device and variant at 'auto' (move it with .to(device))"
-            )
+        _check_tensor_options(device_name, variant)
         return eager.run(op, x, axis, dy)
     array = as_array(x)
     dtype = max_dtype(array.dtype)
@@ -268,16 +264,23 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
     return to_numpy(out).reshape(array.shape)
 
 
+def _check_tensor_options(device_name: str, variant: str) -> None:
+    """A MAX Tensor runs where it is, with the dispatch table."""
+    if device_name != "auto" or variant != "auto":
+        raise ValueError(
+            "max_softmax: a MAX Tensor runs on its own device with the dispatch "
+            "table; leave device and variant at 'auto' (move it with .to(device))"
+        )
+
+
 def _scaled(op: str, dx: Any, scale: float | None) -> Any:
     """dx * scale, on the host in the accumulator type, rounded once (the
-    result is numpy anyway; a MAX Tensor takes no scale)."""
+    result is numpy anyway; a MAX Tensor's dx is scaled in its graph)."""
     value = check_scale(op, scale)
     if value == 1.0:
         return dx
     if eager.is_max_tensor(dx):
-        raise NotImplementedError(
-            f"max_softmax: {op} with scale on a MAX Tensor; use max_softmax.ops in a graph"
-        )
+        return eager.scaled(op, dx, value)
     wide = np.float64 if dx.dtype == np.float64 else np.float32
     return (dx.astype(wide) * wide(value)).astype(dx.dtype)
 
@@ -307,10 +310,10 @@ def _run_masked(
     once, the mask reduced to (mask_rows, n) rows, the axis moved last if
     it is not), then the masked model."""
     if eager.is_max_tensor(x):
-        raise NotImplementedError(
-            f"max_softmax: {op} with scale, mask or causal on a MAX Tensor; "
-            "use max_softmax.ops in a graph"
-        )
+        _check_tensor_options(device_name, variant)
+        if mask is not None and not eager.is_max_tensor(mask):
+            mask = as_array(mask)
+        return eager.run_masked(op, x, axis, scale, mask, causal)
     array = as_array(x)
     dtype = max_dtype(array.dtype)
     axis = normalize_axis(axis, array.ndim)

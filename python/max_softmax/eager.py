@@ -23,7 +23,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
+from . import ops as graph_ops
+from .dtypes import to_buffer
 from .models import declaration as declaration  # re-exported: eager.declaration(op)
+from .models import masked_declaration
 from .validation import canonical_shape, check_dtype, check_dy_like, normalize_axis
 
 
@@ -49,6 +54,41 @@ def run(op: str, x: Any, axis: int, dy: Any = None) -> Any:
     view = list(canonical_shape(tuple(shape), axis))
     with F.lazy():
         out = F.reshape(declaration(op)(*[F.reshape(t, view) for t in operands]), shape)
+    return _realize(out)
+
+
+def scaled(op: str, dx: Any, scale: float) -> Any:
+    """A backward op's dx (a MAX tensor) times the forward's `scale`, as the
+    graph level multiplies it (`ops._scaled`: in dx's dtype)."""
+    from max.experimental import functional as F
+    from max.experimental.tensor import Tensor
+    from max.graph import TensorValue
+
+    with F.lazy():
+        out = Tensor.from_graph_value(graph_ops._scaled(TensorValue(dx), op, scale))
+    return _realize(out)
+
+
+def run_masked(op: str, x: Any, axis: int, scale: float | None, mask: Any, causal: bool) -> Any:
+    """softmax / log_softmax (`op`) of MAX tensor `x` with scale, mask and
+    causal, as a MAX tensor: the graph-level edge (`ops._masked`: checks,
+    mask reduced to rows, axis moved last) staged with the declared masked
+    op. A mask that is not a MAX Tensor is copied to x's device first, so
+    it is an input of the staged graph rather than a constant baked in."""
+    from max.experimental import functional as F
+    from max.experimental.tensor import Tensor
+    from max.graph import TensorValue
+
+    if mask is not None and not is_max_tensor(mask):  # a numpy array (arrays.as_array)
+        mask = Tensor.from_dlpack(to_buffer(np.ascontiguousarray(mask))).to(x.device)
+
+    def kernel(x3: Any, m: Any, options: Any, *, has_mask: bool, causal: bool) -> Any:
+        return masked_declaration(f"{op}_masked", has_mask, causal)(x3, m, options)
+
+    with F.lazy():
+        m = None if mask is None else TensorValue(mask)
+        y = graph_ops._masked(op, TensorValue(x), axis, "auto", scale, m, causal, kernel=kernel)
+        out = Tensor.from_graph_value(y)
     return _realize(out)
 
 

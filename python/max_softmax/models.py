@@ -291,6 +291,31 @@ MASKED_DIMS = ["outer", "L", "n"]
 """The symbolic (outer, L, n) view of x the masked ops take (see ops.py)."""
 
 
+@cache
+def masked_declaration(op: str, has_mask: bool, causal: bool) -> Any:
+    """The MAX eager `CustomOp` for masked op `op` ("softmax_masked" or
+    "log_softmax_masked") on x (outer, L, n), the additive mask (mask_rows,
+    mask_n) in x's dtype and the float64 (1,) options: what lets MAX's eager
+    interpreter run it (an undeclared custom op falls back to a compiled
+    model per graph, with a warning)."""
+    from max.experimental import custom
+
+    op_spec(op)  # a clear error for an unknown op
+    dtype = custom.DTypeVar("T")
+    x = custom.TemplateType(dtype, custom.Symbols(*MASKED_DIMS))
+    return custom.declare(
+        op,
+        inputs={
+            "x": x,
+            "mask": custom.TemplateType(dtype, custom.Symbols("mask_rows", "mask_n")),
+            "options": custom.TemplateType(DType.float64, [1]),
+        },
+        outputs=[x],
+        parameters={"has_mask": has_mask, "causal": causal},
+        custom_extensions=[kernel_library()],
+    )
+
+
 def _masked_types(dtype: DType, kind: str) -> list[TensorType]:
     """The inputs of a masked model: x (outer, L, n), the additive mask
     (mask_rows, mask_n) in x's dtype ((1, 1) placeholder without a mask),

@@ -13,6 +13,7 @@ the first call adds the kernel library to the current graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
 from operator import mul
 
@@ -199,10 +200,15 @@ def _masked(
     scale: float | None,
     mask: TensorValue | np.ndarray | None,
     causal: bool,
+    kernel: Callable[..., TensorValue] | None = None,
 ) -> TensorValue:
     """softmax / log_softmax with scale, mask, causal: the edge. Checks
     once, reduces the mask to (mask_rows, n) rows in x's dtype (booleans to
-    0 / -inf), moves `axis` last if it is not, runs the fused op."""
+    0 / -inf), moves `axis` last if it is not, runs the fused op.
+
+    `kernel(x, mask, options, has_mask=, causal=)` stages the fused op on
+    its (outer, L, n) view; by default `softmax_masked` / `log_softmax_masked`
+    (MAX eager passes its declared `CustomOp` instead, `eager.run_masked`)."""
     x = TensorValue(x)
     check_dtype(x.dtype)
     check_graph_device(x.device, f"the input of {op}")
@@ -249,8 +255,9 @@ def _masked(
     else:
         view = [_product(work[:-2]), work[-2], work[-1]]
     options = ops.constant(np.array([value], dtype=np.float64), DType.float64, device=x.device)
-    graph_op = log_softmax_masked if op == "log_softmax" else softmax_masked
-    y = graph_op(ops.reshape(xw, view), m, options, has_mask=mask is not None, causal=causal)
+    if kernel is None:
+        kernel = log_softmax_masked if op == "log_softmax" else softmax_masked
+    y = kernel(ops.reshape(xw, view), m, options, has_mask=mask is not None, causal=causal)
     y = ops.reshape(y, work)
     if last:
         return y
