@@ -1,8 +1,9 @@
 """Wall-clock GB/s of the fused cross-entropy (loss + dlogits) on the GPU,
 through `model.execute` of `models.cross_entropy_model` (reduction "mean",
 no ignored rows): 2 x logits bytes / call, beside a torch device copy of the
-same bytes. A quick A/B tool for the kernels of op/gpu_cross_entropy.mojo;
-`softmax bench --op cross_entropy` is the benchmark of record.
+same bytes. A quick A/B tool for the kernels of op/gpu_cross_entropy.mojo
+and its op/gpu_ce_*.mojo families; `softmax bench --op cross_entropy` is
+the benchmark of record.
 
     python benchmarks/cross_entropy_wall.py float32:16384x32000 bfloat16:8192x50257
 """

@@ -66,9 +66,18 @@
 #                           and the CPU/GPU routing
 #   cross_entropy_math.mojo the loss and gradient formulas both targets share
 #   cpu_cross_entropy.mojo  the CPU kernel (rows as tasks, SIMD sweeps)
-#   gpu_cross_entropy.mojo  the GPU kernels: register rows (the softmax plans),
-#                           a block per longer row, target count and the
-#                           loss reduction, and their launcher
+#   gpu_cross_entropy.mojo  the GPU entry point: target count and loss
+#                           reduction kernels, the row kernel choice
+#                           (`ce_kernel_for`) and the launcher
+#   gpu_ce_register_rows.mojo rows held in registers (the softmax plans)
+#   gpu_ce_smem_rows.mojo   rows on chip, a block a row (the forward's smem
+#                           layout), read once
+#   gpu_ce_pair_rows.mojo   rows past one SM: a cluster of two blocks a row,
+#                           each holding half on chip, read once
+#   gpu_ce_block_rows.mojo  any other rows: a block a row, an online pass,
+#                           the row re-read for the gradient
+#   gpu_ce_common.mojo      what the families share: the options, the
+#                           gradient's scale, a row's head/body/tail pieces
 #
 # Scaled, masked and causal softmax (softmax of scale * x + mask, causal
 # masks computed in the kernel; a row with nothing kept gives 0 / -inf):

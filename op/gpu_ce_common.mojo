@@ -1,0 +1,93 @@
+"""What the cross-entropy kernel families share: the device's options
+(ignore_index, label smoothing), the gradient's scale, and the pieces of a
+row laid out as a scalar head, an aligned vector body and a scalar tail
+(gpu_ce_block_rows, gpu_ce_smem_rows, gpu_ce_pair_rows): the gradient of an
+element outside the body, the fill of a row not kept, and the thread that
+writes the target's entry.
+"""
+
+from .cross_entropy_math import KEPT, grad_of
+from .row_math import accum_dtype, exp_nan
+
+
+@always_inline
+def ce_options[
+    acc: DType
+](options: Pointer[Float64, MutAnyOrigin]) -> Tuple[Int64, Scalar[acc]]:
+    """(ignore_index, label smoothing) from the device's options tensor."""
+    return (
+        Int64(options[unsafe_offset=0]),
+        options[unsafe_offset=1].cast[acc](),
+    )
+
+
+@always_inline
+def grad_scale[
+    acc: DType, mean: Bool
+](count: Pointer[Float64, MutAnyOrigin]) -> Scalar[acc]:
+    """The gradient's scale: 1 / rows kept for "mean", else 1."""
+    comptime if mean:
+        return Scalar[acc](1 / count[unsafe_offset=0])
+    return Scalar[acc](1)
+
+
+@always_inline
+def scalar_grad[
+    dtype: DType
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    e: Int,
+    kind: Int,
+    fill: Scalar[dtype],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+) -> Scalar[dtype]:
+    """The gradient of element `e` outside the row's vector body."""
+    comptime acc = accum_dtype[dtype]()
+    if kind != KEPT:
+        return fill
+    return grad_of[acc, 1](
+        exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - row_max),
+        inv_s,
+        smooth,
+        scale,
+    ).cast[dtype]()
+
+
+@always_inline
+def fill_row[
+    dtype: DType, V: Int, T: Int
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int,
+    head: Int,
+    nvec: Int,
+    tail_begin: Int,
+    len: Int,
+    fill: Scalar[dtype],
+):
+    """Thread `t`'s share of a gradient row not kept (0 for an ignored row,
+    NaN for a bad target), reading nothing."""
+    for i in range(t, nvec, T):
+        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+            SIMD[dtype, V](fill)
+        )
+    for e in range(t, head, T):
+        y[unsafe_offset=e] = fill
+    for e in range(tail_begin + t, len, T):
+        y[unsafe_offset=e] = fill
+
+
+@always_inline
+def target_owner[V: Int, T: Int](tgt: Int, head: Int, tail_begin: Int) -> Int:
+    """The thread of a T-thread block that writes the row's element `tgt`
+    in `_write_grad` and `ce_smem_kernel`: element e of the scalar head by
+    thread e % T, vector i of the body by thread i % T, tail element
+    tail_begin + j by thread j."""
+    if tgt < head:
+        return tgt % T
+    if tgt >= tail_begin:
+        return (tgt - tail_begin) % T
+    return ((tgt - head) // V) % T

@@ -1,0 +1,345 @@
+"""Cross-entropy rows that a register plan holds: `ce_register_kernel`,
+8 to 512 threads a row, the row loaded once into registers with the
+softmax kernels' chunk loaders and plan launcher (gpu_register_rows),
+reduced with warp shuffles, the gradient written once.
+
+`ce_kernel_for` (gpu_cross_entropy) gives it rows to 32K values, and where
+the smem kernel can take the rows, only those of up to `CE_PLAN_THREADS`
+threads a row. `CERegisterRows` is the kernel with its arguments, for
+`launch_register_plan`.
+"""
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    WARP_SIZE,
+    block_idx,
+    thread_idx,
+)
+from max.gpu.host import DeviceContext
+from std.utils import StaticTuple
+from std.utils.numerics import inf, nan
+
+from .cross_entropy_math import (
+    IGNORED,
+    KEPT,
+    grad_of,
+    row_loss,
+    smoothing_of,
+    target_grad,
+    target_kind,
+)
+from .gpu_ce_common import ce_options, grad_scale
+from .gpu_launch import HeldRows, kernel_arg
+from .gpu_reductions import block_max, block_sum
+from .gpu_register_rows import (
+    MAX_ROW_REGISTERS,
+    RegisterPlanKernel,
+    block_threads,
+    chunk_registers,
+    load_row_chunks,
+    min_blocks_per_sm,
+    store_row_chunks,
+)
+from .row_math import accum_dtype, exp_nan, vector_width
+
+
+@always_inline
+def _held_index[
+    threads: Int, V: Int
+](k: Int, v: Int, t: Int, vector_loads: Bool) -> Int:
+    """Which element of the row thread t holds at lane v of chunk k: the
+    layout of `load_row_chunks` (gpu_register_rows)."""
+    if vector_loads:
+        return (k * threads + t) * V + v
+    return (k * V + v) * threads + t
+
+
+@always_inline
+def _held_sum[
+    dtype: DType, threads: Int, V: Int, K: Int
+](raw: SIMD[dtype, V * K], t: Int, vector_loads: Bool, load_len: Int) -> Scalar[
+    accum_dtype[dtype]()
+]:
+    """This thread's sum of the row values it holds (label smoothing's sum
+    of x), padding left out."""
+    comptime acc = accum_dtype[dtype]()
+    var part = Scalar[acc](0)
+    comptime for k in range(K):
+        comptime for v in range(V):
+            if _held_index[threads, V](k, v, t, vector_loads) < load_len:
+                part += raw[k * V + v].cast[acc]()
+    return part
+
+
+@always_inline
+def _held_grad[
+    dtype: DType, threads: Int, V: Int, K: Int
+](
+    raw: SIMD[dtype, V * K],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+    g_t: Scalar[dtype],
+    tgt: Int,
+    t: Int,
+    vector_loads: Bool,
+) -> SIMD[dtype, V * K]:
+    """The gradient of the row values this thread holds: (softmax - eps/V)
+    * scale, with `g_t` at the target's entry."""
+    comptime acc = accum_dtype[dtype]()
+    var out = SIMD[dtype, V * K](0)
+    comptime for k in range(K):
+        out = out.insert[offset=k * V](
+            grad_of[acc, V](
+                exp_nan[acc, V](
+                    raw.slice[V, offset=k * V]().cast[acc]() - row_max
+                ),
+                inv_s,
+                smooth,
+                scale,
+            ).cast[dtype]()
+        )
+    comptime for k in range(K):
+        comptime for v in range(V):
+            if _held_index[threads, V](k, v, t, vector_loads) == tgt:
+                out[k * V + v] = g_t
+    return out
+
+
+@always_inline
+def _held_loss[
+    dtype: DType, threads: Int, block: Int, V: Int, K: Int
+](
+    raw: SIMD[dtype, V * K],
+    t: Int,
+    vector_loads: Bool,
+    load_len: Int,
+    kind: Int,
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    n: Int,
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+]:
+    """The row's (max, sum of exp, loss) from the chunks its threads hold,
+    reduced over the row's threads; the loss is NaN for a bad target and 0
+    for an ignored row."""
+    comptime acc = accum_dtype[dtype]()
+    var m = -inf[acc]()
+    comptime for k in range(K):
+        m = max(m, raw.slice[V, offset=k * V]().cast[acc]().reduce_max())
+    var row_max = block_max[acc, threads, block](m)
+    var s = Scalar[acc](0)
+    comptime for k in range(K):
+        s += exp_nan[acc, V](
+            raw.slice[V, offset=k * V]().cast[acc]() - row_max
+        ).reduce_add()
+    var row_sum = block_sum[acc, threads, block](s)
+    var sum_x = Scalar[acc](0)
+    if eps != 0:  # the same for every thread: the reduction stays uniform
+        sum_x = block_sum[acc, threads, block](
+            _held_sum[dtype, threads, V, K](raw, t, vector_loads, load_len)
+        )
+    var value = Scalar[acc](0)
+    if kind == KEPT:
+        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, n)
+    elif kind != IGNORED:
+        value = nan[acc]()
+    return (row_max, row_sum, value)
+
+
+@always_inline
+def _held_grad_row[
+    dtype: DType, mean: Bool, threads: Int, V: Int, K: Int
+](
+    raw: SIMD[dtype, V * K],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_max: Scalar[accum_dtype[dtype]()],
+    row_sum: Scalar[accum_dtype[dtype]()],
+    x_t: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    n: Int,
+    kind: Int,
+    tgt: Int,
+    t: Int,
+    vector_loads: Bool,
+) -> SIMD[dtype, V * K]:
+    """The gradient of the row values this thread holds: `_held_grad` for a
+    kept row, zeros for an ignored one, NaN for a bad target."""
+    comptime acc = accum_dtype[dtype]()
+    var scale = grad_scale[acc, mean](count)
+    var smooth = smoothing_of[acc](eps, n)
+    var inv_s = 1 / row_sum
+    if kind == KEPT:
+        var g_t = target_grad[acc](
+            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
+        return _held_grad[dtype, threads, V, K](
+            raw, row_max, inv_s, smooth, scale, g_t, tgt, t, vector_loads
+        )
+    if kind != IGNORED:
+        return SIMD[dtype, V * K](nan[dtype]())
+    return SIMD[dtype, V * K](0)
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(block_threads[threads]())
+    ),
+    `nvvm.minctasm`=SIMDLength(min_blocks_per_sm[dtype, threads, K]()),
+)
+def ce_register_kernel[
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    threads: Int,
+    V: Int,
+    K: Int,
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    vector_flag: Int32,
+):
+    """Cross-entropy of rows of `n <= threads * V * K` held in registers.
+
+    Parameters:
+        dtype: Element type of logits, loss and gradient.
+        with_grad: Write the gradient into `dlogits`.
+        mean: Scale the gradient by 1 / `count[0]`.
+        reduce: Row losses go to `row_losses` (else to `loss`, in dtype).
+        threads: Threads per row (as `register_rows_kernel`).
+        V: Elements per 16-byte chunk.
+        K: Chunks per thread.
+
+    Args:
+        dlogits: Gradient rows (written only `with_grad`).
+        logits: Logit rows.
+        targets: A class index a row.
+        options: (ignore_index, label smoothing), float64.
+        count: Rows kept (read only for `mean`).
+        row_losses: A loss a row, accumulator type (written if `reduce`).
+        loss: A loss a row in dtype (written unless `reduce`).
+        rows: Number of rows.
+        n: Row length (classes).
+        vector_flag: Nonzero when row starts are 16-byte aligned.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert chunk_registers(V) * K <= MAX_ROW_REGISTERS
+    comptime block = block_threads[threads]()
+    var vector_loads = vector_flag != 0
+    var t = Int(thread_idx.x) % threads
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    )
+    # Past the last row: stay for the block's barriers and touch nothing
+    # (as register_rows_kernel).
+    var len = Int(n)
+    var live = row < Int(rows)
+    if not live:
+        comptime if threads == WARP_SIZE:
+            return
+        len = 0
+        row = 0
+    var opts = ce_options[acc](options)
+    var eps = opts[1]
+    var tgt = targets[unsafe_offset=row]
+    var kind = target_kind(tgt, opts[0], Int(n))
+    var x = logits.unsafe_offset(row * Int(n))
+    # Ignored and bad rows load nothing (in LLM batches, padding rows are
+    # ignored, and many); every thread still takes part in the reductions.
+    var load_len = len if kind == KEPT else 0
+    var raw = load_row_chunks[dtype, threads, V, K, dtype](
+        x, load_len, t, vector_loads, -inf[dtype]()
+    )
+    var x_t = x[unsafe_offset=Int(tgt)].cast[acc]() if kind == KEPT else Scalar[
+        acc
+    ](0)
+    var (row_max, row_sum, value) = _held_loss[dtype, threads, block, V, K](
+        raw, t, vector_loads, load_len, kind, x_t, eps, Int(n)
+    )
+    if live and t == 0:
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+    comptime if with_grad:
+        var out = _held_grad_row[dtype, mean, threads, V, K](
+            raw,
+            count,
+            row_max,
+            row_sum,
+            x_t,
+            eps,
+            Int(n),
+            kind,
+            Int(tgt),
+            t,
+            vector_loads,
+        )
+        store_row_chunks[dtype, threads, V, K, dtype](
+            dlogits.unsafe_offset(row * Int(n)), out, len, t, vector_loads
+        )
+
+
+@fieldwise_init
+struct CERegisterRows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
+    RegisterPlanKernel
+):
+    """`ce_register_kernel` with its arguments, for `launch_register_plan`."""
+
+    var dlogits: HeldRows[Self.dtype]
+    """Gradient rows."""
+    var logits: HeldRows[Self.dtype]
+    """Logit rows."""
+    var targets: HeldRows[DType.int64]
+    """A class index a row."""
+    var options: HeldRows[DType.float64]
+    """(ignore_index, label smoothing)."""
+    var count: HeldRows[DType.float64]
+    """Rows kept ("mean")."""
+    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
+    """A loss a row, accumulator type ("mean", "sum")."""
+    var loss: HeldRows[Self.dtype]
+    """A loss a row ("none")."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var vector_flag: Int32
+    """`vector_flag_of` the buffers and `n`."""
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue `ce_register_kernel` for T threads a row, K chunks a
+        thread."""
+        comptime V = vector_width[Self.dtype]()
+        comptime kernel = ce_register_kernel[
+            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, V, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dlogits),
+            kernel_arg(self.logits),
+            kernel_arg(self.targets),
+            kernel_arg(self.options),
+            kernel_arg(self.count),
+            kernel_arg(self.row_losses),
+            kernel_arg(self.loss),
+            Int64(self.rows),
+            Int64(self.n),
+            self.vector_flag,
+            grid_dim=grid,
+            block_dim=block,
+        )
