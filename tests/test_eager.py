@@ -172,3 +172,43 @@ def test_eager_masked_errors():
         max_softmax.softmax(f, scale=float("nan"))
     with pytest.raises(ValueError, match="leave device and variant"):
         max_softmax.softmax(f, scale=2.0, variant="warp")
+
+
+# ---- cross-entropy (the graph-level edge staged with the declared loss op) ----
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("targets_as", ["numpy", "tensor"])
+def test_eager_cross_entropy_with_grad(rng, device, reduction, targets_as):
+    from max_softmax.reference import CROSS_ENTROPY_TOLERANCES, cross_entropy_reference
+
+    x = random_logits(rng, (3, 4, 50), "float32")
+    t = rng.integers(0, 50, size=(3, 4))
+    t[0, 1] = -100
+    targets = t if targets_as == "numpy" else to_tensor(t, device)
+    loss, dlogits = max_softmax.cross_entropy_with_grad(
+        to_tensor(x, device), targets, reduction=reduction, label_smoothing=0.1
+    )
+    assert isinstance(loss, Tensor) and isinstance(dlogits, Tensor)
+    assert loss.device == dlogits.device == max_device(device)
+    want_loss, want_grad = cross_entropy_reference(x, t, reduction=reduction, label_smoothing=0.1)
+    tol = CROSS_ENTROPY_TOLERANCES["float32"]
+    np.testing.assert_allclose(from_tensor(loss), want_loss, rtol=tol, atol=1e-6)
+    np.testing.assert_allclose(from_tensor(dlogits), want_grad, rtol=tol, atol=1e-6)
+    alone = max_softmax.cross_entropy(to_tensor(x, device), targets, reduction=reduction)
+    np.testing.assert_allclose(
+        from_tensor(alone), cross_entropy_reference(x, t, reduction=reduction)[0], rtol=tol
+    )
+
+
+def test_eager_cross_entropy_errors():
+    x = Tensor.from_dlpack(np.zeros((3, 10), dtype=np.float32))
+    bad = np.array([1, 10, 2])
+    for targets in (bad, Tensor.from_dlpack(bad)):  # host targets are checked before a run
+        with pytest.raises(ValueError, match="target 10 at index"):
+            max_softmax.cross_entropy(x, targets)
+    with pytest.raises(ValueError, match="leave device and variant"):
+        max_softmax.cross_entropy(x, np.zeros(3, np.int64), device="cpu")
+    with pytest.raises(TypeError):
+        max_softmax.cross_entropy(x, np.zeros(3, np.float32))

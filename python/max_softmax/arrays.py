@@ -147,7 +147,8 @@ def cross_entropy(
 
     Returns:
         The loss in the logits' dtype: a 0-d array for "mean"/"sum",
-        shaped `logits.shape[:-1]` for "none".
+        shaped `logits.shape[:-1]` for "none". MAX Tensor logits give
+        Tensors on their device (`eager.run_cross_entropy`).
 
     Raises:
         ValueError: a target outside [0, classes) that is not
@@ -190,7 +191,14 @@ def _cross_entropy(
     label_smoothing: float,
     device_name: str,
     with_grad: bool,
-) -> list[np.ndarray]:
+) -> list[Any]:
+    if eager.is_max_tensor(logits):
+        _check_tensor_options(device_name, "auto")
+        if not eager.is_max_tensor(targets):
+            targets = as_array(targets)
+        return eager.run_cross_entropy(
+            logits, targets, ignore_index, reduction, label_smoothing, with_grad
+        )
     array = as_array(logits)
     dtype = max_dtype(array.dtype)
     reduction, ignore_index, eps = check_cross_entropy_options(

@@ -28,8 +28,14 @@ import numpy as np
 from . import ops as graph_ops
 from .dtypes import to_buffer
 from .models import declaration as declaration  # re-exported: eager.declaration(op)
-from .models import masked_declaration
-from .validation import canonical_shape, check_dtype, check_dy_like, normalize_axis
+from .models import loss_declaration, masked_declaration
+from .validation import (
+    canonical_shape,
+    check_dtype,
+    check_dy_like,
+    check_targets_in_range,
+    normalize_axis,
+)
 
 
 def is_max_tensor(x: Any) -> bool:
@@ -116,3 +122,48 @@ def _realize(t: Any) -> Any:
     finally:
         loop.close()
     return t
+
+
+def run_cross_entropy(
+    logits: Any,
+    targets: Any,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    with_grad: bool,
+) -> list[Any]:
+    """Cross-entropy (and dlogits) of MAX tensor `logits` as MAX tensors on
+    its device: the graph-level edge (`ops._cross_entropy`) staged with the
+    declared loss op. `targets`: a MAX Tensor, or a numpy array copied to
+    the logits' device. Targets on the host are checked in range before
+    anything runs; on a GPU a bad one makes its row NaN (no host sync)."""
+    from max.experimental import functional as F
+    from max.experimental.tensor import Tensor
+    from max.graph import TensorValue
+
+    host_targets = None
+    if not is_max_tensor(targets):
+        host_targets = targets
+        targets = Tensor.from_dlpack(np.ascontiguousarray(targets)).to(logits.device)
+    elif targets.device.is_host:
+        host_targets = np.from_dlpack(targets)
+
+    def rows_op(*values: Any, reduction: str, with_grad: bool) -> list[Any]:
+        op = "cross_entropy_with_grad" if with_grad else "cross_entropy"
+        outs = loss_declaration(op, reduction)(*values)
+        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+    with F.lazy():
+        outs = graph_ops._cross_entropy(
+            TensorValue(logits),
+            TensorValue(targets),
+            ignore_index,
+            reduction,
+            label_smoothing,
+            with_grad,
+            rows_op=rows_op,
+        )
+        results = [Tensor.from_graph_value(v) for v in outs]
+    if host_targets is not None:  # the shapes and dtypes passed the edge
+        check_targets_in_range(host_targets, _dims(logits)[-1], ignore_index)
+    return [_realize(t) for t in results]

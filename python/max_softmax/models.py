@@ -287,6 +287,32 @@ def declaration(op: str) -> Any:
     )
 
 
+@cache
+def loss_declaration(op: str, reduction: str) -> Any:
+    """The MAX eager `CustomOp` for cross-entropy op `op` ("cross_entropy" or
+    "cross_entropy_with_grad") with `reduction`, on (rows, classes) logits,
+    (rows,) int64 targets and the float64 (2,) options, as
+    `ops.cross_entropy_rows` stages it: loss (rows,) for "none", else (1,);
+    and dlogits like the logits for the gradient op."""
+    from max.experimental import custom
+
+    spec = op_spec(op)
+    dtype = custom.DTypeVar("T")
+    logits = custom.TemplateType(dtype, custom.Symbols("rows", "classes"))
+    loss = custom.TemplateType(dtype, custom.Symbols("rows") if reduction == "none" else [1])
+    return custom.declare(
+        op,
+        inputs={
+            "logits": logits,
+            "targets": custom.TemplateType(DType.int64, custom.Symbols("rows")),
+            "options": custom.TemplateType(DType.float64, [2]),
+        },
+        outputs=[loss, logits] if spec.name == "cross_entropy_with_grad" else [loss],
+        parameters={"reduction": reduction},
+        custom_extensions=[kernel_library()],
+    )
+
+
 MASKED_DIMS = ["outer", "L", "n"]
 """The symbolic (outer, L, n) view of x the masked ops take (see ops.py)."""
 

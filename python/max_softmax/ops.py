@@ -364,7 +364,11 @@ def _cross_entropy(
     reduction: str,
     label_smoothing: float,
     with_grad: bool,
+    rows_op: Callable[..., list[TensorValue]] | None = None,
 ) -> list[TensorValue]:
+    """Cross-entropy's edge: checks once, flattens to (rows, classes), runs
+    `rows_op` (by default `cross_entropy_rows`; MAX eager passes its declared
+    op, `eager.run_cross_entropy`) and shapes the results back."""
     logits, targets = TensorValue(logits), TensorValue(targets)
     check_dtype(logits.dtype)
     reduction, ignore_index, eps = check_cross_entropy_options(
@@ -387,7 +391,8 @@ def _cross_entropy(
     options = ops.constant(
         np.array([ignore_index, eps], dtype=np.float64), DType.float64, device=logits.device
     )
-    outs = cross_entropy_rows(logits2, targets1, options, reduction=reduction, with_grad=with_grad)
+    rows_op = rows_op or cross_entropy_rows
+    outs = rows_op(logits2, targets1, options, reduction=reduction, with_grad=with_grad)
     loss = ops.reshape(outs[0], shape[:-1] if reduction == "none" else [])
     if with_grad:
         return [loss, outs[1] if view else ops.reshape(outs[1], shape)]
