@@ -29,6 +29,17 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(params=["launch", "graph"])
+def array_path(request, monkeypatch) -> str:
+    """Run a test's CPU array calls through the launch extension (the
+    default) and again through `Model.execute` of the compiled models."""
+    from max_softmax import launch
+
+    if request.param == "graph":
+        monkeypatch.setattr(launch, "ENABLED", False)
+    return request.param
+
+
 def random_logits(rng: np.random.Generator, shape, dtype, scale: float = 4.0):
     """Fresh random logits (never zeros) of `shape` in numpy dtype `dtype`."""
     from max_softmax.dtypes import DTYPE_NAMES

@@ -9,7 +9,7 @@ import max_softmax
 from max_softmax.models import compile_count
 
 
-def test_eight_threads_mixed_shapes_and_dtypes():
+def test_eight_threads_mixed_shapes_and_dtypes(array_path):
     dtypes = ["float32", "float64", "float16", "bfloat16"]
 
     def worker(i: int) -> None:
@@ -24,7 +24,8 @@ def test_eight_threads_mixed_shapes_and_dtypes():
             )
 
     run_in_threads(worker, 8)
-    assert compile_count and all(n == 1 for n in compile_count.values()), compile_count
+    if array_path == "graph":  # each model compiled once, whatever the threads
+        assert compile_count and all(n == 1 for n in compile_count.values()), compile_count
 
 
 def _rss_bytes() -> int:
@@ -32,7 +33,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def test_ten_thousand_calls_do_not_grow_memory():
+def test_ten_thousand_calls_do_not_grow_memory(array_path):
     """After a warm-up, 10,000 calls may grow resident memory by < 32 MB."""
     x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
     for _ in range(500):

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
 tl = pytest.importorskip("max_softmax.torch_launch")
-
+from max_softmax import launch  # noqa: E402
 from max_softmax.reference import (  # noqa: E402
     backward_error_scale,
     compare,
@@ -153,42 +153,49 @@ def test_errors_surface_as_exceptions():
         tl.run("softmax", x, x, outer=-2, n=-3, inner=1)
     ext = tl.extension()
     with pytest.raises(Exception, match="unknown dtype code 9"):
-        ext.softmax(tl._cpu_context(), None, 9, x.data_ptr(), x.data_ptr(), 2, 3, 1)
+        ext.softmax(launch.cpu_context(), None, 9, x.data_ptr(), x.data_ptr(), 2, 3, 1)
     with pytest.raises(Exception, match="null device context"):
         ext.softmax(0, None, 0, x.data_ptr(), x.data_ptr(), 2, 3, 1)
 
 
-@pytest.mark.skipif(tl.target_accelerator() is not None, reason="the build has a GPU target")
+@pytest.mark.skipif(launch.target_accelerator() is not None, reason="the build has a GPU target")
 def test_cpu_only_build_refuses_a_gpu_launch():
     x = torch.randn(2, 3)
     with pytest.raises(Exception, match="without a GPU target"):
-        tl.extension().softmax(tl._cpu_context(), 0, 0, x.data_ptr(), x.data_ptr(), 2, 3, 1)
+        launch.extension().softmax(launch.cpu_context(), 0, 0, x.data_ptr(), x.data_ptr(), 2, 3, 1)
 
 
 def test_graph_fallback_switch(monkeypatch):
-    """MAX_SOFTMAX_TORCH_LAUNCH=graph turns the launch path off (the bridge
-    keeps Model.execute); "auto" (the default) and "extension" launch CPU and
-    CUDA tensors, "auto" building for CUDA in the background; any other value
-    is refused."""
+    """MAX_SOFTMAX_LAUNCH=graph turns the launch path off (the torch bridge
+    and the array functions keep Model.execute); "auto" (the default) and
+    "extension" launch, "auto" building for CUDA in the background; any
+    other value is refused. MAX_SOFTMAX_TORCH_LAUNCH, its older name, is
+    read where the new one is not set."""
     import importlib
 
     try:
-        monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "graph")
-        importlib.reload(tl)
-        assert not tl.ENABLED and not tl.available()
-        monkeypatch.delenv("MAX_SOFTMAX_TORCH_LAUNCH")
-        importlib.reload(tl)
-        assert tl.available() and tl.CUDA_ENABLED and tl.BUILD_IN_BACKGROUND
+        monkeypatch.setenv("MAX_SOFTMAX_LAUNCH", "graph")
+        importlib.reload(launch)
+        assert not launch.ENABLED and not launch.available()
+        assert not launch.available_for_arrays()
+        monkeypatch.delenv("MAX_SOFTMAX_LAUNCH")
+        importlib.reload(launch)
+        assert launch.available() and launch.CUDA_ENABLED and launch.BUILD_IN_BACKGROUND
         monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "extension")
-        importlib.reload(tl)
-        assert tl.available() and tl.CUDA_ENABLED and not tl.BUILD_IN_BACKGROUND
-        monkeypatch.setenv("MAX_SOFTMAX_TORCH_LAUNCH", "fast")
-        with pytest.raises(ValueError, match="MAX_SOFTMAX_TORCH_LAUNCH"):
-            importlib.reload(tl)
+        importlib.reload(launch)
+        assert launch.available() and launch.CUDA_ENABLED and not launch.BUILD_IN_BACKGROUND
+        monkeypatch.setenv("MAX_SOFTMAX_LAUNCH", "graph")  # the new name wins
+        importlib.reload(launch)
+        assert not launch.ENABLED
+        monkeypatch.setenv("MAX_SOFTMAX_LAUNCH", "fast")
+        with pytest.raises(ValueError, match="MAX_SOFTMAX_LAUNCH"):
+            importlib.reload(launch)
     finally:
+        monkeypatch.delenv("MAX_SOFTMAX_LAUNCH", raising=False)
         monkeypatch.delenv("MAX_SOFTMAX_TORCH_LAUNCH", raising=False)
-        importlib.reload(tl)
-    assert tl.ENABLED and tl.available()
+        importlib.reload(launch)
+        importlib.reload(tl)  # its LaunchError and re-exports: the reloaded module's
+    assert launch.ENABLED and launch.available()
 
 
 def test_cuda_build_in_background(monkeypatch, tmp_path):
@@ -202,24 +209,24 @@ def test_cuda_build_in_background(monkeypatch, tmp_path):
 
     def slow_extension():
         gate.wait(30)
-        tl._module = module
+        launch._module = module
         return module
 
-    monkeypatch.setattr(tl, "_module", None)
-    monkeypatch.setattr(tl, "_failure", None)
-    monkeypatch.setattr(tl, "_builder", None)
-    monkeypatch.setattr(tl, "CUDA_ENABLED", True)
-    monkeypatch.setattr(tl, "BUILD_IN_BACKGROUND", True)
-    monkeypatch.setattr(tl, "extension_path", lambda: tmp_path / "missing.so")
-    monkeypatch.setattr(tl, "extension", slow_extension)
-    assert not tl.available(cuda=True)
-    builder = tl._builder
+    monkeypatch.setattr(launch, "_module", None)
+    monkeypatch.setattr(launch, "_failure", None)
+    monkeypatch.setattr(launch, "_builder", None)
+    monkeypatch.setattr(launch, "CUDA_ENABLED", True)
+    monkeypatch.setattr(launch, "BUILD_IN_BACKGROUND", True)
+    monkeypatch.setattr(launch, "extension_path", lambda: tmp_path / "missing.so")
+    monkeypatch.setattr(launch, "extension", slow_extension)
+    assert not launch.available(cuda=True)
+    builder = launch._builder
     assert builder is not None and builder.is_alive()
-    assert not tl.available(cuda=True) and not tl.available()
-    assert tl._builder is builder  # one build, however many calls
+    assert not launch.available(cuda=True) and not launch.available()
+    assert launch._builder is builder  # one build, however many calls
     gate.set()
     builder.join(30)
-    assert tl.available(cuda=True) and tl.available()
+    assert launch.available(cuda=True) and launch.available()
 
 
 def test_failed_build_falls_back_once(monkeypatch, tmp_path, capsys):
@@ -231,15 +238,15 @@ def test_failed_build_falls_back_once(monkeypatch, tmp_path, capsys):
         raise tl.LaunchError("max_softmax: no compiler here")
 
     monkeypatch.delenv("MAX_SOFTMAX_QUIET", raising=False)
-    monkeypatch.setattr(tl, "_module", None)
-    monkeypatch.setattr(tl, "_failure", None)
-    monkeypatch.setattr(tl, "_announced", False)
-    monkeypatch.setattr(tl, "extension_path", lambda: tmp_path / "missing.so")
-    monkeypatch.setattr(tl, "_build", fail)
-    assert not tl.available() and not tl.available()
+    monkeypatch.setattr(launch, "_module", None)
+    monkeypatch.setattr(launch, "_failure", None)
+    monkeypatch.setattr(launch, "_announced", False)
+    monkeypatch.setattr(launch, "extension_path", lambda: tmp_path / "missing.so")
+    monkeypatch.setattr(launch, "_build", fail)
+    assert not launch.available() and not launch.available()
     assert capsys.readouterr().err.count("no compiler here") == 1
     with pytest.raises(tl.LaunchError, match="no compiler here"):
-        tl.extension()
+        launch.extension()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -317,12 +324,12 @@ def test_loading_leaves_child_processes_environment_alone():
     import subprocess
     import sys
 
-    tl.extension()
+    launch.extension()
     code = "import json, os; print(json.dumps(dict(os.environ)))"
     child = json.loads(
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         ).stdout
     )
-    for name in tl._ENV_SET_BY_MOJO:
+    for name in launch._ENV_SET_BY_MOJO:
         assert child.get(name) == os.environ.get(name), name
