@@ -12,7 +12,7 @@ import numpy as np
 
 from . import eager, launch
 from .devices import device, resolve_device
-from .dtypes import max_dtype, to_buffer, to_numpy
+from .dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
 from .validation import (
     EMPTY_LOSS,
@@ -277,6 +277,13 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
     return to_numpy(out).reshape(array.shape)
 
 
+_LAUNCH_CODES: dict[np.dtype, int] = {
+    DTYPE_NAMES[name]: code for name, code in launch.DTYPE_CODES.items()
+}
+"""The launch extension's dtype codes by numpy dtype (a name lookup costs
+more than the launch on the per-call path)."""
+
+
 def _launch_rows(op: str, arrays: list[np.ndarray], view: tuple[int, int, int]) -> np.ndarray:
     """Row op `op` of host `arrays` (x, or y and dy) through the launch
     extension (`launch.py`): the row function MAX's op calls, on the arrays'
@@ -287,7 +294,7 @@ def _launch_rows(op: str, arrays: list[np.ndarray], view: tuple[int, int, int]) 
         launch.function(op),
         launch.cpu_context(),
         None,
-        launch.DTYPE_CODES[out.dtype.name],
+        _LAUNCH_CODES[out.dtype],
         out.ctypes.data,
         *[a.ctypes.data for a in inputs],
         *view,
@@ -313,7 +320,7 @@ def _launch_cross_entropy(
         launch.function("cross_entropy"),
         launch.cpu_context(),
         None,
-        launch.DTYPE_CODES[logits.dtype.name],
+        _LAUNCH_CODES[logits.dtype],
         launch.REDUCTION_CODES[reduction],
         loss.ctypes.data,
         0 if dlogits is None else dlogits.ctypes.data,

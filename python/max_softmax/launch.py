@@ -266,6 +266,8 @@ def available_for_arrays() -> bool:
     build targets the CPU only (~20 s, as a model compile), on a thread
     where it has a GPU target (1-2 min): the array functions take
     `Model.execute` meanwhile."""
+    if _module is not None and ENABLED:  # the per-call path: nothing to decide
+        return True
     return _available(False, background=target_accelerator() is not None)
 
 

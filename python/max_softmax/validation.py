@@ -99,9 +99,10 @@ def canonical_shape(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     """The (outer, n, inner) view the kernels work on, for a concrete shape
     and an axis (negative counts from the end)."""
     axis = normalize_axis(axis, len(shape))
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
-    return outer, int(shape[axis]), inner
+    # math.prod of Python ints: exact at any size, and ~10x cheaper than
+    # np.prod on the array functions' per-call path.
+    dims = [int(d) for d in shape]
+    return math.prod(dims[:axis]), dims[axis], math.prod(dims[axis + 1 :])
 
 
 REDUCTIONS: tuple[str, ...] = ("mean", "sum", "none")

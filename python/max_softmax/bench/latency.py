@@ -3,7 +3,10 @@
 For small inputs a softmax costs what launching it costs. This times one
 call on a 1 x 128 float32 row, inputs already on the device:
 
-- `ours`: `model.execute` of our row-op model (what `max_softmax.softmax` runs);
+- `ours`: `model.execute` of our row-op model (what `max_softmax.softmax`
+  runs on a GPU, inputs already there);
+- `ours:numpy`: `max_softmax.softmax` on the numpy array, end to end (on the
+  CPU through the launch extension, no graph; on a GPU with the copies);
 - `max.ops.softmax`: a one-op graph of MAX's built-in;
 - `max.ops.negate (floor)`: a single elementwise op, the floor of any MAX graph;
 - with torch installed, `torch` (`torch.softmax`), `ours:torch` (our op
@@ -104,8 +107,14 @@ def _max_cases(kind: str, x: np.ndarray) -> list[tuple[str, Callable[[], tuple]]
 
         return make
 
+    def array_api() -> tuple:
+        from .. import arrays
+
+        return (lambda: arrays.softmax(x, device=kind)), sync
+
     return [
         ("ours", ours),
+        ("ours:numpy (max_softmax.softmax)", array_api),
         ("max.ops.softmax", builtin("softmax")),
         ("max.ops.negate (floor)", builtin("negate")),
     ]
