@@ -26,7 +26,10 @@ stage=${1:-test}; shift || true
 log="$OUT/${stage}${TAG:+_$TAG}.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 case "$stage" in
-  test)   python3 -m pytest -q -n 8 -p no:cacheprovider "$@" 2>&1 | tee "$log" | tail -40 ;;
+  test)   # The launch extension first, once: else each pytest worker builds its own
+          # (numpy and torch calls would race to build it, 1-2 min each with a GPU target).
+          python3 -c "from max_softmax import launch; launch.extension()" 2>&1 | tee "$log"
+          python3 -m pytest -q -n 8 -p no:cacheprovider "$@" 2>&1 | tee -a "$log" | tail -40 ;;
   fuzz)   MAX_SOFTMAX_FUZZ_EXAMPLES=${MAX_SOFTMAX_FUZZ_EXAMPLES:-2000} python3 -m pytest -q -n 4 \
             -p no:cacheprovider tests/test_fuzz.py -k gpu "$@" 2>&1 | tee "$log" | tail -20 ;;
   report) python3 -m max_softmax "$@" 2>&1 | tee "$log"
