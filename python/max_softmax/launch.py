@@ -2,8 +2,8 @@
 
 `Model.execute` of a compiled MAX graph costs 35-60 µs of host work a call
 (more on a busy CPU), more than the op itself below a few MB. This module
-builds and loads a small Mojo extension module (`bridge_ext/torch_ext.mojo`,
-first written for the torch bridge) that calls the same row functions MAX's
+builds and loads a small Mojo extension module (`launch_ext/launch_ext.mojo`)
+that calls the same row functions MAX's
 ops call (`op/dispatch.mojo`) on raw addresses, on MAX's own DeviceContext:
 ~1 µs of host work a call on the CPU. The torch bridge (`torch_launch.py`)
 launches torch tensors through it, CPU and CUDA; the array functions
@@ -65,12 +65,12 @@ BUILD_IN_BACKGROUND: bool = _MODE == "auto"
 """Whether a call that should not wait for a build (see `available`) starts
 it on a thread and takes the graph path meanwhile, rather than waiting."""
 
-EXTENSION_SOURCE: Path = Path(__file__).resolve().parent / "bridge_ext" / "torch_ext.mojo"
+EXTENSION_SOURCE: Path = Path(__file__).resolve().parent / "launch_ext" / "launch_ext.mojo"
 """The extension's Mojo source."""
 
 DTYPE_CODES: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 """The dtypes the extension takes, by name, and the codes it knows them by
-(the order of `_dtype_of` in torch_ext.mojo)."""
+(the order of `_dtype_of` in launch_ext.mojo)."""
 
 REDUCTION_CODES: dict[str, int] = {"mean": 0, "sum": 1, "none": 2}
 """Cross-entropy reductions, and their codes (`_reduction_of`)."""
@@ -152,7 +152,7 @@ def fingerprint() -> str:
 def extension_path() -> Path:
     """Where the built extension lives: the kernel cache, beside the
     precompiled kernel library."""
-    return kernels.cache_dir() / f"max_softmax_torch_ext_{fingerprint()}.so"
+    return kernels.cache_dir() / f"max_softmax_launch_ext_{fingerprint()}.so"
 
 
 def _build_args(include: Path, output: Path) -> list[str]:
@@ -204,8 +204,8 @@ library path), put back as they were."""
 
 def _load(path: Path) -> ModuleType:
     """Import the built extension from `path` (its init function names it
-    `torch_ext`; it is not entered in sys.modules)."""
-    spec = importlib.util.spec_from_file_location("torch_ext", path)
+    `launch_ext`; it is not entered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("launch_ext", path)
     if spec is None or spec.loader is None:
         raise LaunchError(f"max_softmax: cannot load the launch extension at {path}")
     module = importlib.util.module_from_spec(spec)

@@ -1,6 +1,6 @@
-"""The torch bridge's launch path: our dispatch called from Python directly.
+"""The graph-free launch path: our dispatch called from Python directly.
 
-A Python extension module (built by `max_softmax.torch_launch`, once per
+A Python extension module (built by `max_softmax.launch`, once per
 kernel sources, compiler and target, into the kernel cache) whose functions
 take raw addresses and dims and call the row functions MAX's ops call
 (`op.dispatch.softmax_rows`, `softmax_backward_rows`, and cross-entropy's
@@ -9,7 +9,8 @@ launcher), with no graph, no `Model.execute` and no buffer objects between:
 
 Each function takes the DeviceContext MAX made for the device (the address
 `max.driver.Device._device_context_ptr()` gives, as MAX's own
-`kv_cache_ops.mojo` wraps it), and the torch stream to order against:
+`kv_cache_ops.mojo` wraps it), and the torch stream to order against
+(the torch bridge, `torch_launch.py`; numpy arrays on the CPU pass None):
 
 - `None`: a CPU context; the kernel runs on the calling thread (and MAX's
   CPU thread pool) before the function returns.
@@ -21,7 +22,8 @@ Each function takes the DeviceContext MAX made for the device (the address
 
 Addresses are those of contiguous buffers of the (outer, n, inner) view on
 the context's device, of the element type `dtype` names (DTYPE_CODES). The
-caller guarantees them (the bridge checks at its edge); an error raised by a
+caller guarantees them (the torch bridge and the array functions check at
+their edge); an error raised by a
 launcher (a row too long for the GPU, a bad code) comes back as a Python
 exception.
 """
@@ -551,10 +553,10 @@ def scale_rows(
 
 
 @export
-def PyInit_torch_ext() abi("C") -> PythonObject:
+def PyInit_launch_ext() abi("C") -> PythonObject:
     """The module object Python's import machinery asks for."""
     try:
-        var b = PythonModuleBuilder("torch_ext")
+        var b = PythonModuleBuilder("launch_ext")
         b.def_function[softmax](
             "softmax",
             docstring="softmax(ctx, stream, dtype, dst, src, outer, n, inner)",
@@ -594,4 +596,4 @@ def PyInit_torch_ext() abi("C") -> PythonObject:
         )
         return b.finalize()
     except e:
-        abort(t"max_softmax: failed to create the torch_ext module: {e}")
+        abort(t"max_softmax: failed to create the launch_ext module: {e}")
