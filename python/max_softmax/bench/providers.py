@@ -509,6 +509,32 @@ class NumpyProvider(Provider):
         return self.ys[0]
 
 
+class ArrayProvider(Provider):
+    """Our array function (`max_softmax.softmax(x, -1, device="cpu")`, or
+    the backward op on (y, dy)) on numpy arrays, end to end: what a numpy
+    user gets (on the CPU through the launch extension, no graph)."""
+
+    def __init__(self, op: str = "softmax") -> None:
+        self.name, self.op = "ours:numpy", op
+        self.transfers = WORKLOADS[op].transfers
+
+    def prepare(self, xs: list[tuple[np.ndarray, ...]]) -> None:
+        """Keep the inputs."""
+        self.xs = xs
+        self.ys: list[np.ndarray] = []
+
+    def run(self, k: int) -> None:
+        """Compute the first k cases (each call returns its result)."""
+        from .. import arrays
+
+        fn = getattr(arrays, self.op)
+        self.ys = [fn(*case, -1, device="cpu") for case in self.xs[:k]]
+
+    def output0(self) -> np.ndarray:
+        """The result of case 0."""
+        return self.ys[0]
+
+
 def to_torch(torch: Any, x: np.ndarray, dev: Any) -> Any:
     """A torch tensor on `dev` with the values of `x` (bfloat16 included)."""
     if x.dtype == DTYPE_NAMES["bfloat16"]:
@@ -570,6 +596,8 @@ def make_providers(
             out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
         return out
     out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
+    if kind == "cpu":
+        out.append(lambda: ArrayProvider(op))
     if op in BACKWARD_OPS:
         if "torch" in have:
             out.append(lambda: TorchProvider(kind, op=op))
