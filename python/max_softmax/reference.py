@@ -244,19 +244,27 @@ def masked_reference(
     aligned, torch.ones(L, S).tril()). A dropped position is dropped
     whatever x holds there; a row with nothing kept gives 0 (softmax) or
     -inf (log_softmax); NaN or +inf among the kept values makes the row NaN.
+    `x * scale + mask` itself is formed in the kernels' compute dtype
+    (float32 for 32- and 16-bit x, float64 for float64), as torch's
+    `x * scale + mask` would be: past float32's range it is +-inf, and a
+    kept +inf makes the row NaN.
     """
-    x64 = np.asarray(x).astype(np.float64)
-    z = x64 * (1.0 if scale is None else float(scale))
+    x = np.asarray(x)
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = x.astype(acc) * acc(1.0 if scale is None else float(scale))
     keep = np.ones(x64.shape, dtype=bool)
     if mask is not None:
         m = np.asarray(mask)
         if m.dtype == np.bool_:
             keep &= np.broadcast_to(m, x64.shape)
         else:
-            m64 = np.broadcast_to(m.astype(np.asarray(x).dtype).astype(np.float64), x64.shape)
-            keep &= m64 != -np.inf
-            with np.errstate(invalid="ignore"):
-                z = z + np.where(keep, m64, 0.0)
+            m_acc = np.broadcast_to(m.astype(x.dtype).astype(acc), x64.shape)
+            keep &= m_acc != -np.inf
+            with np.errstate(invalid="ignore", over="ignore"):
+                z = z + np.where(keep, m_acc, acc(0.0))
+    z = z.astype(np.float64)
     if causal:
         rows, cols = x64.shape[-2:]
         keep &= np.tril(np.ones((rows, cols), dtype=bool))
