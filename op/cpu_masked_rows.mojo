@@ -9,14 +9,15 @@ over a float32 (float64) scratch row of the task: z = x * scale + mask and
 its max; exp(z - max) and its sum; the output. The exp sweep reads no
 memory, so it prefetches the task's next row of x and mask into L2 (the
 hardware prefetcher, idle there, would leave that row's first sweep waiting
-on DRAM). Semantics: `row_math`'s `masked_value` / `masked_row_scale`.
+on DRAM). 16-bit softmax takes its exps by `exp_lean`. Semantics: `row_math`'s `masked_value` / `masked_row_scale`.
 """
 
 from std.math import ceildiv
-from std.sys import simd_width_of
+from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
+from .cpu_rows import _row_exp
 from .cpu_tasks import items_per_task, run_tasks
 from .row_math import (
     accum_dtype,
@@ -150,6 +151,9 @@ def _exp_sum[
     softmax parks each exp in z. Prefetches next_x[0:count] and
     next_mask[0:count] into L2."""
     comptime acc = accum_dtype[dtype]()
+    # 16-bit softmax rounds its outputs to 16 bits: exps good to ~1e-6 do
+    # (`exp_lean`, as cpu_rows).
+    comptime lean = not log_out and size_of[dtype]() < 4
     comptime to_l2 = PrefetchOptions().for_read().medium_locality()
     var n_vec = count - count % W
     var s = Scalar[acc](0)
@@ -162,7 +166,7 @@ def _exp_sum[
             var v = z.unsafe_offset(j).unsafe_load[width=W]()
             # Exactly 0 where dropped (the vector exp of -inf is 4e-39).
             var e = v.eq(-inf[acc]()).select(
-                SIMD[acc, W](0), exp_nan[acc, W](v - shift)
+                SIMD[acc, W](0), _row_exp[acc, W, lean](v - shift)
             )
             comptime if not log_out:
                 z.unsafe_offset(j).unsafe_store(e)
