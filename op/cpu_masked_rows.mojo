@@ -7,9 +7,10 @@ exp'ed, their output is 0 (softmax) or -inf (log-softmax). Rows are split
 into tasks of whole rows (`cpu_tasks`); each row takes three SIMD sweeps
 over a float32 (float64) scratch row of the task: z = x * scale + mask and
 its max; exp(z - max) and its sum; the output. The exp sweep reads no
-memory, so it prefetches the task's next row of x and mask into L2 (the
-hardware prefetcher, idle there, would leave that row's first sweep waiting
-on DRAM). 16-bit softmax takes its exps by `exp_lean`. Semantics: `row_math`'s `masked_value` / `masked_row_scale`.
+memory, so it prefetches the task's next row of x and mask into L2, and
+this row's output for writing (the hardware prefetcher, idle there, would
+leave the next sweeps waiting on DRAM). 16-bit softmax takes its exps by
+`exp_lean`. Semantics: `row_math`'s `masked_value` / `masked_row_scale`.
 """
 
 from std.math import ceildiv
@@ -94,6 +95,7 @@ def masked_softmax_cpu[
                 shift,
                 src.unsafe_offset(next_r * n),
                 mask.unsafe_offset((next_r % mask_rows) * n),
+                y,
             )
             var rs = masked_row_scale[log_out, acc](s, m)
             _write[dtype, log_out, W](y, z, limit, n, shift, rs)
@@ -146,15 +148,17 @@ def _exp_sum[
     shift: Scalar[accum_dtype[dtype]()],
     next_x: Pointer[Scalar[dtype], MutAnyOrigin],
     next_mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
 ) -> Scalar[accum_dtype[dtype]()]:
     """Sum of exp(z - shift) over z[0:count], 0 where z is -inf (dropped);
     softmax parks each exp in z. Prefetches next_x[0:count] and
-    next_mask[0:count] into L2."""
+    next_mask[0:count] into L2, and y[0:count] for the write sweep."""
     comptime acc = accum_dtype[dtype]()
     # 16-bit softmax rounds its outputs to 16 bits: exps good to ~1e-6 do
     # (`exp_lean`, as cpu_rows).
     comptime lean = not log_out and size_of[dtype]() < 4
     comptime to_l2 = PrefetchOptions().for_read().medium_locality()
+    comptime for_write = PrefetchOptions().for_write().medium_locality()
     var n_vec = count - count % W
     var s = Scalar[acc](0)
     for b in range(0, n_vec, SUM_BLOCK):
@@ -163,6 +167,7 @@ def _exp_sum[
             prefetch[to_l2](next_x.unsafe_offset(j))
             comptime if has_mask:
                 prefetch[to_l2](next_mask.unsafe_offset(j))
+            prefetch[for_write](y.unsafe_offset(j))
             var v = z.unsafe_offset(j).unsafe_load[width=W]()
             # Exactly 0 where dropped (the vector exp of -inf is 4e-39).
             var e = v.eq(-inf[acc]()).select(
