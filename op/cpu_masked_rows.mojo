@@ -6,14 +6,19 @@ aligned, as torch's `is_causal`); columns past i are neither read nor
 exp'ed, their output is 0 (softmax) or -inf (log-softmax). Rows are split
 into tasks of whole rows (`cpu_tasks`); each row takes three SIMD sweeps
 over a float32 (float64) scratch row of the task: z = x * scale + mask and
-its max; exp(z - max) and its sum; the output. Semantics: `row_math`'s
-`masked_value` / `masked_row_scale`.
+its max; exp(z - max) and its sum; the output. The exp sweep reads no
+memory, so it prefetches the task's next row of x and mask into L2, and
+this row's output for writing (the hardware prefetcher, idle there, would
+leave the next sweeps waiting on DRAM). 16-bit softmax takes its exps by
+`exp_lean`. Semantics: `row_math`'s `masked_value` / `masked_row_scale`.
 """
 
 from std.math import ceildiv
-from std.sys import simd_width_of
+from std.sys import simd_width_of, size_of
+from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
+from .cpu_rows import _row_exp
 from .cpu_tasks import items_per_task, run_tasks
 from .row_math import (
     accum_dtype,
@@ -71,7 +76,8 @@ def masked_softmax_cpu[
         var z = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
             scratch_row.unsafe_ptr()
         )
-        for r in range(t * rows_per_task, min(rows, (t + 1) * rows_per_task)):
+        var end = min(rows, (t + 1) * rows_per_task)
+        for r in range(t * rows_per_task, end):
             var x = src.unsafe_offset(r * n)
             var y = dst.unsafe_offset(r * n)
             var m_row = mask.unsafe_offset((r % mask_rows) * n)
@@ -80,7 +86,17 @@ def masked_softmax_cpu[
                 limit = min(n, r % causal_rows + 1)
             var m = _values_and_max[dtype, has_mask, W](z, x, m_row, limit, sc)
             var shift = sum_shift[acc](m)
-            var s = _exp_sum[acc, log_out, W](z, limit, shift)
+            # The next row's x and mask are fetched into L2 while this one
+            # computes its exps (the sweep that reads no memory).
+            var next_r = r + 1 if r + 1 < end else r
+            var s = _exp_sum[dtype, log_out, has_mask, W](
+                z,
+                limit,
+                shift,
+                src.unsafe_offset(next_r * n),
+                mask.unsafe_offset((next_r % mask_rows) * n),
+                y,
+            )
             var rs = masked_row_scale[log_out, acc](s, m)
             _write[dtype, log_out, W](y, z, limit, n, shift, rs)
         _ = scratch_row^
@@ -125,21 +141,37 @@ def _values_and_max[
 
 @always_inline
 def _exp_sum[
-    acc: DType, log_out: Bool, W: Int
+    dtype: DType, log_out: Bool, has_mask: Bool, W: Int
 ](
-    z: Pointer[Scalar[acc], MutAnyOrigin], count: Int, shift: Scalar[acc]
-) -> Scalar[acc]:
+    z: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    count: Int,
+    shift: Scalar[accum_dtype[dtype]()],
+    next_x: Pointer[Scalar[dtype], MutAnyOrigin],
+    next_mask: Pointer[Scalar[dtype], MutAnyOrigin],
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+) -> Scalar[accum_dtype[dtype]()]:
     """Sum of exp(z - shift) over z[0:count], 0 where z is -inf (dropped);
-    softmax parks each exp in z."""
+    softmax parks each exp in z. Prefetches next_x[0:count] and
+    next_mask[0:count] into L2, and y[0:count] for the write sweep."""
+    comptime acc = accum_dtype[dtype]()
+    # 16-bit softmax rounds its outputs to 16 bits: exps good to ~1e-6 do
+    # (`exp_lean`, as cpu_rows).
+    comptime lean = not log_out and size_of[dtype]() < 4
+    comptime to_l2 = PrefetchOptions().for_read().medium_locality()
+    comptime for_write = PrefetchOptions().for_write().medium_locality()
     var n_vec = count - count % W
     var s = Scalar[acc](0)
     for b in range(0, n_vec, SUM_BLOCK):
         var sv = SIMD[acc, W](0)
         for j in range(b, min(b + SUM_BLOCK, n_vec), W):
+            prefetch[to_l2](next_x.unsafe_offset(j))
+            comptime if has_mask:
+                prefetch[to_l2](next_mask.unsafe_offset(j))
+            prefetch[for_write](y.unsafe_offset(j))
             var v = z.unsafe_offset(j).unsafe_load[width=W]()
             # Exactly 0 where dropped (the vector exp of -inf is 4e-39).
             var e = v.eq(-inf[acc]()).select(
-                SIMD[acc, W](0), exp_nan[acc, W](v - shift)
+                SIMD[acc, W](0), _row_exp[acc, W, lean](v - shift)
             )
             comptime if not log_out:
                 z.unsafe_offset(j).unsafe_store(e)
