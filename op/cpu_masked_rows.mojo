@@ -18,13 +18,13 @@ from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
-from .cpu_rows import _row_exp
 from .cpu_tasks import items_per_task, run_tasks
 from .row_math import (
     accum_dtype,
     exp_nan,
     masked_row_scale,
     masked_value,
+    row_exp,
     sum_shift,
 )
 
@@ -171,7 +171,7 @@ def _exp_sum[
             var v = z.unsafe_offset(j).unsafe_load[width=W]()
             # Exactly 0 where dropped (the vector exp of -inf is 4e-39).
             var e = v.eq(-inf[acc]()).select(
-                SIMD[acc, W](0), _row_exp[acc, W, lean](v - shift)
+                SIMD[acc, W](0), row_exp[acc, W, lean](v - shift)
             )
             comptime if not log_out:
                 z.unsafe_offset(j).unsafe_store(e)

@@ -17,10 +17,10 @@ from std.utils.numerics import inf
 from .row_math import (
     accum_dtype,
     epilogue,
-    exp_lean,
     exp_nan,
     fold_pair,
     online_sum_guard,
+    row_exp,
     row_scale,
     sum_shift,
 )
@@ -231,15 +231,6 @@ def _max_of[
 
 
 @always_inline
-def _row_exp[acc: DType, W: Int, lean: Bool](d: SIMD[acc, W]) -> SIMD[acc, W]:
-    """exp(d) for a row sweep: by `exp_lean` where `lean` (16-bit softmax,
-    float32 inside), else by `exp_nan`."""
-    comptime if lean:
-        return rebind[SIMD[acc, W]](exp_lean(rebind[SIMD[DType.float32, W]](d)))
-    return exp_nan[acc, W](d)
-
-
-@always_inline
 def _exp_sum[
     dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
 ](
@@ -261,7 +252,7 @@ def _exp_sum[
     for b in range(0, n_vec, SUM_BLOCK):
         var sv = SIMD[acc, W](0)
         for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-            var e = _row_exp[acc, W, lean](
+            var e = row_exp[acc, W, lean](
                 x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
             )
             comptime if park_in_dst:
@@ -309,7 +300,7 @@ def _write[
             y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
         elif lean and not log_out:
             var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-            var e = _row_exp[acc, W, lean](v - m)
+            var e = row_exp[acc, W, lean](v - m)
             y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
         else:
             var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()

@@ -85,6 +85,15 @@ def exp_lean[w: Int](x: SIMD[DType.float32, w]) -> SIMD[DType.float32, w]:
 
 
 @always_inline
+def row_exp[acc: DType, W: Int, lean: Bool](d: SIMD[acc, W]) -> SIMD[acc, W]:
+    """exp(d) for a row sweep: by `exp_lean` where `lean` (16-bit softmax,
+    float32 inside), else by `exp_nan`."""
+    comptime if lean:
+        return rebind[SIMD[acc, W]](exp_lean(rebind[SIMD[DType.float32, W]](d)))
+    return exp_nan[acc, W](d)
+
+
+@always_inline
 def exp_diff[
     acc: DType, w: Int
 ](a: SIMD[acc, w], b: SIMD[acc, w]) -> SIMD[acc, w]:
