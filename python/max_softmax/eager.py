@@ -79,14 +79,14 @@ def run_masked(op: str, x: Any, axis: int, scale: float | None, mask: Any, causa
     """softmax / log_softmax (`op`) of MAX tensor `x` with scale, mask and
     causal, as a MAX tensor: the graph-level edge (`ops._masked`: checks,
     mask reduced to rows, axis moved last) staged with the declared masked
-    op. A mask that is not a MAX Tensor is copied to x's device first, so
-    it is an input of the staged graph rather than a constant baked in."""
+    op. A mask that is not a MAX Tensor is copied to x's device first
+    (`_device_tensor`)."""
     from max.experimental import functional as F
     from max.experimental.tensor import Tensor
     from max.graph import TensorValue
 
     if mask is not None and not is_max_tensor(mask):  # a numpy array (arrays.as_array)
-        mask = Tensor.from_dlpack(to_buffer(np.ascontiguousarray(mask))).to(x.device)
+        mask = _device_tensor(mask, x.device)
 
     def kernel(x3: Any, m: Any, options: Any, *, has_mask: bool, causal: bool) -> Any:
         return masked_declaration(f"{op}_masked", has_mask, causal)(x3, m, options)
@@ -96,6 +96,14 @@ def run_masked(op: str, x: Any, axis: int, scale: float | None, mask: Any, causa
         y = graph_ops._masked(op, TensorValue(x), axis, "auto", scale, m, causal, kernel=kernel)
         out = Tensor.from_graph_value(y)
     return _realize(out)
+
+
+def _device_tensor(array: np.ndarray, device: Any) -> Any:
+    """A numpy array as a MAX Tensor on `device` (bfloat16 included), so it
+    is an input of the staged graph rather than a constant baked into it."""
+    from max.experimental.tensor import Tensor
+
+    return Tensor.from_dlpack(to_buffer(np.ascontiguousarray(array))).to(device)
 
 
 def _dims(t: Any) -> list[int]:
@@ -144,7 +152,7 @@ def run_cross_entropy(
     host_targets = None
     if not is_max_tensor(targets):
         host_targets = targets
-        targets = Tensor.from_dlpack(np.ascontiguousarray(targets)).to(logits.device)
+        targets = _device_tensor(targets, logits.device)
     elif targets.device.is_host:
         host_targets = np.from_dlpack(targets)
 

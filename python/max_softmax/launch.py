@@ -4,9 +4,10 @@
 (more on a busy CPU), more than the op itself below a few MB. This module
 builds and loads a small Mojo extension module (`launch_ext/launch_ext.mojo`)
 that calls the same row functions MAX's ops call (`op/dispatch.mojo`) on raw
-addresses, on MAX's own DeviceContext: ~1 µs of host work a call on the CPU. The torch bridge (`torch_launch.py`)
-launches torch tensors through it, CPU and CUDA; the array functions
-(`arrays.py`) launch numpy arrays on the CPU.
+addresses, on MAX's own DeviceContext: ~1 µs of host work a call on the
+CPU. The torch bridge (`torch_launch.py`) launches torch tensors through it,
+CPU and CUDA; the array functions (`arrays.py`) launch numpy arrays on the
+CPU.
 
 The extension is built once per kernel sources, compiler and target (~20 s
 on 2 cores without a GPU target, 1-2 min with one) into the kernel cache
@@ -365,3 +366,56 @@ def call(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception as err:
         raise LaunchError(str(err)) from None
+
+
+def run_rows(
+    op: str,
+    ctx: int,
+    stream: int | None,
+    dtype_code: int,
+    out: int,
+    inputs: list[int],
+    outer: int,
+    n: int,
+    inner: int,
+) -> None:
+    """Row op `op` (one of ROW_OPS) of the buffers at addresses `inputs`
+    (x, or the forward's output and dy) into `out`, contiguous (outer, n,
+    inner) views on `ctx`'s device, ordered against `stream` on a GPU (None
+    on the CPU, where it has run when this returns). The torch bridge's
+    per-shape launchers inline this call (`torch_launch.launcher`)."""
+    call(function(op), ctx, stream, dtype_code, out, *inputs, outer, n, inner)
+
+
+def run_cross_entropy(
+    ctx: int,
+    stream: int | None,
+    dtype_code: int,
+    reduction: str,
+    loss: int,
+    dlogits: int | None,
+    logits: int,
+    targets: int,
+    options: int,
+    rows: int,
+    classes: int,
+) -> None:
+    """Cross-entropy of the (rows, classes) logits and (rows,) int64 targets
+    at those addresses, with the float64 (ignore_index, label_smoothing)
+    `options`, into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and,
+    unless None, d loss / d logits into `dlogits`; rows and classes >= 1.
+    Ordering as `run_rows`."""
+    call(
+        function("cross_entropy"),
+        ctx,
+        stream,
+        dtype_code,
+        REDUCTION_CODES[reduction],
+        loss,
+        0 if dlogits is None else dlogits,
+        logits,
+        targets,
+        options,
+        rows,
+        classes,
+    )

@@ -251,22 +251,21 @@ def masked_reference(
     """
     x = np.asarray(x)
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    x64 = x.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         z = x.astype(acc) * acc(1.0 if scale is None else float(scale))
-    keep = np.ones(x64.shape, dtype=bool)
+    keep = np.ones(x.shape, dtype=bool)
     if mask is not None:
         m = np.asarray(mask)
         if m.dtype == np.bool_:
-            keep &= np.broadcast_to(m, x64.shape)
+            keep &= np.broadcast_to(m, x.shape)
         else:
-            m_acc = np.broadcast_to(m.astype(x.dtype).astype(acc), x64.shape)
+            m_acc = np.broadcast_to(m.astype(x.dtype).astype(acc), x.shape)
             keep &= m_acc != -np.inf
             with np.errstate(invalid="ignore", over="ignore"):
                 z = z + np.where(keep, m_acc, acc(0.0))
     z = z.astype(np.float64)
     if causal:
-        rows, cols = x64.shape[-2:]
+        rows, cols = x.shape[-2:]
         keep &= np.tril(np.ones((rows, cols), dtype=bool))
     z = np.where(keep, z, -np.inf)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

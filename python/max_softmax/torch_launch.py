@@ -33,7 +33,7 @@ from functools import partial
 import torch
 
 from . import launch
-from .launch import REDUCTION_CODES, LaunchError
+from .launch import LaunchError
 from .launch import available as available  # re-exported: the bridge asks here
 from .launch import extension as extension  # re-exported
 from .validation import EMPTY_LOSS
@@ -137,14 +137,13 @@ def cross_entropy(
             dlogits.zero_()
         return
     ctx, stream = _context_and_stream(logits)
-    launch.call(
-        launch.function("cross_entropy"),
+    launch.run_cross_entropy(
         ctx,
         stream,
         DTYPE_CODES[logits.dtype],
-        REDUCTION_CODES[reduction],
+        reduction,
         loss.data_ptr(),
-        0 if dlogits is None else dlogits.data_ptr(),
+        None if dlogits is None else dlogits.data_ptr(),
         logits.data_ptr(),
         targets.data_ptr(),
         options.data_ptr(),
