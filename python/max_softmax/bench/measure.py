@@ -216,12 +216,13 @@ def timed_row(
     return row
 
 
-def flag_impossible(rows: list[Row]) -> None:
+def flag_impossible(rows: list[Row], moves_less: float = 1.0) -> None:
     """Un-time figures over 3x the copy roof of their shape (1.15x for a
-    GPU tensor of 16 MB or more): no provider moves its bytes that much
-    faster than a copy (a backward, reading more than it writes, reaches
-    ~1.1x), so such a number is a timing artefact (e.g. T(1) inflated by
-    allocation), not a speed. The value is kept in
+    GPU tensor of 16 MB or more), times `moves_less` (the workload's: a
+    causal softmax reads about half its input): no provider moves its
+    bytes that much faster than a copy (a backward, reading more than it
+    writes, reaches ~1.1x), so such a number is a timing artefact (e.g.
+    T(1) inflated by allocation), not a speed. The value is kept in
     `extra["rough"]` (plotted hollow). The headline is held against the
     copy's headline; replay and device figures against the copy's GPU time
     when it was timed on the device (a wall-clock copy at a tiny shape is
@@ -232,12 +233,12 @@ def flag_impossible(rows: list[Row]) -> None:
     roofs = {"exec": copy.gbps, "replay": copy.device_gbps, "device": copy.device_gbps}
     nbytes = copy.rows * copy.n * DTYPE_NAMES[copy.dtype].itemsize
     bound = copy.device == "gpu" and nbytes >= BANDWIDTH_BOUND_BYTES
-    limit = IMPOSSIBLE_VS_BANDWIDTH_COPY if bound else IMPOSSIBLE_VS_COPY
+    limit = (IMPOSSIBLE_VS_BANDWIDTH_COPY if bound else IMPOSSIBLE_VS_COPY) * moves_less
     for r in rows:
         for which in FIGURES:
             gbps, roof = r.figure(which)[1], roofs[which]
             if gbps and roof and gbps > limit * roof:
-                why = f"unreliable: {gbps:.0f} GB/s is over {limit:g}x the copy roof"
+                why = f"unreliable: {gbps:.0f} GB/s is over {limit:.3g}x the copy roof"
                 r.extra.setdefault("rough", {})[which] = gbps
                 r.set_figure(which, None, None)
                 if which == "exec":

@@ -66,7 +66,7 @@ def run_sweep(
     with progress(len(jobs)) as bar:
         for dtype, (rows, n) in jobs:
             here = sweep_shape(kind, workload, dtype, rows, n, rng, args)
-            flag_impossible(here)
+            flag_impossible(here, workload.moves_less)
             results.extend(here)
             bar.step(f"{dtype} {rows}x{n}")
             if save:
