@@ -29,7 +29,13 @@ case "$stage" in
   test)   # The launch extension first, once: else each pytest worker builds its own
           # (numpy and torch calls would race to build it, 1-2 min each with a GPU target).
           python3 -c "from max_softmax import launch; launch.extension()" 2>&1 | tee "$log"
-          python3 -m pytest -q -n 8 -p no:cacheprovider "$@" 2>&1 | tee -a "$log" | tail -40 ;;
+          # Device-graph captures in several processes on one GPU at once fail
+          # (preBackForCapture: CUDA_ERROR_OUT_OF_MEMORY, H100 2026-11-26), so the
+          # replay tests run after, in one process.
+          python3 -m pytest -q -n 8 -p no:cacheprovider --ignore=tests/test_replay.py "$@" 2>&1 \
+            | tee -a "$log" | tail -40
+          python3 -m pytest -q -p no:cacheprovider -p no:xdist tests/test_replay.py 2>&1 \
+            | tee -a "$log" | tail -5 ;;
   fuzz)   MAX_SOFTMAX_FUZZ_EXAMPLES=${MAX_SOFTMAX_FUZZ_EXAMPLES:-2000} python3 -m pytest -q -n 4 \
             -p no:cacheprovider tests/test_fuzz.py -k gpu "$@" 2>&1 | tee "$log" | tail -20 ;;
   report) python3 -m max_softmax "$@" 2>&1 | tee "$log"

@@ -8,6 +8,7 @@ do not take: rows longer than theirs, or fewer.
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceContext
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -25,19 +26,134 @@ from .gpu_launch import aligned_flag_of
 from .gpu_reductions import block_max_sum, block_sum
 from .row_math import (
     accum_dtype,
+    exp_diff,
     exp_nan,
     online_add,
     online_sum_guard,
+    sum_shift,
     vector_width,
 )
 
 # Rows longer than the register plans: a block of this many threads a row.
 comptime CE_BLOCK_THREADS = 512
+# Vectors a thread loads before it uses them in the first (online) pass:
+# 1 is a load, then its use, an iteration (see `_fold_items`).
+comptime CE_BLOCK_UNROLL = 1
+# Loss-only rows (no gradient: the logits read once): U = 4 and
+# `ce_block_loss_threads`. H100, 2026-11-26, benchmarks/ce_loss_sweep
+# (kernel wall time, GB/s = logits bytes / time; a copy reads and writes
+# at ~3020), U = 1 at 512 threads -> U = 4 at 256 (16-bit) / 512 (fp32)
+# threads, against the smem / pair kernel there now: bf16 16384 x 32000
+# 3235 -> 3366 (smem 2836), 4096 x 128256 3215 -> 3305 (smem 2894),
+# 8192 x 50257 3127 -> 3237 (smem 3064); fp32 16384 x 32000 3387 -> 3409
+# (smem 3355), 4096 x 128256 3364 -> 3362 (pair 2917), 8192 x 50257
+# 3272 -> 3318 (smem 3168). 1024 threads, or 16-bit U = 8 (~125
+# registers), hold one block an SM and lose 5-50%; a launch bound capping
+# U = 8 at 64 registers did not beat U = 4.
+comptime CE_BLOCK_LOSS_UNROLL = 4
+
+
+def ce_block_loss_threads[dtype: DType]() -> Int:
+    """Threads a row for loss-only rows (with CE_BLOCK_LOSS_UNROLL): 256
+    for 16-bit types, else 512 (so a sweep of the block covers 2048
+    elements either way; float64 is unmeasured)."""
+    return 256 if size_of[dtype]() <= 2 else 512
+
+
+@always_inline
+def _fold_group[
+    dtype: DType, W: Int, U: Int, smoothing: Bool
+](
+    raw: SIMD[dtype, U * W],
+    mut m: Scalar[accum_dtype[dtype]()],
+    mut s: Scalar[accum_dtype[dtype]()],
+    mut sx: Scalar[accum_dtype[dtype]()],
+):
+    """Fold a group of U loaded items (`raw`, in the logits' type) into the
+    online pair (`m`, `s`) and, `smoothing`, the plain sum `sx`: what
+    `online_add` of the cast values does (one rescale for the group, values
+    shifted by `sum_shift`), but with the max taken on the raw values (the
+    cast is exact and keeps order, so it is the same max) and each item
+    cast as it is used, so the U * W cast values need not all be live at
+    once (16-bit U = 4 at 512 threads: 55 registers, against 75 with
+    `online_add` of the whole group; U = 8 still takes ~125, one
+    512-thread block an SM)."""
+    comptime acc = accum_dtype[dtype]()
+    var new_m = max(m, raw.reduce_max().cast[acc]())
+    var shift = sum_shift[acc](new_m)
+    var xs = raw.slice[W]().cast[acc]()
+    var e = exp_nan[acc, W](xs - shift)
+    comptime for k in range(1, U):
+        var v = raw.slice[W, offset=k * W]().cast[acc]()
+        e += exp_nan[acc, W](v - shift)
+        comptime if smoothing:
+            xs += v
+    s = s * exp_diff[acc, 1](m, new_m) + e.reduce_add()
+    m = new_m
+    comptime if smoothing:
+        sx += xs.reduce_add()
+
+
+@always_inline
+def _fold_items[
+    dtype: DType, W: Int, T: Int, U: Int, smoothing: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    count: Int,
+    t: Int,
+    mut m: Scalar[accum_dtype[dtype]()],
+    mut s: Scalar[accum_dtype[dtype]()],
+    mut sx: Scalar[accum_dtype[dtype]()],
+):
+    """Fold thread `t`'s items of `W` elements (16-byte vectors, or
+    scalars), from `base + i * W` for i = t, t + T, ... < `count`, into its
+    online pair (`m`, `s`) and, `smoothing`, its plain sum `sx`: U items at
+    a time, the group's U loads issued before any is used (`_fold_group`).
+
+    With one load an iteration the loop-carried (m, s) waits on each load
+    in turn, one 16-byte load a thread in flight; a group keeps U in flight
+    and pays one rescale for U * W values. A last group of fewer than U
+    items is loaded the same way (its missing items clamped to the thread's
+    last item, an address already read, then masked: -inf for the max and
+    exp, 0 for the sum), so it too is one round trip rather than one an
+    item."""
+    comptime align = size_of[dtype]() * W
+    var i = t
+    while i + (U - 1) * T < count:
+        var raw = SIMD[dtype, U * W]()
+        comptime for k in range(U):
+            raw = raw.insert[offset=k * W](
+                x.unsafe_offset(base + (i + k * T) * W).unsafe_load[
+                    width=W, alignment=align
+                ]()
+            )
+        _fold_group[dtype, W, U, smoothing](raw, m, s, sx)
+        i += U * T
+    if i < count:  # 1 to U - 1 items left
+        var raw = SIMD[dtype, U * W](-inf[dtype]())
+        var kept = SIMD[dtype, U * W](0)
+        comptime for k in range(U - 1):
+            var item = x.unsafe_offset(
+                base + min(i + k * T, count - 1) * W
+            ).unsafe_load[width=W, alignment=align]()
+            var ok = i + k * T < count
+            raw = raw.insert[offset=k * W](
+                item if ok else SIMD[dtype, W](-inf[dtype]())
+            )
+            comptime if smoothing:
+                kept = kept.insert[offset=k * W](
+                    item if ok else SIMD[dtype, W](0)
+                )
+        var no_sum = Scalar[accum_dtype[dtype]()](0)
+        _fold_group[dtype, W, U, False](raw, m, s, no_sum)
+        comptime if smoothing:
+            sx += kept.cast[accum_dtype[dtype]()]().reduce_add()
 
 
 @always_inline
 def _online_pass[
-    dtype: DType, V: Int, T: Int
+    dtype: DType, V: Int, T: Int, U: Int = 1, smoothing: Bool = True
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     t: Int,
@@ -51,27 +167,64 @@ def _online_pass[
     Scalar[accum_dtype[dtype]()],
 ]:
     """Thread `t`'s share of the row: its online (max, sum of exp) pair
-    and its plain sum (for label smoothing)."""
+    and, `smoothing`, its plain sum (for label smoothing; else 0).
+
+    U = 1: one vector an iteration, then the scalar head and tail. U > 1:
+    the vector body U vectors a group (`_fold_items`). With aligned
+    buffers (a head and a tail under V elements: at most one element of
+    each a thread) the thread's head and tail elements are loaded first,
+    in flight with the body's loads, and folded last; unaligned buffers
+    (the whole row a scalar head) fold each piece U items a group."""
     comptime acc = accum_dtype[dtype]()
     var m = -inf[acc]()
     var s = Scalar[acc](0)
     var sx = Scalar[acc](0)
-    for i in range(t, nvec, T):
-        var v = (
-            x.unsafe_offset(head + i * V)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc]()
-        )
-        (m, s) = online_add[acc, V](m, s, v)
-        sx += v.reduce_add()
-    for e in range(t, head, T):
-        var v = x[unsafe_offset=e].cast[acc]()
-        (m, s) = online_add[acc, 1](m, s, v)
-        sx += v
-    for e in range(tail_begin + t, len, T):
-        var v = x[unsafe_offset=e].cast[acc]()
-        (m, s) = online_add[acc, 1](m, s, v)
-        sx += v
+    comptime if U == 1:
+        for i in range(t, nvec, T):
+            var v = (
+                x.unsafe_offset(head + i * V)
+                .unsafe_load[width=V, alignment=16]()
+                .cast[acc]()
+            )
+            (m, s) = online_add[acc, V](m, s, v)
+            comptime if smoothing:
+                sx += v.reduce_add()
+        for e in range(t, head, T):
+            var v = x[unsafe_offset=e].cast[acc]()
+            (m, s) = online_add[acc, 1](m, s, v)
+            comptime if smoothing:
+                sx += v
+        for e in range(tail_begin + t, len, T):
+            var v = x[unsafe_offset=e].cast[acc]()
+            (m, s) = online_add[acc, 1](m, s, v)
+            comptime if smoothing:
+                sx += v
+    else:
+        if head <= T and len - tail_begin <= T:
+            # Both loads in bounds (a kept row has len >= 1), masked after.
+            var has_h = t < head
+            var has_t = tail_begin + t < len
+            var h = x[unsafe_offset=min(t, len - 1)].cast[acc]()
+            var e = x[unsafe_offset=min(tail_begin + t, len - 1)].cast[acc]()
+            _fold_items[dtype, V, T, U, smoothing](
+                x.unsafe_offset(head), 0, nvec, t, m, s, sx
+            )
+            var edge = SIMD[acc, 2](
+                h if has_h else -inf[acc](), e if has_t else -inf[acc]()
+            )
+            (m, s) = online_add[acc, 2](m, s, edge)
+            comptime if smoothing:
+                sx += (h if has_h else Scalar[acc](0)) + (
+                    e if has_t else Scalar[acc](0)
+                )
+        else:
+            _fold_items[dtype, 1, T, U, smoothing](x, 0, head, t, m, s, sx)
+            _fold_items[dtype, V, T, U, smoothing](
+                x.unsafe_offset(head), 0, nvec, t, m, s, sx
+            )
+            _fold_items[dtype, 1, T, U, smoothing](
+                x, tail_begin, len - tail_begin, t, m, s, sx
+            )
     return (m, s, sx)
 
 
@@ -119,9 +272,15 @@ def _write_grad[
         )
 
 
-@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
-def ce_block_kernel[
-    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+@always_inline
+def _ce_block_row[
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+    U: Int,
 ](
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
     logits: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -133,11 +292,7 @@ def ce_block_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """Cross-entropy of rows of any length, a block of T threads a row:
-    online (max, sum of exp) over the row, then the gradient from a second
-    read. Arguments as `ce_register_kernel`; `aligned_flag` is nonzero when
-    the buffers start 16-byte aligned (each row then has a scalar head,
-    an aligned vector body and a scalar tail, as in gpu_smem_rows)."""
+    """The body of `ce_block_kernel`."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var t = Int(thread_idx.x)
@@ -161,12 +316,26 @@ def ce_block_kernel[
     var inv_s = Scalar[acc](0)
     var x_t = Scalar[acc](0)
     if kind == KEPT:
-        var part = _online_pass[dtype, V, T](x, t, head, nvec, tail_begin, len)
+        # The target's logit first: loaded after the block reduction (past
+        # its barriers, which no load is moved over) it would be one more
+        # round trip at the end of each row.
+        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
+        # Without label smoothing the plain sum is not needed: a pass
+        # without it (one add an element fewer). eps is the same for every
+        # thread, so the reduction below stays uniform.
+        var part: Tuple[Scalar[acc], Scalar[acc], Scalar[acc]]
+        if eps != 0:
+            part = _online_pass[dtype, V, T, U, True](
+                x, t, head, nvec, tail_begin, len
+            )
+        else:
+            part = _online_pass[dtype, V, T, U, False](
+                x, t, head, nvec, tail_begin, len
+            )
         var pair = block_max_sum[acc, T](part[0], part[1])
         row_max = pair[0]
         var row_sum = online_sum_guard[acc](pair[0], pair[1])
         var sum_x = block_sum[acc, T](part[2]) if eps != 0 else Scalar[acc](0)
-        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
         value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
         inv_s = 1 / row_sum
     elif kind != IGNORED:
@@ -203,8 +372,52 @@ def ce_block_kernel[
                 ).cast[dtype]()
 
 
+@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
+def ce_block_kernel[
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+    U: Int = 1,
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Cross-entropy of rows of any length, a block of T threads a row:
+    online (max, sum of exp) over the row, then the gradient from a second
+    read. Arguments as `ce_register_kernel`; `aligned_flag` is nonzero when
+    the buffers start 16-byte aligned (each row then has a scalar head,
+    an aligned vector body and a scalar tail, as in gpu_smem_rows). The
+    first pass loads U vectors a thread at a time (`_online_pass`)."""
+    _ce_block_row[dtype, with_grad, mean, reduce, V, T, U](
+        dlogits,
+        logits,
+        targets,
+        options,
+        count,
+        row_losses,
+        loss,
+        n,
+        aligned_flag,
+    )
+
+
 def launch_ce_block[
-    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    U: Int = CE_BLOCK_UNROLL,
+    T: Int = CE_BLOCK_THREADS,
 ](
     ctx: DeviceContext,
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -218,12 +431,11 @@ def launch_ce_block[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `ce_block_kernel` on `rows` rows of `n`, a block of
-    `CE_BLOCK_THREADS` a row (any length)."""
+    """Launch `ce_block_kernel` on `rows` rows of `n`, a block of `T`
+    threads a row (any length), its first pass `U` vectors a thread at a
+    time."""
     comptime V = vector_width[dtype]()
-    comptime kernel = ce_block_kernel[
-        dtype, with_grad, mean, reduce, V, CE_BLOCK_THREADS
-    ]
+    comptime kernel = ce_block_kernel[dtype, with_grad, mean, reduce, V, T, U]
     ctx.enqueue_function[kernel](
         dlogits,
         logits,
@@ -235,5 +447,5 @@ def launch_ce_block[
         Int64(n),
         aligned_flag_of(aligned),
         grid_dim=rows,
-        block_dim=CE_BLOCK_THREADS,
+        block_dim=T,
     )

@@ -22,6 +22,9 @@ capturable for device-graph replay):
      of two such blocks a row;
    - longer rows, or fewer: `ce_block_kernel` (gpu_ce_block_rows), a block
      per row.
+   The loss alone (no gradient) needs no row held: past the register plans
+   it streams each row once through `ce_block_kernel`, four loads a thread
+   in flight.
    A row's loss goes to a float32 (float64 for float64) workspace for
    "mean"/"sum", or straight to the output for "none". What the families
    share is in gpu_ce_common.
@@ -39,7 +42,11 @@ from max.gpu.host import DeviceContext
 from std.utils import StaticTuple
 
 from .dispatch import SPLIT_BELOW_ROWS
-from .gpu_ce_block_rows import launch_ce_block
+from .gpu_ce_block_rows import (
+    CE_BLOCK_LOSS_UNROLL,
+    ce_block_loss_threads,
+    launch_ce_block,
+)
 from .gpu_ce_pair_rows import launch_ce_pair
 from .gpu_ce_register_rows import CERegisterRows
 from .gpu_ce_smem_rows import launch_ce_smem
@@ -118,9 +125,18 @@ def ce_reduce_kernel[
         loss[unsafe_offset=0] = total.cast[dtype]()
 
 
-def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
+def ce_kernel_for(rows: Int, n: Int, V: Int, with_grad: Bool = True) -> String:
     """The row kernel `launch_cross_entropy` picks for `rows` rows of `n`
     classes: "register", "smem", "pair" or "block".
+
+    The loss alone keeps the register plans that the gradient keeps and
+    sends every other row to the block kernel, which reads a row once
+    either way: holding it on chip (smem, pair) only delays the next
+    row's loads. H100, 2026-11-26, benchmarks/ce_loss_sweep (GB/s =
+    logits bytes / kernel time; copy ~3020): smem / pair -> block with
+    four loads a thread, bf16 16384 x 32000 2836 -> 3366, 4096 x 128256
+    2894 -> 3305; fp32 8192 x 50257 3168 -> 3318, 4096 x 128256 (pair)
+    2917 -> 3362.
 
     Where the smem kernel can take the rows (rows >= SPLIT_BELOW_ROWS, so
     a block a row fills the GPU twice over, and n <= `smem_capacity(V)`),
@@ -140,6 +156,11 @@ def ce_kernel_for(rows: Int, n: Int, V: Int) -> String:
     else to the block kernel (read twice).
     """
     var plan = register_plan(n, V, 0)
+    if not with_grad:
+        var many = rows >= SPLIT_BELOW_ROWS
+        if plan >= 0 and (not many or plan_threads(plan) <= CE_PLAN_THREADS):
+            return "register"
+        return "block"
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
         if plan >= 0 and plan_threads(plan) <= CE_PLAN_THREADS:
             return "register"
@@ -170,7 +191,7 @@ def _launch_ce_rows[
     `with_grad`, its gradient."""
     comptime V = vector_width[dtype]()
     var aligned = aligned16(Int(logits), Int(dlogits))
-    var family = ce_kernel_for(rows, n, V)
+    var family = ce_kernel_for(rows, n, V, with_grad)
     if family == "smem":
         launch_ce_smem[dtype, with_grad, mean, reduce](
             ctx,
@@ -218,8 +239,29 @@ def _launch_ce_rows[
             plan,
             rows,
         )
-    else:
+    elif with_grad:
         launch_ce_block[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count,
+            row_losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+    else:
+        launch_ce_block[
+            dtype,
+            with_grad,
+            mean,
+            reduce,
+            CE_BLOCK_LOSS_UNROLL,
+            ce_block_loss_threads[dtype](),
+        ](
             ctx,
             dlogits,
             logits,
