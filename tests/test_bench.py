@@ -291,6 +291,7 @@ class _FakeModel:
 
         self.to_buffer, self.expected, self.mode = to_buffer, expected, mode
         self.released: list[int] = []
+        self.replays = 0
 
     def execute(self, *bufs):
         return [self.to_buffer(self.expected.copy())]
@@ -302,6 +303,7 @@ class _FakeModel:
         return self.outs
 
     def replay(self, key, *bufs):
+        self.replays += 1
         got = self.expected + (1 if self.mode == "differs" else 0)
         self.outs[0].inplace_copy_from(self.to_buffer(got.astype(self.expected.dtype)))
 
@@ -321,8 +323,10 @@ class _FakeGraph:
     def inputs(self, k):
         return []
 
+    syncs = 0
+
     def sync(self):
-        pass
+        self.syncs += 1
 
 
 @pytest.mark.parametrize("mode", ["works", "no capture", "differs"])
@@ -336,6 +340,21 @@ def test_replay_is_timed_only_when_it_reproduces_execute_bit_for_bit(mode):
         assert secs is None and why.startswith("replay n/a")
         assert ("No graph-capture" if mode == "no capture" else "differs") in why
     assert len(model.released) == (0 if mode == "no capture" else 1)  # always released
+
+
+def test_replays_are_timed_back_to_back_one_sync_a_sample():
+    """A sample runs ceil(REPLAY_OPS / K) replays, then syncs once: the
+    per-replay host sync does not weigh on a graph of few long ops."""
+    from max_softmax.bench.measure import REPLAY_OPS, REPLAY_WARMUP
+
+    model = _FakeModel(np.ones((2, 3), np.float32), "works")
+    graph = _FakeGraph(model)
+    k, reps = 3, 5
+    secs, why = measure_replay(graph, k, reps)
+    assert secs is not None and why == ""
+    per_sample = -(-REPLAY_OPS // k)
+    assert model.replays == 1 + REPLAY_WARMUP + reps * per_sample
+    assert graph.syncs == 3 + reps  # scribble, the checked replay, warm-up; one a sample
 
 
 def _git(*args, cwd):

@@ -34,6 +34,12 @@ DEVICE_REPS = 5
 
 REPLAY_WARMUP = 3
 
+REPLAY_OPS = 48
+"""Ops a replay sample covers: ceil(REPLAY_OPS / K) replays back to back,
+then one device sync, as a loop of replays runs; the sync's ~10-20 µs
+then weighs ~0.3 µs an op, not 20 / K (a 3-op graph of 130 µs ops read
+81-84% of a copy for that alone, H100 2026-11-24)."""
+
 
 class Timed(NamedTuple):
     """A provider's marginal wall-clock result: seconds per call (NaN if
@@ -126,7 +132,8 @@ def _scribble(buf: object, dtype: str) -> None:
 
 def measure_replay(p: MaxGraphProvider, k: int, reps: int) -> tuple[float | None, str]:
     """Seconds per op of `p`'s K-op graph captured once and replayed:
-    wall(replay + device sync) / K, median over `reps`; or (None, why).
+    wall(R replays back to back + one device sync) / (R K), R =
+    ceil(REPLAY_OPS / K), median over `reps`; or (None, why).
 
     Replay gets the very buffers of the capture (MAX refuses others). Its
     output 0 must equal an executed graph's output 0 bit for bit, else it is
@@ -151,11 +158,13 @@ def measure_replay(p: MaxGraphProvider, k: int, reps: int) -> tuple[float | None
             model.replay(key, *bufs)
         p.sync()
         times = []
+        replays = -(-REPLAY_OPS // k)
         for _ in range(reps):
             t0 = time.perf_counter()
-            model.replay(key, *bufs)
+            for _ in range(replays):
+                model.replay(key, *bufs)
             p.sync()
-            times.append((time.perf_counter() - t0) / k)
+            times.append((time.perf_counter() - t0) / (replays * k))
         return statistics.median(times), ""
     except Exception as err:
         return None, f"replay n/a: replay failed: {type(err).__name__}: {err}"
