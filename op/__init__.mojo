@@ -74,8 +74,10 @@
 #                           layout), read once
 #   gpu_ce_pair_rows.mojo   rows past one SM: a cluster of two blocks a row,
 #                           each holding half on chip, read once
-#   gpu_ce_block_rows.mojo  any other rows: a block a row, an online pass,
-#                           the row re-read for the gradient
+#   gpu_ce_block_rows.mojo  any other rows, and the loss alone past the
+#                           register plans: a block a row, an online pass
+#                           (four loads a thread for the loss alone), the
+#                           row re-read for the gradient
 #   gpu_ce_common.mojo      what the families share: the options, the
 #                           gradient's scale, a row's head/body/tail pieces
 #

@@ -3,7 +3,8 @@ an online (max, sum) pass, then, with the gradient, a pass that re-reads
 the row (mostly from L2) to write it. Loss-only reads the row once.
 
 `ce_kernel_for` (gpu_cross_entropy) gives it the rows the other families
-do not take: rows longer than theirs, or fewer.
+do not take (rows longer than theirs, or fewer) and, for the loss alone,
+every row past the register plans: a loss needs no row held on chip.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
@@ -37,7 +38,7 @@ from .row_math import (
 # Rows longer than the register plans: a block of this many threads a row.
 comptime CE_BLOCK_THREADS = 512
 # Vectors a thread loads before it uses them in the first (online) pass:
-# 1 is a load, then its use, an iteration (see `_fold_items`).
+# 1 is a load, then its use, an iteration (`_online_pass`; more: `_fold_items`).
 comptime CE_BLOCK_UNROLL = 1
 # Loss-only rows (no gradient: the logits read once): U = 4 and
 # `ce_block_loss_threads`. H100, 2026-11-26, benchmarks/ce_loss_sweep
@@ -55,8 +56,8 @@ comptime CE_BLOCK_LOSS_UNROLL = 4
 
 def ce_block_loss_threads[dtype: DType]() -> Int:
     """Threads a row for loss-only rows (with CE_BLOCK_LOSS_UNROLL): 256
-    for 16-bit types, else 512 (so a sweep of the block covers 2048
-    elements either way; float64 is unmeasured)."""
+    for 16-bit types, else 512, so one vector a thread covers 2048
+    elements of a row either way (float64 is unmeasured)."""
     return 256 if size_of[dtype]() <= 2 else 512
 
 
@@ -114,10 +115,10 @@ def _fold_items[
     With one load an iteration the loop-carried (m, s) waits on each load
     in turn, one 16-byte load a thread in flight; a group keeps U in flight
     and pays one rescale for U * W values. A last group of fewer than U
-    items is loaded the same way (its missing items clamped to the thread's
-    last item, an address already read, then masked: -inf for the max and
-    exp, 0 for the sum), so it too is one round trip rather than one an
-    item."""
+    items is loaded the same way (its missing items clamped to the range's
+    last item, an address inside the row, then masked: -inf for the max
+    and exp, 0 for the sum), so it too is one round trip rather than one
+    an item."""
     comptime align = size_of[dtype]() * W
     var i = t
     while i + (U - 1) * T < count:
@@ -153,7 +154,7 @@ def _fold_items[
 
 @always_inline
 def _online_pass[
-    dtype: DType, V: Int, T: Int, U: Int = 1, smoothing: Bool = True
+    dtype: DType, V: Int, T: Int, U: Int, smoothing: Bool
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     t: Int,
@@ -272,8 +273,8 @@ def _write_grad[
         )
 
 
-@always_inline
-def _ce_block_row[
+@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
+def ce_block_kernel[
     dtype: DType,
     with_grad: Bool,
     mean: Bool,
@@ -292,7 +293,12 @@ def _ce_block_row[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """The body of `ce_block_kernel`."""
+    """Cross-entropy of rows of any length, a block of T threads a row:
+    online (max, sum of exp) over the row, then the gradient from a second
+    read. Arguments as `ce_register_kernel`; `aligned_flag` is nonzero when
+    the buffers start 16-byte aligned (each row then has a scalar head,
+    an aligned vector body and a scalar tail, as in gpu_smem_rows). The
+    first pass loads U vectors a thread at a time (`_online_pass`)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var t = Int(thread_idx.x)
@@ -372,52 +378,13 @@ def _ce_block_row[
                 ).cast[dtype]()
 
 
-@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
-def ce_block_kernel[
-    dtype: DType,
-    with_grad: Bool,
-    mean: Bool,
-    reduce: Bool,
-    V: Int,
-    T: Int,
-    U: Int = 1,
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    n: Int64,
-    aligned_flag: Int32,
-):
-    """Cross-entropy of rows of any length, a block of T threads a row:
-    online (max, sum of exp) over the row, then the gradient from a second
-    read. Arguments as `ce_register_kernel`; `aligned_flag` is nonzero when
-    the buffers start 16-byte aligned (each row then has a scalar head,
-    an aligned vector body and a scalar tail, as in gpu_smem_rows). The
-    first pass loads U vectors a thread at a time (`_online_pass`)."""
-    _ce_block_row[dtype, with_grad, mean, reduce, V, T, U](
-        dlogits,
-        logits,
-        targets,
-        options,
-        count,
-        row_losses,
-        loss,
-        n,
-        aligned_flag,
-    )
-
-
 def launch_ce_block[
     dtype: DType,
     with_grad: Bool,
     mean: Bool,
     reduce: Bool,
-    U: Int = CE_BLOCK_UNROLL,
-    T: Int = CE_BLOCK_THREADS,
+    U: Int,
+    T: Int,
 ](
     ctx: DeviceContext,
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],

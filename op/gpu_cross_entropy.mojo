@@ -44,6 +44,8 @@ from std.utils import StaticTuple
 from .dispatch import SPLIT_BELOW_ROWS
 from .gpu_ce_block_rows import (
     CE_BLOCK_LOSS_UNROLL,
+    CE_BLOCK_THREADS,
+    CE_BLOCK_UNROLL,
     ce_block_loss_threads,
     launch_ce_block,
 )
@@ -239,29 +241,15 @@ def _launch_ce_rows[
             plan,
             rows,
         )
-    elif with_grad:
-        launch_ce_block[dtype, with_grad, mean, reduce](
-            ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count,
-            row_losses,
-            loss,
-            rows,
-            n,
-            aligned,
-        )
     else:
-        launch_ce_block[
-            dtype,
-            with_grad,
-            mean,
-            reduce,
-            CE_BLOCK_LOSS_UNROLL,
-            ce_block_loss_threads[dtype](),
-        ](
+        # The loss alone streams the row with four loads a thread in flight
+        # (CE_BLOCK_LOSS_UNROLL, measured); with the gradient the first pass
+        # keeps one (more is unmeasured there).
+        comptime U = CE_BLOCK_UNROLL if with_grad else CE_BLOCK_LOSS_UNROLL
+        comptime T = (
+            CE_BLOCK_THREADS if with_grad else ce_block_loss_threads[dtype]()
+        )
+        launch_ce_block[dtype, with_grad, mean, reduce, U, T](
             ctx,
             dlogits,
             logits,

@@ -28,8 +28,10 @@ with the "programmatic stream serialization" attribute, the kernel may be
 scheduled while its predecessor still runs; it waits (`griddepcontrol.wait`)
 before touching global memory, then at once lets its own successor be
 scheduled (`griddepcontrol.launch_dependents`), which in turn waits in its
-own `wait` for this grid to finish. Elsewhere (older NVIDIA GPUs, AMD) both
-instructions compile to nothing and the attribute list is empty.
+own `wait` for this grid to finish. Both are decided by the target the op
+is compiled for: below sm_90 (and on AMD) the instructions compile to
+nothing and the attribute list is empty, so a build without an sm_90
+target runs without PDL.
 """
 
 from max.gpu import (
@@ -175,7 +177,7 @@ def register_rows_kernel[
     threads: Int,
     V: Int,
     K: Int,
-    pdl: Bool = False,
+    pdl: Bool,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -357,9 +359,7 @@ def launch_register_plan[
 
 
 @fieldwise_init
-struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool = False](
-    RegisterPlanKernel
-):
+struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](RegisterPlanKernel):
     """`register_rows_kernel` with its arguments: softmax (or log-softmax)
     of `rows` rows of `n` from `src` into `dst`, launched with PDL if
     `pdl`."""

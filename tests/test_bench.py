@@ -316,14 +316,13 @@ class _FakeGraph:
 
     def __init__(self, model):
         self._model = model
+        self.syncs = 0
 
     def model(self, k):
         return self._model
 
     def inputs(self, k):
         return []
-
-    syncs = 0
 
     def sync(self):
         self.syncs += 1

@@ -437,9 +437,10 @@ def test_gpu_smem_rows(rng, dtype, shape, eps):
     if dtype in ("float32", "bfloat16"):  # models the tests above compile
         check("gpu", dtype, x, t, reduction="none", label_smoothing=eps)
         # The loss alone streams these rows through ce_block_kernel instead.
-        loss = max_softmax.cross_entropy(x, t, device="gpu", reduction="none", label_smoothing=eps)
-        want = reference(x, t, reduction="none", label_smoothing=eps)[0]
-        assert_close(loss, want, dtype, "loss")
+        for reduction in ("none", "mean"):
+            kw = {"reduction": reduction, "label_smoothing": eps}
+            loss = max_softmax.cross_entropy(x, t, device="gpu", **kw)
+            assert_close(loss, reference(x, t, **kw)[0], dtype, "loss")
 
 
 @GPU_SKIP

@@ -128,6 +128,27 @@ def test_unaligned_storage(device, rows, n):
     torch.testing.assert_close(x.grad, ref.grad, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,n", [(4, 50257), (300, 20001)])
+def test_cross_entropy_of_unaligned_storage(device, rows, n):
+    """Logits starting 4 bytes into their storage: the loss alone (no grad;
+    on the GPU ce_block_kernel's four-loads-a-thread pass, here over scalars)
+    and with its gradient, against torch in float64."""
+    flat = torch.randn(rows * n + 1, device=device) * 4
+    logits = flat[1:].view(rows, n)
+    t = torch.randint(0, n, (rows,), device=device)
+    t[0] = -100
+    want = torch.nn.functional.cross_entropy(logits.double(), t, label_smoothing=0.1)
+    with torch.no_grad():
+        got = mst.cross_entropy(logits, t, label_smoothing=0.1)
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=0)
+    x = logits.clone().requires_grad_()
+    mst.cross_entropy(x, t, label_smoothing=0.1).backward()
+    ref = logits.double().requires_grad_()
+    torch.nn.functional.cross_entropy(ref, t, label_smoothing=0.1).backward()
+    torch.testing.assert_close(x.grad.double(), ref.grad, rtol=1e-4, atol=1e-8)
+
+
 # --- CUDA: replaying captured graphs when torch hands back the same memory ---
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

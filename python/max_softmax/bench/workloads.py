@@ -124,9 +124,9 @@ class Workload:
     """A target for ours' time as a fraction of the copy's, where the
     workload has one: the table then gives that ratio in a column."""
     moves_less: float = 1.0
-    """How many times faster than its counted bytes allow a correct kernel
-    can run, where it moves fewer (causal: j > i is never read, so the 2
-    counted transfers are ~1.5): `flag_impossible` widens its limit by it."""
+    """Counted bytes / bytes a correct kernel must move (causal: j > i is
+    never read, so 2 counted transfers over ~1.5 moved, 4/3):
+    `flag_impossible` widens its limit by it."""
 
     def make_inputs(self, rng: np.random.Generator, rows: int, n: int, dtype: str) -> tuple:
         """Fresh random inputs of one call: (x,), (y, dy), (x, dy) or
