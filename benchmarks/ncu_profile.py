@@ -1,10 +1,13 @@
-"""Two calls of our softmax on one random input, for Nsight Compute to count.
+"""Two calls of one softmax kernel on random inputs, for Nsight Compute to count.
 
-Run through `bash benchmarks/gpu_session.sh ncu DTYPE ROWS N [VARIANT]`,
-which profiles the second call's kernel (the first compiles and warms up).
+Run through `bash benchmarks/gpu_session.sh ncu [--op OP] [--provider P] DTYPE ROWS N
+[VARIANT]`, which profiles the second call's kernel (the first compiles and
+warms up). Inputs are made on the host and copied over, so the only kernels
+launched are the profiled op's (ncu counts launches, and under MAX our
+kernels carry hashed names, so a name filter cannot pick them).
 """
 
-import sys
+import argparse
 
 import ml_dtypes
 import numpy as np
@@ -12,14 +15,64 @@ import numpy as np
 import max_softmax
 
 
-def main() -> None:
-    """Parse DTYPE ROWS N [VARIANT] and run softmax twice on the GPU."""
-    dtype, rows, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    variant = sys.argv[4] if len(sys.argv) > 4 else "auto"
+def inputs(op: str, dtype: str, rows: int, n: int) -> list[np.ndarray]:
+    """x for a forward op; (y, dy) for a backward op, y a softmax of random rows."""
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-    x = np.random.default_rng(0).standard_normal((rows, n)).astype(np_dtype)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, n), dtype=np.float32)
+    if op == "softmax":
+        return [x.astype(np_dtype)]
+    y = np.exp(x - x.max(axis=1, keepdims=True))
+    y /= y.sum(axis=1, keepdims=True)
+    return [y.astype(np_dtype), rng.standard_normal((rows, n), dtype=np.float32).astype(np_dtype)]
+
+
+def run_ours(op: str, arrays: list[np.ndarray], variant: str) -> None:
+    """Our op twice through the array API on the GPU."""
     for _ in range(2):
-        max_softmax.softmax(x, device="gpu", variant=variant)
+        if op == "softmax":
+            max_softmax.softmax(arrays[0], device="gpu", variant=variant)
+        else:
+            max_softmax.softmax_backward(*arrays, device="gpu")
+
+
+def run_quack(op: str, arrays: list[np.ndarray]) -> None:
+    """QuACK's kernel twice on the same tensors (quack-kernels must import)."""
+    import importlib
+
+    import torch
+
+    q = importlib.import_module("quack.softmax")  # quack/__init__ shadows the module
+    ts = [
+        torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16).cuda()
+        if a.dtype == ml_dtypes.bfloat16
+        else torch.from_numpy(a).cuda()
+        for a in arrays
+    ]
+    out = torch.empty_like(ts[0])
+    for _ in range(2):
+        if op == "softmax":
+            q._softmax_fwd(ts[0], out)
+        else:
+            q._softmax_backward(ts[1], ts[0], out)
+    torch.cuda.synchronize()
+
+
+def main() -> None:
+    """Parse the arguments and run the chosen op twice on the GPU."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--op", choices=("softmax", "softmax_backward"), default="softmax")
+    p.add_argument("--provider", choices=("ours", "quack"), default="ours")
+    p.add_argument("dtype")
+    p.add_argument("rows", type=int)
+    p.add_argument("n", type=int)
+    p.add_argument("variant", nargs="?", default="auto")
+    a = p.parse_args()
+    arrays = inputs(a.op, a.dtype, a.rows, a.n)
+    if a.provider == "quack":
+        run_quack(a.op, arrays)
+    else:
+        run_ours(a.op, arrays, a.variant)
 
 
 if __name__ == "__main__":
