@@ -190,19 +190,27 @@ def test_cuda_replay_follows_in_place_updates(replay_cache):
     assert sum(c.replays for c in replay_cache.live.values()) >= 1
 
 
+def _take_cuda_path(monkeypatch, path: str) -> None:
+    """Send CUDA calls through the launch extension ("launch", built now, not
+    in the background) or through MAX graphs (any other path)."""
+    from max_softmax import launch, torch_launch
+
+    if path == "launch":
+        monkeypatch.setattr(launch, "CUDA_ENABLED", True)
+        torch_launch.extension()
+    else:
+        monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
+
+
 @cuda_only
 @pytest.mark.parametrize("path", ["launch", "graph", "replay"])
 def test_cuda_bridge_waits_for_torch_stream(monkeypatch, path):
     """A call right after long torch work that writes its input: MAX's queue
     must wait for torch's stream, launched, executed or replayed."""
-    from max_softmax import torch_launch, torch_replay
+    from max_softmax import torch_replay
 
     replay = path == "replay"
-    if path == "launch":
-        monkeypatch.setattr(torch_launch, "CUDA_ENABLED", True)
-        torch_launch.extension()  # built now, not in the background
-    else:
-        monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
+    _take_cuda_path(monkeypatch, path)
     cache = torch_replay.ReplayCache()
     monkeypatch.setattr(torch_replay, "CACHE", cache)
     monkeypatch.setattr(torch_replay, "ENABLED", replay)
@@ -222,14 +230,9 @@ def test_cuda_torch_waits_for_the_bridge(monkeypatch, path):
     """Torch work queued right after a call reads the finished output, even
     when MAX's queue is held up (the output is torch's memory, written on
     MAX's queue)."""
-    from max_softmax import torch_buffers, torch_launch
+    from max_softmax import torch_buffers
 
-    if path == "launch":
-        monkeypatch.setattr(torch_launch, "CUDA_ENABLED", True)
-        torch_launch.extension()  # built now, not in the background
-    else:
-        monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
-
+    _take_cuda_path(monkeypatch, path)
     x = torch.randn(2048, 4096, device="cuda")
     expected = torch.softmax(x, dim=-1)
     mst.softmax(x, dim=-1)  # compiled and warm
