@@ -20,7 +20,7 @@ tensors (y or log p, and dy) held, each read once:
 |---------------------------|------------------------------------------|
 | n <= 16K fp32/fp64, 32K 16-bit | register plans, 32 registers of each tensor held (16-bit held raw) (gpu_backward_rows) |
 | rows >= 264, n <= ~37K fp32 / ~74K 16-bit | block per row, both tensors on chip (gpu_backward_smem_rows) |
-| rows >= 264, n <= ~74K fp32 / ~148K 16-bit, the split stream's chunks under 15/16 full | a cluster of two blocks a row, half each on chip (gpu_backward_smem_rows) |
+| rows >= 264, n <= ~148K fp32 / ~296K 16-bit | a cluster of four blocks a row, a quarter each on chip (gpu_backward_smem_rows) |
 | fewer rows, or longer, to 8 MB a row | the split stream with both tensors' chunks (24 KB fp32, 12 KB 16-bit each) (gpu_backward_stream_rows) |
 | rows over 8 MB            | block per row, reading the row twice (gpu_backward_rows) |
 
@@ -42,13 +42,13 @@ from .gpu_backward_rows import (
     launch_backward_strided,
 )
 from .gpu_backward_smem_rows import (
+    BACKWARD_CLUSTER_BLOCKS,
     SMEM_TENSORS,
-    launch_backward_pair,
+    launch_backward_cluster,
     launch_backward_smem,
 )
 from .gpu_backward_stream_rows import (
     BACKWARD_TENSORS,
-    backward_stream_chunk,
     launch_backward_stream,
 )
 from .gpu_launch import aligned16
@@ -58,7 +58,11 @@ from .gpu_register_rows import (
     plan_threads,
     register_plan,
 )
-from .gpu_smem_rows import launch_smem_rows, pair_capacity, smem_capacity
+from .gpu_smem_rows import (
+    cluster_capacity,
+    launch_smem_rows,
+    smem_capacity,
+)
 from .gpu_split_rows import launch_split_rows
 from .gpu_split_stream_rows import launch_split_stream, split_stream_fits
 from .gpu_split_workspace import on_chip_split_capacity
@@ -92,27 +96,21 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     return "split"
 
 
-def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> String:
+def backward_kernel_for(rows: Int, n: Int, V: Int) -> String:
     """The backward kernel family for `rows` contiguous rows of `n`: the
     forward's rules with both tensors held.
 
-    Rows past one SM, to `pair_capacity(V, 2)`, go to the pair kernel (a
-    cluster of two blocks a row) only where the split stream would fill
-    its chunk slots (`chunk` elements of each tensor,
-    `backward_stream_chunk`) under 15/16: on the H100 the split stream ran
-    at about its fill (fp32 8192 x 50257: 9 slots 91% full, 87% of copy;
-    4096 x 65536: 97%, 98%), the pair is predicted at ~90%."""
+    Rows past one SM, to `cluster_capacity(V, 2, BACKWARD_CLUSTER_BLOCKS)`,
+    go to the cluster kernel (`BACKWARD_CLUSTER_BLOCKS` blocks a row, a part
+    each on chip); the split stream takes fewer or longer rows."""
     if backward_register_fits(n, V):
         return "register"
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V, SMEM_TENSORS):
         return "smem"
-    var slots = (n + chunk - 1) // chunk * chunk
-    if (
-        rows >= SPLIT_BELOW_ROWS
-        and n <= pair_capacity(V, SMEM_TENSORS)
-        and 16 * n < 15 * slots
+    if rows >= SPLIT_BELOW_ROWS and n <= cluster_capacity(
+        V, SMEM_TENSORS, BACKWARD_CLUSTER_BLOCKS
     ):
-        return "pair"
+        return "cluster"
     if n <= on_chip_split_capacity(16 // V):
         return "split_stream"
     return "block"
@@ -221,9 +219,7 @@ def launch_backward_auto[
     aligned: Bool,
 ) raises:
     """Launch the family `backward_kernel_for` picks for `rows` rows of `n`."""
-    var family = backward_kernel_for(
-        rows, n, vector_width[dtype](), backward_stream_chunk[dtype]()
-    )
+    var family = backward_kernel_for(rows, n, vector_width[dtype]())
     # As in the forward: a GPU too small for a row's chunks (a MIG slice).
     if family == "split_stream" and not split_stream_fits[
         dtype, BACKWARD_TENSORS
@@ -235,8 +231,10 @@ def launch_backward_auto[
         )
     elif family == "smem":
         launch_backward_smem[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
-    elif family == "pair":
-        launch_backward_pair[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
+    elif family == "cluster":
+        launch_backward_cluster[dtype, log_in, BACKWARD_CLUSTER_BLOCKS](
+            ctx, dx, a, dy, rows, n, aligned
+        )
     elif family == "split_stream":
         launch_backward_stream[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
     else:

@@ -11,12 +11,13 @@ dynamic shared memory by cp.async (`start_row_copy`), a's part then dy's.
 The row sum of `backward_term` is reduced over the on-chip copy and dx
 written from it: 3 transfers instead of the block-per-row kernel's 5.
 
-Rows past one SM (to ~74K float32, ~37K float64, ~148K 16-bit values:
-`pair_capacity(V, 2)`, e.g. float32 50257) get `backward_pair_kernel`, the
-cross-entropy's `ce_pair_kernel` design: a thread-block cluster of two such
-blocks a row, each holding its half of both rows on chip; the halves' sums
-meet through a line of global memory at a cluster barrier, and each block
-writes its half of dx from chip. Still 3 transfers.
+Rows past one SM (to ~148K float32, ~74K float64, ~296K 16-bit values:
+`cluster_capacity(V, 2, BACKWARD_CLUSTER_BLOCKS)`, e.g. float32 50257 and
+65536) get `backward_cluster_kernel`, the cross-entropy's `ce_pair_kernel`
+design widened: a thread-block cluster of such blocks a row, each holding
+its part of both rows on chip; the parts' sums meet through a line of
+global memory at a cluster barrier, and each block writes its part of dx
+from chip. Still 3 transfers.
 
 Rows need not start 16-byte aligned: as in the forward, each row is a
 scalar head up to its first aligned element, an aligned vector body, and a
@@ -36,8 +37,8 @@ from .gpu_smem_rows import (
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
-    pair_capacity,
-    pair_split,
+    cluster_capacity,
+    cluster_split,
     smem_bytes_for,
     smem_capacity,
     smem_threads_for,
@@ -49,9 +50,15 @@ from .row_math import accum_dtype, backward_out, backward_term, vector_width
 comptime SMEM_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime BACKWARD_REG_CHUNKS = REG_CHUNKS // SMEM_TENSORS
-# `backward_pair_kernel`'s partials a row: the two blocks' sums, in a
+# Blocks a row of `backward_cluster_kernel` as dispatched: four make each
+# part of a float32 65536 row (both tensors) 128 KB, so two blocks share an
+# SM as the on-chip kernel's 16384 rows do (101% of copy on the H100); two
+# blocks a row (fp32 8192 x 50257: 25K-element parts, one block an SM) ran
+# at 96%.
+comptime BACKWARD_CLUSTER_BLOCKS = 4
+# `backward_cluster_kernel`'s partials a row: the blocks' sums, in a
 # 128-byte line of their own (float64: two).
-comptime BACKWARD_PAIR_SLOTS = 32
+comptime BACKWARD_CLUSTER_SLOTS = 32
 
 
 @always_inline
@@ -267,7 +274,7 @@ def _sum_on_chip[
     mut edge_a: SIMD[accum_dtype[dtype](), 2],
     mut edge_g: SIMD[accum_dtype[dtype](), 2],
 ) -> Scalar[accum_dtype[dtype]()]:
-    """Sweep 1 over a row (or a pair kernel's part of one) of `len` from
+    """Sweep 1 over a row (or a cluster kernel's part of one) of `len` from
     `ra` and `rg`: load it on chip (registers, shared memory, edges) and
     return the block's sum of its `backward_term`."""
     comptime acc = accum_dtype[dtype]()
@@ -440,38 +447,41 @@ def launch_backward_smem[
 
 
 # ===----------------------------------------------------------------------=== #
-# Rows past one SM: a cluster of two blocks a row
+# Rows past one SM: a cluster of blocks a row
 # ===----------------------------------------------------------------------=== #
 
 
 @always_inline
-def _pair_total[
-    acc: DType
+def _cluster_total[
+    acc: DType, C: Int
 ](
     slots: Pointer[Scalar[acc], MutAnyOrigin],
     rank: Int,
     t: Int,
     s: Scalar[acc],
 ) -> Scalar[acc]:
-    """The row's sum from the two blocks' sums `s` of a
-    `backward_pair_kernel` cluster: thread 0 publishes this block's into
-    `slots[rank]`, and after a cluster barrier (release / acquire: the
-    partner's store is visible) every thread adds both, in the same order
-    in both blocks, so both halves use the same total. `slots` has a
+    """The row's sum from the C blocks' sums `s` of a
+    `backward_cluster_kernel` cluster: thread 0 publishes this block's
+    into `slots[rank]`, and after a cluster barrier (release / acquire: the
+    others' stores are visible) every thread adds all C, in the same order
+    in every block, so all parts use the same total. `slots` has a
     128-byte line to itself, read only after the barrier: no stale L1
     copy."""
     if t == 0:
         slots[unsafe_offset=rank] = s
     cluster_sync()
-    return slots[unsafe_offset=0] + slots[unsafe_offset=1]
+    var total = slots[unsafe_offset=0]
+    comptime for r in range(1, C):
+        total += slots[unsafe_offset=r]
+    return total
 
 
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
 )
-def backward_pair_kernel[
-    dtype: DType, log_in: Bool, V: Int, T: Int
+def backward_cluster_kernel[
+    dtype: DType, log_in: Bool, V: Int, T: Int, C: Int
 ](
     dx: Pointer[Scalar[dtype], MutAnyOrigin],
     a: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -480,40 +490,42 @@ def backward_pair_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """The gradient of rows too long for one SM (to `pair_capacity(V,
-    2)`), a row per thread-block cluster of two T-thread blocks, each
-    reading its part of y (or log p) and dy once (`pair_split`).
+    """The gradient of rows too long for one SM (to `cluster_capacity(V,
+    2, C)`), a row per thread-block cluster of C T-thread blocks, each
+    reading its part of y (or log p) and dy once (`cluster_split`).
 
     Each block holds its part on chip as `backward_smem_kernel` holds a
-    row, sums its `backward_term`, exchanges the sum with the other block
-    through `partials` at a cluster barrier (`_pair_total`; the two blocks
-    are co-scheduled, so waiting cannot deadlock), and writes its part of
-    dx from chip.
+    row, sums its `backward_term`, exchanges the sum with the other blocks
+    through `partials` at a cluster barrier (`_cluster_total`; a cluster's
+    blocks are co-scheduled, so waiting cannot deadlock), and writes its
+    part of dx from chip.
 
     Args:
         dx: Output gradient rows.
         a: Forward output rows (y or log p).
         dy: Incoming gradient rows.
-        partials: `BACKWARD_PAIR_SLOTS` a row, for the exchange.
+        partials: `BACKWARD_CLUSTER_SLOTS` a row, for the exchange.
         n: Row length.
         aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
 
-    `grid_dim.x` = 2 x rows, in clusters of 2.
+    `grid_dim.x` = C x rows, in clusters of C.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
+    comptime assert C <= BACKWARD_CLUSTER_SLOTS
     comptime R = BACKWARD_REG_CHUNKS
     var t = Int(thread_idx.x)
     var rank = Int(block_rank_in_cluster())
-    var row = Int(block_idx.x) // 2
+    var row = Int(block_idx.x) // C
     var len_row = Int(n)
-    var split = pair_split[V](row * len_row, len_row, aligned_flag)
-    var start = row * len_row + (0 if rank == 0 else split)
-    var len = split if rank == 0 else len_row - split
+    var lo = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank)
+    var hi = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank + 1)
+    var start = row * len_row + lo
+    var len = hi - lo
     var ra = a.unsafe_offset(start)
     var rg = dy.unsafe_offset(start)
-    # As in backward_smem_kernel, for this block's part (rank 1's starts
-    # aligned, so only rank 0 has a head).
+    # As in backward_smem_kernel, for this block's part (all but rank 0's
+    # start aligned, so only rank 0 has a head).
     var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
     var nvec = (len - head) // V
     var smem_a = external_memory[
@@ -538,8 +550,8 @@ def backward_pair_kernel[
         edge_a,
         edge_g,
     )
-    var total = _pair_total[acc](
-        partials.unsafe_offset(row * BACKWARD_PAIR_SLOTS), rank, t, s
+    var total = _cluster_total[acc, C](
+        partials.unsafe_offset(row * BACKWARD_CLUSTER_SLOTS), rank, t, s
     )
     _write_on_chip[dtype, log_in, V, T](
         dx.unsafe_offset(start),
@@ -559,8 +571,8 @@ def backward_pair_kernel[
     )
 
 
-def launch_backward_pair[
-    dtype: DType, log_in: Bool
+def launch_backward_cluster[
+    dtype: DType, log_in: Bool, C: Int
 ](
     ctx: DeviceContext,
     dx: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -570,30 +582,32 @@ def launch_backward_pair[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `backward_pair_kernel` on `rows` rows of `n`: clusters of two
-    blocks a row, each with the shared memory its part of both tensors
-    needs (parts of at most (n + 1) / 2 + 2V elements), and
-    `BACKWARD_PAIR_SLOTS` partials a row. Raises past `pair_capacity(V,
-    2)`."""
+    """Launch `backward_cluster_kernel` on `rows` rows of `n`: clusters of
+    C blocks a row, each with the shared memory its part of both tensors
+    needs (parts of at most (n + C - 1) / C + 2V elements), and
+    `BACKWARD_CLUSTER_SLOTS` partials a row. Raises past
+    `cluster_capacity(V, 2, C)`."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
-    if n > pair_capacity(V, SMEM_TENSORS):
+    if n > cluster_capacity(V, SMEM_TENSORS, C):
         raise Error(
-            "max_softmax: the backward's 'pair' kernel handles rows up to "
-            + String(pair_capacity(V, SMEM_TENSORS))
+            "max_softmax: the backward's cluster kernel of "
+            + String(C)
+            + " blocks handles rows up to "
+            + String(cluster_capacity(V, SMEM_TENSORS, C))
             + " elements, got "
             + String(n)
         )
-    var part = (n + 1) // 2 + 2 * V
+    var part = (n + C - 1) // C + 2 * V
     var threads = smem_threads_for(part, V, SMEM_TENSORS)
     var smem_bytes = smem_bytes_for(part, V, threads, SMEM_TENSORS)
-    var partials = ctx.enqueue_create_buffer[acc](rows * BACKWARD_PAIR_SLOTS)
+    var partials = ctx.enqueue_create_buffer[acc](rows * BACKWARD_CLUSTER_SLOTS)
     var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
         partials.unsafe_ptr()
     )
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if threads == T:
-            comptime kernel = backward_pair_kernel[dtype, log_in, V, T]
+            comptime kernel = backward_cluster_kernel[dtype, log_in, V, T, C]
             ctx.enqueue_function[kernel](
                 dx,
                 a,
@@ -601,9 +615,9 @@ def launch_backward_pair[
                 partials_ptr,
                 Int64(n),
                 aligned_flag_of(aligned),
-                grid_dim=2 * rows,
+                grid_dim=C * rows,
                 block_dim=T,
-                cluster_dim=Dim(2),
+                cluster_dim=Dim(C),
                 shared_mem_bytes=smem_bytes,
                 func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
                     UInt32(smem_bytes)

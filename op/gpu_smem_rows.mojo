@@ -75,25 +75,45 @@ def smem_capacity(V: Int, tensors: Int = 1) -> Int:
     )
 
 
+def cluster_capacity(V: Int, tensors: Int, parts: Int) -> Int:
+    """Longest row (elements) a cluster of `parts` blocks holds on chip, a
+    part each: `parts` blocks' `smem_capacity(V, tensors)`, less the
+    rounding of the split (`cluster_split`)."""
+    return parts * (smem_capacity(V, tensors) - 2 * V)
+
+
 def pair_capacity(V: Int, tensors: Int = 1) -> Int:
-    """Longest row (elements) a cluster of two blocks holds on chip, half
-    each (the cross-entropy's and the backward's pair kernels): two
-    blocks' `smem_capacity(V, tensors)`, less the rounding of the split
-    (`pair_split`)."""
-    return 2 * (smem_capacity(V, tensors) - 2 * V)
+    """`cluster_capacity` of two blocks (the cross-entropy's and the
+    backward's pair kernels)."""
+    return cluster_capacity(V, tensors, 2)
+
+
+@always_inline
+def cluster_split[
+    V: Int, parts: Int
+](start: Int, len: Int, aligned_flag: Int32, r: Int) -> Int:
+    """Where part `r` (0 to `parts`) begins when a cluster of `parts`
+    blocks splits the row of `len` from element `start`: part 0 takes the
+    scalar head and each part an equal share (rounded up) of the aligned
+    vectors, the last one the scalar tail too, so every part but the first
+    starts 16-byte aligned; unaligned buffers split in equal parts. Each
+    part has at most (len + parts - 1) / parts + 2V elements."""
+    if aligned_flag == 0:
+        return min(r * ((len + parts - 1) // parts), len)
+    if r == parts:
+        return len
+    var head = min((V - start % V) % V, len)
+    var nvec = (len - head) // V
+    return (0 if r == 0 else head) + min(
+        r * ((nvec + parts - 1) // parts), nvec
+    ) * V
 
 
 @always_inline
 def pair_split[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
-    """Where a pair kernel splits the row of `len` from element `start`
-    between the two blocks of its cluster: rank 0 takes the scalar head and
-    the first half of the aligned vectors, rank 1 the rest (so its part
-    starts 16-byte aligned); unaligned buffers split in half. Each part has
-    at most (len + 1) / 2 + 2V elements."""
-    if aligned_flag == 0:
-        return (len + 1) // 2
-    var head = min((V - start % V) % V, len)
-    return head + ((len - head) // V + 1) // 2 * V
+    """Where a pair kernel splits the row between its two blocks: rank 0
+    takes [0, split), rank 1 [split, len) (`cluster_split`)."""
+    return cluster_split[V, 2](start, len, aligned_flag, 1)
 
 
 @always_inline

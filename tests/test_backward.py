@@ -38,8 +38,8 @@ def test_matches_formula(rng, device, op, dtype, shape, axis):
 #   float32 (1024 threads);
 # - 300 x 35001: both rows on chip, a block a row (512 threads for 16-bit);
 # - 300 x 50257: on chip for 16-bit (1024 threads); for float32 (too long
-#   for one SM) a cluster of two blocks a row, half each on chip (more in
-#   GPU_PAIR_ROWS below);
+#   for one SM) a cluster of four blocks a row, a quarter each on chip (more
+#   in GPU_CLUSTER_ROWS below);
 # - 8 x 300001: split stream, too few rows for a block a row;
 # - 2 x 2^20: split stream, rows of 4 MB (float32);
 # - 1 x (2^22 + 3): past the split stream's 8 MB, the block-per-row fallback.
@@ -69,37 +69,44 @@ def test_gpu_long_rows(rng, op, dtype, shape):
     assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
 
 
-# Rows past one SM, where backward_kernel_for picks the pair kernel (a
-# cluster of two blocks a row, half each on chip): rows >= 264, n over
-# smem_capacity(V, 2) whose split-stream chunk slots would be under 15/16
-# full. float32 rows unaligned (50257, 40001) and aligned (40000, and 264 x
-# 45056 with a row count that is not a multiple of anything); 16-bit and
-# float64 pairs; and fp32 4096 x 65536's neighbour, which keeps the split
-# stream (the dispatch boundary, checked for values only).
-GPU_PAIR_ROWS = [
+# Rows past one SM, where backward_kernel_for picks the cluster kernel (four
+# blocks a row, a quarter each on chip): rows >= 264, n over
+# smem_capacity(V, 2) to cluster_capacity(V, 2, 4). float32 rows unaligned
+# (50257, 40001, 131075) and aligned (40000, 65536, and 265 x 45056 with a
+# row count that is not a multiple of anything), each dtype at its capacity
+# (float32 148448, 16-bit 296896, float64 74224), 16-bit past two blocks'
+# capacity (150001); and the first float32 row past it, which goes to the
+# split stream (the dispatch boundary, checked for values only).
+GPU_CLUSTER_ROWS = [
     ("float32", (264, 50257)),
     ("float32", (300, 40001)),
     ("float32", (300, 40000)),
     ("float32", (265, 45056)),
     ("float32", (264, 65536)),
+    ("float32", (264, 131075)),
+    ("float32", (264, 148448)),
+    ("float32", (264, 148449)),
     ("bfloat16", (264, 80001)),
+    ("bfloat16", (264, 150001)),
+    ("bfloat16", (264, 296896)),
     ("float16", (264, 80001)),
     ("float64", (264, 20001)),
+    ("float64", (264, 74224)),
 ]
 
 
 @GPU_SKIP
 @pytest.mark.parametrize("op", list(BACKWARD))
 @pytest.mark.parametrize(
-    "dtype,shape", GPU_PAIR_ROWS, ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}"
+    "dtype,shape", GPU_CLUSTER_ROWS, ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}"
 )
-def test_gpu_pair_rows(rng, op, dtype, shape):
+def test_gpu_cluster_rows(rng, op, dtype, shape):
     x = random_logits(rng, shape, dtype)
     a = getattr(max_softmax, BACKWARD[op])(x, axis=-1, device="gpu")
     dy = random_logits(rng, shape, dtype, scale=1.0)
-    # Special rows in both halves: a NaN in rank 1's half makes the whole
-    # row NaN (both blocks take the exchanged sum), a large dy in rank 0's
-    # head moves the other half's dx.
+    # Special rows in the first and last parts: a NaN in the last block's
+    # part makes the whole row NaN (every block takes the exchanged sum), a
+    # large dy in rank 0's head moves the other parts' dx.
     dy[1, -2] = np.nan
     dy[2, 1] = 1e3
     dx = getattr(max_softmax, op)(a, dy, axis=-1, device="gpu")

@@ -1,0 +1,234 @@
+# Times the softmax backward's long-row families at large shapes against a
+# device copy, without MAX graphs: it builds on a machine without a GPU and
+# runs in under a minute on one.
+#   mojo build -I . --target-accelerator sm_90 benchmarks/backward_sweep.mojo -o backward_sweep
+#   ./backward_sweep           # on the GPU machine (MAX's libraries on
+#                              # LD_LIBRARY_PATH)
+#   ./backward_sweep once      # each config launched once, no timing or
+#                              # checks (for ncu)
+# Families: "dispatch" (launch_backward_auto: what the op runs), the row
+# kernels alone ("smem" where n <= smem_capacity, "cluster2" / "cluster4"
+# where n <= cluster_capacity, "stream" where the split stream takes the
+# row) and "copy".
+# GB/s = 3 x tensor bytes / median wall time of ITERS back-to-back launches
+# (y and dy read, dx written; copy: 2 x bytes, read and write), inputs
+# rotated over 3 buffer pairs larger than L2. Each row kernel is then
+# checked on the first CHECK_ROWS rows of input 0: the largest error of dx
+# against float64 on the host, over the largest |dx|.
+from std.sys import argv, size_of
+from std.time import perf_counter_ns
+
+from max.gpu import block_idx, thread_idx
+from max.gpu.host import DeviceBuffer, DeviceContext
+
+from op.dispatch import backward_kernel_for, launch_backward_auto
+from op.gpu_backward_smem_rows import (
+    SMEM_TENSORS,
+    launch_backward_cluster,
+    launch_backward_smem,
+)
+from op.gpu_backward_stream_rows import launch_backward_stream
+from op.gpu_smem_rows import cluster_capacity, smem_capacity
+from op.gpu_split_workspace import on_chip_split_capacity
+from op.row_math import vector_width
+
+comptime ITERS = 20
+comptime REPS = 7
+comptime INPUTS = 3
+comptime CHECK_ROWS = 16
+comptime FILL_THREADS = 256
+comptime FILL_BLOCKS = 132 * 16
+
+
+@always_inline
+def value_at[dtype: DType](e: Int, seed: Int) -> Scalar[dtype]:
+    """Element `e` of buffer `seed`, the same on host and device: a
+    splitmix64 hash made into a value of [-1, 1) that `dtype` holds
+    exactly (8 bits for the 16-bit types, 24 for float32)."""
+    comptime bits = 8 if size_of[dtype]() == 2 else 24
+    var z = UInt64(e) + UInt64(seed + 1) * 0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    z ^= z >> 31
+    var k = Int(z >> UInt64(64 - bits)) - (1 << (bits - 1))
+    return (Float32(k) * Float32(2.0 ** (1 - bits))).cast[dtype]()
+
+
+def fill_kernel[
+    dtype: DType
+](x: Pointer[Scalar[dtype], MutAnyOrigin], count: Int64, seed: Int64):
+    """`x[e] = value_at(e, seed)` for e < count, grid-stride."""
+    var stride = FILL_BLOCKS * FILL_THREADS
+    for e in range(
+        Int(block_idx.x) * FILL_THREADS + Int(thread_idx.x), Int(count), stride
+    ):
+        x[unsafe_offset=e] = value_at[dtype](e, Int(seed))
+
+
+def ptr[
+    dtype: DType
+](buf: DeviceBuffer[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
+    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](buf.unsafe_ptr())
+
+
+@fieldwise_init
+struct Bench[dtype: DType](Copyable):
+    """A shape's device buffers: INPUTS (y, dy) pairs (y's buffers are
+    seeds 2k, dy's 2k + 1) and dx, which the copy also targets."""
+
+    var ys: List[DeviceBuffer[Self.dtype]]
+    var dys: List[DeviceBuffer[Self.dtype]]
+    var dx: DeviceBuffer[Self.dtype]
+    var rows: Int
+    var n: Int
+
+
+def filled[
+    dtype: DType
+](ctx: DeviceContext, count: Int, seed: Int) raises -> DeviceBuffer[dtype]:
+    var buf = ctx.enqueue_create_buffer[dtype](count)
+    ctx.enqueue_function[fill_kernel[dtype]](
+        ptr(buf),
+        Int64(count),
+        Int64(seed),
+        grid_dim=FILL_BLOCKS,
+        block_dim=FILL_THREADS,
+    )
+    return buf
+
+
+def make_bench[
+    dtype: DType
+](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
+    var ys = List[DeviceBuffer[dtype]]()
+    var dys = List[DeviceBuffer[dtype]]()
+    for k in range(INPUTS):
+        ys.append(filled[dtype](ctx, rows * n, 2 * k))
+        dys.append(filled[dtype](ctx, rows * n, 2 * k + 1))
+    var dx = ctx.enqueue_create_buffer[dtype](rows * n)
+    ctx.synchronize()
+    return Bench[dtype](ys^, dys^, dx, rows, n)
+
+
+def launch[
+    dtype: DType, family: StaticString
+](ctx: DeviceContext, b: Bench[dtype], k: Int) raises:
+    """One softmax backward of input pair `k` by `family`, or its copy."""
+    var dx = ptr(b.dx)
+    var y = ptr(b.ys[k])
+    var dy = ptr(b.dys[k])
+    comptime if family == "copy":
+        ctx.enqueue_copy(b.dx, b.ys[k])
+    elif family == "dispatch":
+        launch_backward_auto[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
+    elif family == "smem":
+        launch_backward_smem[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
+    elif family == "cluster2":
+        launch_backward_cluster[dtype, False, 2](
+            ctx, dx, y, dy, b.rows, b.n, True
+        )
+    elif family == "cluster4":
+        launch_backward_cluster[dtype, False, 4](
+            ctx, dx, y, dy, b.rows, b.n, True
+        )
+    else:
+        launch_backward_stream[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
+
+
+def check_error[
+    dtype: DType, family: StaticString
+](ctx: DeviceContext, b: Bench[dtype]) raises -> Float64:
+    """The largest |dx - dx64| over the largest |dx64| in input 0's first CHECK_ROWS rows,
+    dx64 = y * (dy - sum(dy * y)) in float64 on the host."""
+    launch[dtype, family](ctx, b, 0)
+    var out = ctx.enqueue_create_host_buffer[dtype](CHECK_ROWS * b.n)
+    ctx.enqueue_copy(out, b.dx.create_sub_buffer[dtype](0, CHECK_ROWS * b.n))
+    ctx.synchronize()
+    var worst = Float64(0)
+    var biggest = Float64(0)
+    for r in range(CHECK_ROWS):
+        var s = Float64(0)
+        for c in range(b.n):
+            var e = r * b.n + c
+            s += (
+                value_at[dtype](e, 0).cast[DType.float64]()
+                * value_at[dtype](e, 1).cast[DType.float64]()
+            )
+        for c in range(b.n):
+            var e = r * b.n + c
+            var y = value_at[dtype](e, 0).cast[DType.float64]()
+            var want = y * (value_at[dtype](e, 1).cast[DType.float64]() - s)
+            worst = max(worst, abs(out[e].cast[DType.float64]() - want))
+            biggest = max(biggest, abs(want))
+    return worst / biggest
+
+
+def time_config[
+    dtype: DType, family: StaticString
+](ctx: DeviceContext, b: Bench[dtype], once: Bool) raises:
+    launch[dtype, family](ctx, b, 0)
+    if once:
+        ctx.synchronize()
+        return
+    var times = List[Float64]()
+    for _ in range(REPS):
+        ctx.synchronize()
+        var t0 = perf_counter_ns()
+        for i in range(ITERS):
+            launch[dtype, family](ctx, b, i % INPUTS)
+        ctx.synchronize()
+        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
+    sort(times)
+    var us = times[REPS // 2]
+    var bytes = Float64(b.rows * b.n * size_of[dtype]())
+    var gbps = (2.0 if family == "copy" else 3.0) * bytes / us / 1e3
+    var err = String("err=-")
+    comptime if family != "copy":
+        err = "err=" + String(check_error[dtype, family](ctx, b))
+    var params = String("-")
+    comptime if family == "dispatch":
+        params = "picks=" + backward_kernel_for(
+            b.rows, b.n, vector_width[dtype]()
+        )
+    print(
+        String(dtype),
+        String(b.rows) + "x" + String(b.n),
+        family,
+        params,
+        "us=" + String(us),
+        "GB/s=" + String(gbps),
+        err,
+    )
+
+
+def sweep_shape[
+    dtype: DType
+](ctx: DeviceContext, rows: Int, n: Int, once: Bool) raises:
+    comptime V = vector_width[dtype]()
+    var b = make_bench[dtype](ctx, rows, n)
+    time_config[dtype, "copy"](ctx, b, once)
+    time_config[dtype, "dispatch"](ctx, b, once)
+    if n <= smem_capacity(V, SMEM_TENSORS):
+        time_config[dtype, "smem"](ctx, b, once)
+    if n <= cluster_capacity(V, SMEM_TENSORS, 2):
+        time_config[dtype, "cluster2"](ctx, b, once)
+    if n <= cluster_capacity(V, SMEM_TENSORS, 4):
+        time_config[dtype, "cluster4"](ctx, b, once)
+    if n <= on_chip_split_capacity(16 // V):
+        time_config[dtype, "stream"](ctx, b, once)
+
+
+def main() raises:
+    var ctx = DeviceContext()
+    var once = False
+    for i in range(1, len(argv())):
+        if argv()[i] == "once":
+            once = True
+    sweep_shape[DType.float32](ctx, 4096, 65536, once)
+    sweep_shape[DType.float32](ctx, 8192, 50257, once)
+    sweep_shape[DType.float32](ctx, 4096, 40000, once)
+    sweep_shape[DType.float32](ctx, 2048, 131072, once)
+    sweep_shape[DType.bfloat16](ctx, 8192, 50257, once)
+    sweep_shape[DType.bfloat16](ctx, 4096, 65536, once)
+    sweep_shape[DType.bfloat16](ctx, 2048, 131072, once)
+    sweep_shape[DType.bfloat16](ctx, 2048, 262144, once)
