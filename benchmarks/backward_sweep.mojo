@@ -27,7 +27,10 @@ from op.gpu_backward_smem_rows import (
     launch_backward_cluster,
     launch_backward_smem,
 )
-from op.gpu_backward_stream_rows import launch_backward_stream
+from op.gpu_backward_stream_rows import (
+    backward_stream_chunk,
+    launch_backward_stream,
+)
 from op.gpu_smem_rows import cluster_capacity, smem_capacity
 from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
@@ -188,7 +191,7 @@ def time_config[
     var params = String("-")
     comptime if family == "dispatch":
         params = "picks=" + backward_kernel_for(
-            b.rows, b.n, vector_width[dtype]()
+            b.rows, b.n, vector_width[dtype](), backward_stream_chunk[dtype]()
         )
     print(
         String(dtype),

@@ -20,7 +20,8 @@ tensors (y or log p, and dy) held, each read once:
 |---------------------------|------------------------------------------|
 | n <= 16K fp32/fp64, 32K 16-bit | register plans, 32 registers of each tensor held (16-bit held raw) (gpu_backward_rows) |
 | rows >= 264, n <= ~37K fp32 / ~74K 16-bit | block per row, both tensors on chip (gpu_backward_smem_rows) |
-| rows >= 264, n <= ~148K fp32 / ~296K 16-bit | a cluster of four blocks a row, a quarter each on chip (gpu_backward_smem_rows) |
+| rows >= 264, n <= ~148K fp32 / ~74K fp64 | a cluster of four blocks a row, a quarter each on chip (gpu_backward_smem_rows) |
+| rows >= 264, 16-bit n <= ~148K, the split stream's chunks under 15/16 full | a cluster of two blocks a row, half each on chip (gpu_backward_smem_rows) |
 | fewer rows, or longer, to 8 MB a row | the split stream with both tensors' chunks (24 KB fp32, 12 KB 16-bit each) (gpu_backward_stream_rows) |
 | rows over 8 MB            | block per row, reading the row twice (gpu_backward_rows) |
 
@@ -42,13 +43,13 @@ from .gpu_backward_rows import (
     launch_backward_strided,
 )
 from .gpu_backward_smem_rows import (
-    BACKWARD_CLUSTER_BLOCKS,
     SMEM_TENSORS,
     launch_backward_cluster,
     launch_backward_smem,
 )
 from .gpu_backward_stream_rows import (
     BACKWARD_TENSORS,
+    backward_stream_chunk,
     launch_backward_stream,
 )
 from .gpu_launch import aligned16
@@ -96,21 +97,32 @@ def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
     return "split"
 
 
-def backward_kernel_for(rows: Int, n: Int, V: Int) -> String:
+def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> String:
     """The backward kernel family for `rows` contiguous rows of `n`: the
     forward's rules with both tensors held.
 
-    Rows past one SM, to `cluster_capacity(V, 2, BACKWARD_CLUSTER_BLOCKS)`,
-    go to the cluster kernel (`BACKWARD_CLUSTER_BLOCKS` blocks a row, a part
-    each on chip); the split stream takes fewer or longer rows."""
+    Rows past one SM go to a cluster kernel, a part of the row on chip in
+    each block: float32 and float64 (V <= 4) to `cluster_capacity(V, 2,
+    4)`, four blocks a row ("cluster4"); 16-bit rows to two blocks'
+    capacity ("cluster2") where the split stream would fill its chunk slots
+    (`chunk` elements of each tensor, `backward_stream_chunk`) under 15/16.
+    On the H200 (benchmarks/backward_sweep.mojo) four blocks ran float32
+    40000-65536 at 93-97% of copy against two blocks' 77-96% and the split
+    stream's 75-90%, but 16-bit 50257 and 65536 at 62-65% (two blocks
+    86-92%): 16-bit rows keep the earlier rule."""
     if backward_register_fits(n, V):
         return "register"
-    if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V, SMEM_TENSORS):
+    if rows < SPLIT_BELOW_ROWS:
+        return (
+            "split_stream" if n <= on_chip_split_capacity(16 // V) else "block"
+        )
+    if n <= smem_capacity(V, SMEM_TENSORS):
         return "smem"
-    if rows >= SPLIT_BELOW_ROWS and n <= cluster_capacity(
-        V, SMEM_TENSORS, BACKWARD_CLUSTER_BLOCKS
-    ):
-        return "cluster"
+    if V <= 4 and n <= cluster_capacity(V, SMEM_TENSORS, 4):
+        return "cluster4"
+    var slots = (n + chunk - 1) // chunk * chunk
+    if n <= cluster_capacity(V, SMEM_TENSORS, 2) and 16 * n < 15 * slots:
+        return "cluster2"
     if n <= on_chip_split_capacity(16 // V):
         return "split_stream"
     return "block"
@@ -219,7 +231,9 @@ def launch_backward_auto[
     aligned: Bool,
 ) raises:
     """Launch the family `backward_kernel_for` picks for `rows` rows of `n`."""
-    var family = backward_kernel_for(rows, n, vector_width[dtype]())
+    var family = backward_kernel_for(
+        rows, n, vector_width[dtype](), backward_stream_chunk[dtype]()
+    )
     # As in the forward: a GPU too small for a row's chunks (a MIG slice).
     if family == "split_stream" and not split_stream_fits[
         dtype, BACKWARD_TENSORS
@@ -231,8 +245,12 @@ def launch_backward_auto[
         )
     elif family == "smem":
         launch_backward_smem[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
-    elif family == "cluster":
-        launch_backward_cluster[dtype, log_in, BACKWARD_CLUSTER_BLOCKS](
+    elif family == "cluster4":
+        launch_backward_cluster[dtype, log_in, 4](
+            ctx, dx, a, dy, rows, n, aligned
+        )
+    elif family == "cluster2":
+        launch_backward_cluster[dtype, log_in, 2](
             ctx, dx, a, dy, rows, n, aligned
         )
     elif family == "split_stream":

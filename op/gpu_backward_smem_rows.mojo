@@ -11,13 +11,13 @@ dynamic shared memory by cp.async (`start_row_copy`), a's part then dy's.
 The row sum of `backward_term` is reduced over the on-chip copy and dx
 written from it: 3 transfers instead of the block-per-row kernel's 5.
 
-Rows past one SM (to ~148K float32, ~74K float64, ~296K 16-bit values:
-`cluster_capacity(V, 2, BACKWARD_CLUSTER_BLOCKS)`, e.g. float32 50257 and
-65536) get `backward_cluster_kernel`, the cross-entropy's `ce_pair_kernel`
-design widened: a thread-block cluster of such blocks a row, each holding
-its part of both rows on chip; the parts' sums meet through a line of
-global memory at a cluster barrier, and each block writes its part of dx
-from chip. Still 3 transfers.
+Rows past one SM get `backward_cluster_kernel`, the cross-entropy's
+`ce_pair_kernel` design widened to C blocks: a thread-block cluster of such
+blocks a row, each holding its part of both rows on chip (to
+`cluster_capacity(V, 2, C)`: float32 to ~148K with C = 4, 16-bit to ~148K
+with C = 2, as dispatch.mojo's `backward_kernel_for` picks); the parts'
+sums meet through a line of global memory at a cluster barrier, and each
+block writes its part of dx from chip. Still 3 transfers.
 
 Rows need not start 16-byte aligned: as in the forward, each row is a
 scalar head up to its first aligned element, an aligned vector body, and a
@@ -50,12 +50,6 @@ from .row_math import accum_dtype, backward_out, backward_term, vector_width
 comptime SMEM_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime BACKWARD_REG_CHUNKS = REG_CHUNKS // SMEM_TENSORS
-# Blocks a row of `backward_cluster_kernel` as dispatched: four make each
-# part of a float32 65536 row (both tensors) 128 KB, so two blocks share an
-# SM as the on-chip kernel's 16384 rows do (101% of copy on the H100); two
-# blocks a row (fp32 8192 x 50257: 25K-element parts, one block an SM) ran
-# at 96%.
-comptime BACKWARD_CLUSTER_BLOCKS = 4
 # `backward_cluster_kernel`'s partials a row: the blocks' sums, in a
 # 128-byte line of their own (float64: two).
 comptime BACKWARD_CLUSTER_SLOTS = 32

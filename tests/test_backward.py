@@ -69,14 +69,15 @@ def test_gpu_long_rows(rng, op, dtype, shape):
     assert c.ok, f"{op} {dtype} {shape}: max_abs_err={c.max_abs_err:.3g}"
 
 
-# Rows past one SM, where backward_kernel_for picks the cluster kernel (four
-# blocks a row, a quarter each on chip): rows >= 264, n over
-# smem_capacity(V, 2) to cluster_capacity(V, 2, 4). float32 rows unaligned
-# (50257, 40001, 131075) and aligned (40000, 65536, and 265 x 45056 with a
-# row count that is not a multiple of anything), each dtype at its capacity
-# (float32 148448, 16-bit 296896, float64 74224), 16-bit past two blocks'
-# capacity (150001); and the first float32 row past it, which goes to the
-# split stream (the dispatch boundary, checked for values only).
+# Rows past one SM, where backward_kernel_for picks a cluster kernel (a part
+# of the row on chip in each block): rows >= 264, n over smem_capacity(V, 2).
+# float32 and float64 take four blocks a row to cluster_capacity(V, 2, 4):
+# float32 rows unaligned (50257, 40001, 131075) and aligned (40000, 65536,
+# and 265 x 45056 with a row count that is not a multiple of anything), at
+# capacity (float32 148448, float64 74224), and the first float32 row past
+# it, which goes to the split stream (the dispatch boundary, values only).
+# 16-bit rows take two blocks a row where the split stream's chunks would be
+# under 15/16 full (80001, 86017; longer ones fill them).
 GPU_CLUSTER_ROWS = [
     ("float32", (264, 50257)),
     ("float32", (300, 40001)),
@@ -87,8 +88,7 @@ GPU_CLUSTER_ROWS = [
     ("float32", (264, 148448)),
     ("float32", (264, 148449)),
     ("bfloat16", (264, 80001)),
-    ("bfloat16", (264, 150001)),
-    ("bfloat16", (264, 296896)),
+    ("bfloat16", (264, 86017)),
     ("float16", (264, 80001)),
     ("float64", (264, 20001)),
     ("float64", (264, 74224)),
