@@ -106,10 +106,12 @@ def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> String:
     4)`, four blocks a row ("cluster4"); 16-bit rows to two blocks'
     capacity ("cluster2") where the split stream would fill its chunk slots
     (`chunk` elements of each tensor, `backward_stream_chunk`) under 15/16.
-    On the H200 (benchmarks/backward_sweep.mojo) four blocks ran float32
-    40000-65536 at 93-97% of copy against two blocks' 77-96% and the split
-    stream's 75-90%, but 16-bit 50257 and 65536 at 62-65% (two blocks
-    86-92%): 16-bit rows keep the earlier rule."""
+    On the H100 (benchmarks/backward_sweep.mojo) four blocks ran float32
+    40000-131072 at 99-101% of copy against two blocks' 86-101% and the
+    split stream's 89-98% (H200: 90-97%, 77-96%, 75-90%), but 16-bit 50257
+    and 65536 at 79-89% (H200: 62-65%) where one block a row runs at 100%:
+    16-bit rows keep the earlier rule. float64 follows float32 (not
+    timed)."""
     if backward_register_fits(n, V):
         return "register"
     if rows < SPLIT_BELOW_ROWS:
