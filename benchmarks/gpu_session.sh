@@ -11,7 +11,8 @@
 #                                                      # GB-sized shape after others runs out)
 #   bash benchmarks/gpu_session.sh host_cost [args]     # benchmarks/host_cost: per-op host cost
 #   bash benchmarks/gpu_session.sh ncu [--op OP] [--provider ours|quack] DTYPE ROWS N [VARIANT]
-#                                                      # Nsight Compute counters
+#                                                      # Nsight Compute counters (quack: QuACK on
+#                                                      # PYTHONPATH, ../shared/gpu/prepare-peers)
 #   bash benchmarks/gpu_session.sh sweep [once]         # split_stream block shapes (A/B)
 #   bash benchmarks/gpu_session.sh compile OLD_OP_DIR   # cold compile of an auto model: OLD_OP_DIR
 #                                                       # (an older op/, carried) vs op/, alternating
