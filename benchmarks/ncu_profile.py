@@ -66,8 +66,10 @@ def main() -> None:
     p.add_argument("dtype")
     p.add_argument("rows", type=int)
     p.add_argument("n", type=int)
-    p.add_argument("variant", nargs="?", default="auto")
+    p.add_argument("variant", nargs="?", default="auto", help="forward only")
     a = p.parse_args()
+    if a.op != "softmax" and a.variant != "auto":
+        p.error("VARIANT applies to the forward only")
     arrays = inputs(a.op, a.dtype, a.rows, a.n)
     if a.provider == "quack":
         run_quack(a.op, arrays)

@@ -83,8 +83,8 @@ def cluster_capacity(V: Int, tensors: Int, parts: Int) -> Int:
 
 
 def pair_capacity(V: Int, tensors: Int = 1) -> Int:
-    """`cluster_capacity` of two blocks (the cross-entropy's and the
-    backward's pair kernels)."""
+    """`cluster_capacity` of two blocks (the cross-entropy's pair
+    kernel)."""
     return cluster_capacity(V, tensors, 2)
 
 

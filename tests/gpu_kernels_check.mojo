@@ -43,9 +43,9 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
         softmax_rows["gpu", dtype, log_out, auto](ctx, dst, src, 4, 100, 7)
         # Backward, a shape for each family of backward_kernel_for
         # (dispatch.mojo): registers, on chip a block a row (16-bit),
-        # a cluster of two blocks a row (fp32 40001, 16-bit 80001, fp64
-        # 20001), split stream (unaligned n too), and the block-per-row
-        # fallback.
+        # a cluster of four blocks a row (fp32 40001, fp64 20001), of two
+        # (16-bit 80001), split stream (unaligned n too), and the
+        # block-per-row fallback.
         comptime for shape in [
             (4, 1000),
             (4, 100),

@@ -106,7 +106,8 @@ def test_gpu_cluster_rows(rng, op, dtype, shape):
     dy = random_logits(rng, shape, dtype, scale=1.0)
     # Special rows in the first and last parts: a NaN in the last block's
     # part makes the whole row NaN (every block takes the exchanged sum), a
-    # large dy in rank 0's head moves the other parts' dx.
+    # large dy in rank 0's part (its scalar head where the row is
+    # unaligned) moves the other parts' dx.
     dy[1, -2] = np.nan
     dy[2, 1] = 1e3
     dx = getattr(max_softmax, op)(a, dy, axis=-1, device="gpu")
