@@ -18,7 +18,6 @@
 from std.sys import argv, size_of
 from std.time import perf_counter_ns
 
-from max.gpu import block_idx, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 
 from op.dispatch import backward_kernel_for, launch_backward_auto
@@ -34,44 +33,21 @@ from op.gpu_backward_stream_rows import (
 from op.gpu_smem_rows import cluster_capacity, smem_capacity
 from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
+from sweep_inputs import filled, hashed_value, ptr
 
 comptime ITERS = 20
 comptime REPS = 7
 comptime INPUTS = 3
 comptime CHECK_ROWS = 16
-comptime FILL_THREADS = 256
-comptime FILL_BLOCKS = 132 * 16
 
 
-@always_inline
+# y and dy: hashed values of [-1, 1).
+comptime RANGE = 0
+
+
 def value_at[dtype: DType](e: Int, seed: Int) -> Scalar[dtype]:
-    """Element `e` of buffer `seed`, the same on host and device: a
-    splitmix64 hash made into a value of [-1, 1) that `dtype` holds
-    exactly (8 bits for the 16-bit types, 24 for float32)."""
-    comptime bits = 8 if size_of[dtype]() == 2 else 24
-    var z = UInt64(e) + UInt64(seed + 1) * 0x9E3779B97F4A7C15
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    z ^= z >> 31
-    var k = Int(z >> UInt64(64 - bits)) - (1 << (bits - 1))
-    return (Float32(k) * Float32(2.0 ** (1 - bits))).cast[dtype]()
-
-
-def fill_kernel[
-    dtype: DType
-](x: Pointer[Scalar[dtype], MutAnyOrigin], count: Int64, seed: Int64):
-    """`x[e] = value_at(e, seed)` for e < count, grid-stride."""
-    var stride = FILL_BLOCKS * FILL_THREADS
-    for e in range(
-        Int(block_idx.x) * FILL_THREADS + Int(thread_idx.x), Int(count), stride
-    ):
-        x[unsafe_offset=e] = value_at[dtype](e, Int(seed))
-
-
-def ptr[
-    dtype: DType
-](buf: DeviceBuffer[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
-    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](buf.unsafe_ptr())
+    """Element `e` of buffer `seed` (`hashed_value`)."""
+    return hashed_value[dtype, RANGE](e, seed)
 
 
 @fieldwise_init
@@ -86,28 +62,14 @@ struct Bench[dtype: DType](Copyable):
     var n: Int
 
 
-def filled[
-    dtype: DType
-](ctx: DeviceContext, count: Int, seed: Int) raises -> DeviceBuffer[dtype]:
-    var buf = ctx.enqueue_create_buffer[dtype](count)
-    ctx.enqueue_function[fill_kernel[dtype]](
-        ptr(buf),
-        Int64(count),
-        Int64(seed),
-        grid_dim=FILL_BLOCKS,
-        block_dim=FILL_THREADS,
-    )
-    return buf
-
-
 def make_bench[
     dtype: DType
 ](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
     var ys = List[DeviceBuffer[dtype]]()
     var dys = List[DeviceBuffer[dtype]]()
     for k in range(INPUTS):
-        ys.append(filled[dtype](ctx, rows * n, 2 * k))
-        dys.append(filled[dtype](ctx, rows * n, 2 * k + 1))
+        ys.append(filled[dtype, RANGE](ctx, rows * n, 2 * k))
+        dys.append(filled[dtype, RANGE](ctx, rows * n, 2 * k + 1))
     var dx = ctx.enqueue_create_buffer[dtype](rows * n)
     ctx.synchronize()
     return Bench[dtype](ys^, dys^, dx, rows, n)

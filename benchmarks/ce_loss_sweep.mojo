@@ -24,7 +24,6 @@ from std.sys import argv, size_of
 from std.time import perf_counter_ns
 from std.utils.numerics import inf
 
-from max.gpu import block_idx, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 
 from op.gpu_ce_block_rows import launch_ce_block
@@ -33,46 +32,22 @@ from op.gpu_ce_smem_rows import launch_ce_smem
 from op.gpu_cross_entropy import ce_kernel_for, launch_cross_entropy
 from op.gpu_smem_rows import pair_capacity, smem_capacity
 from op.row_math import accum_dtype, vector_width
+from sweep_inputs import filled, hashed_value, ptr
 
 comptime ITERS = 20
 comptime REPS = 7
 comptime INPUTS = 3
 comptime CHECK_ROWS = 64
 comptime IGNORE_INDEX = -100
-comptime FILL_THREADS = 256
-comptime FILL_BLOCKS = 132 * 16
 
 
-@always_inline
+# Logits: hashed values of [-16, 16).
+comptime LOGIT_RANGE = 4
+
+
 def logit_at[dtype: DType](e: Int, seed: Int) -> Scalar[dtype]:
-    """Element `e` of input `seed`, the same on host and device: a
-    splitmix64 hash made into a value of [-16, 16) that `dtype` holds
-    exactly (8 bits for the 16-bit types, 24 for float32 and float64), so
-    no rounding or FMA contraction can differ between the two."""
-    comptime bits = 8 if size_of[dtype]() == 2 else 24
-    var z = UInt64(e) + UInt64(seed + 1) * 0x9E3779B97F4A7C15
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    z ^= z >> 31
-    var k = Int(z >> UInt64(64 - bits)) - (1 << (bits - 1))
-    return (Float32(k) * Float32(2.0 ** (5 - bits))).cast[dtype]()
-
-
-def fill_kernel[
-    dtype: DType
-](x: Pointer[Scalar[dtype], MutAnyOrigin], count: Int64, seed: Int64):
-    """`x[e] = logit_at(e, seed)` for e < count, grid-stride."""
-    var stride = FILL_BLOCKS * FILL_THREADS
-    for e in range(
-        Int(block_idx.x) * FILL_THREADS + Int(thread_idx.x), Int(count), stride
-    ):
-        x[unsafe_offset=e] = logit_at[dtype](e, Int(seed))
-
-
-def ptr[
-    dtype: DType
-](buf: DeviceBuffer[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
-    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](buf.unsafe_ptr())
+    """Element `e` of input `seed` (`hashed_value`)."""
+    return hashed_value[dtype, LOGIT_RANGE](e, seed)
 
 
 def target_of(r: Int, n: Int) -> Int64:
@@ -126,15 +101,7 @@ def make_bench[
     comptime acc = accum_dtype[dtype]()
     var srcs = List[DeviceBuffer[dtype]]()
     for k in range(INPUTS):
-        var src = ctx.enqueue_create_buffer[dtype](rows * n)
-        ctx.enqueue_function[fill_kernel[dtype]](
-            ptr(src),
-            Int64(rows * n),
-            Int64(k),
-            grid_dim=FILL_BLOCKS,
-            block_dim=FILL_THREADS,
-        )
-        srcs.append(src)
+        srcs.append(filled[dtype, LOGIT_RANGE](ctx, rows * n, k))
     var host_t = ctx.enqueue_create_host_buffer[DType.int64](rows)
     var host_o = ctx.enqueue_create_host_buffer[DType.float64](2)
     var host_s = ctx.enqueue_create_host_buffer[DType.float64](2)

@@ -16,9 +16,8 @@ Rows past one SM get `backward_cluster_kernel`, the cross-entropy's
 blocks a row, each holding its part of both rows on chip (to
 `cluster_capacity(V, 2, C)`: float32 to ~148K and float64 to ~74K with
 C = 4, 16-bit to ~148K with C = 2, as dispatch.mojo's `backward_kernel_for`
-picks); the parts'
-sums meet through a line of global memory at a cluster barrier, and each
-block writes its part of dx from chip. Still 3 transfers.
+picks); the parts' sums meet through a line of global memory at a cluster
+barrier, and each block writes its part of dx from chip. Still 3 transfers.
 
 Rows need not start 16-byte aligned: as in the forward, each row is a
 scalar head up to its first aligned element, an aligned vector body, and a
