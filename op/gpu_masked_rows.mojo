@@ -12,7 +12,9 @@ mask and whether it is causal are compile-time flags.
   gpu_register_rows (8 to 512 threads a row, several rows a block for
   short rows); x and the mask row are read once, z held in registers in
   the accumulator type, the row written once. A causal row reads nothing
-  past its diagonal: whole chunks there are skipped.
+  past its diagonal: whole chunks there are skipped. Launched with
+  Programmatic Dependent Launch as the plain forward (`PDL`): in a graph
+  of such ops each launch overlaps the previous one's tail.
 - longer rows: a block of 512 threads a row, an online (max, sum of exp)
   pass, then a pass that reads x (and the mask) again and writes.
 
@@ -28,6 +30,11 @@ from max.gpu import (
     thread_idx,
 )
 from max.gpu.host import DeviceContext
+from max.gpu.primitives.grid_controls import (
+    launch_dependent_grids,
+    pdl_launch_attributes,
+    wait_on_dependent_grids,
+)
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
@@ -36,6 +43,8 @@ from .gpu_reductions import block_max, block_max_sum, block_sum
 from .gpu_register_rows import (
     MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
+    PDL,
+    PDL_LEVEL,
     RegisterPlanKernel,
     block_threads,
     launch_register_plan,
@@ -132,6 +141,7 @@ def masked_register_kernel[
     threads: Int,
     V: Int,
     K: Int,
+    pdl: Bool,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -146,6 +156,8 @@ def masked_register_kernel[
     """Masked softmax of rows of length `n <= threads * V * K`, z held in
     registers (thread t's chunks as in gpu_register_rows: vector chunk k is
     elements [(k*threads + t)*V, +V), scalar element (k*V + v)*threads + t).
+    Launched with Programmatic Dependent Launch if `pdl`, as
+    `register_rows_kernel`.
 
     Args:
         dst: Output rows.
@@ -162,6 +174,11 @@ def masked_register_kernel[
     comptime assert acc.is_floating_point()
     comptime assert max(V, 4) * K <= MAX_ROW_REGISTERS
     comptime block = block_threads[threads]()
+    comptime if pdl:
+        # As register_rows_kernel: wait for the previous grid before any
+        # global access, then let the next one be scheduled.
+        wait_on_dependent_grids()
+        launch_dependent_grids()
     var vector_loads = vector_flag != 0
     var t = Int(thread_idx.x) % threads
     var row = (
@@ -328,7 +345,7 @@ struct MaskedRegisterRows[
         thread."""
         comptime V = vector_width[Self.dtype]()
         comptime kernel = masked_register_kernel[
-            Self.dtype, Self.log_out, Self.has_mask, Self.causal, T, V, K
+            Self.dtype, Self.log_out, Self.has_mask, Self.causal, T, V, K, PDL
         ]
         ctx.enqueue_function[kernel](
             kernel_arg(self.dst),
@@ -342,6 +359,7 @@ struct MaskedRegisterRows[
             self.vector_flag,
             grid_dim=grid,
             block_dim=block,
+            attributes=pdl_launch_attributes(PDL_LEVEL),
         )
 
 

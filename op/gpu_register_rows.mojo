@@ -74,6 +74,8 @@ comptime MAX_ROW_REGISTERS = 64
 # A replayed 16-op MAX graph, same machine: fp32 / bf16 16384 x 128
 # 1740 -> 1911 / 1218 -> 1353 GB/s.
 comptime PDL = True
+# The launch attribute level of `PDL`, for kernels that follow it.
+comptime PDL_LEVEL = PDLLevel.ON if PDL else PDLLevel.OFF
 
 
 def chunk_registers(V: Int) -> Int:

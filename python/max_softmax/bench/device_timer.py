@@ -49,15 +49,25 @@ def gpu_spans(trace: dict) -> list[tuple[float, float]]:
     ]
 
 
-def gpu_busy(fn: Callable[[], None]) -> tuple[float, int]:
-    """Seconds the GPU was busy while `fn` ran (it must synchronize), and
-    how many kernels/copies that was."""
+def gpu_trace(fn: Callable[[], None], host: bool = False) -> list[dict]:
+    """The chrome-trace events CUPTI recorded while `fn` ran: GPU items
+    (kernel, memcpy, memset) and the CUDA runtime / driver calls of every
+    library in the process, sorted by start time; with `host`, also the
+    CPU-side events (`torch.profiler.record_function` spans `fn` marks)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
+    with profile(activities=activities) as prof:
         fn()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        spans = gpu_spans(json.loads(path.read_text()))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return sorted((e for e in events if "dur" in e and "ts" in e), key=lambda e: float(e["ts"]))
+
+
+def gpu_busy(fn: Callable[[], None]) -> tuple[float, int]:
+    """Seconds the GPU was busy while `fn` ran (it must synchronize), and
+    how many kernels/copies that was."""
+    spans = gpu_spans({"traceEvents": gpu_trace(fn)})
     return busy_seconds(spans) * 1e-6, len(spans)

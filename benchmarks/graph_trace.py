@@ -1,0 +1,141 @@
+"""Where a bench graph's time goes on the GPU: the timeline of one execute and
+of back-to-back replays of the bench's K-op graph, from CUPTI.
+
+    python benchmarks/graph_trace.py --op masked_softmax --dtype float32 \\
+        --shape 4096x4096 [--k 3] [--replays 4] [--builtin] [--show 40]
+
+For each phase it prints every GPU item (kernel, memcpy, memset) and every
+CUDA runtime / driver call CUPTI saw, with its start (µs from the phase's
+first event), duration and the GPU's idle time before it, then a summary:
+wall span, GPU busy time, idle time between GPU items and its largest gaps.
+The bench reports per-op medians; this shows what sits between the kernels
+(extra kernels, copies, host calls, synchronisation) when those medians
+trail the device time. Needs a GPU and torch with CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+
+from max_softmax.bench.device_timer import GPU_CATEGORIES, busy_seconds, gpu_trace
+from max_softmax.bench.providers import MaxGraphProvider, make_providers
+from max_softmax.bench.workloads import WORKLOADS
+
+HOST_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "user_annotation"})
+
+
+def graph_provider(op: str, dtype: str, ours: bool) -> MaxGraphProvider:
+    """The bench's MAX graph provider of `op`: ours (auto) or the built-in."""
+    for factory in make_providers("gpu", dtype, [], op):
+        p = factory()
+        if isinstance(p, MaxGraphProvider) and p.ours == ours:
+            return p
+    raise SystemExit(f"graph_trace: no {'ours' if ours else 'built-in'} provider for {op}")
+
+
+def show(title: str, events: list[dict], limit: int) -> None:
+    """Print a phase's timeline (at most `limit` lines) and its summary."""
+    events = [e for e in events if e.get("cat") in GPU_CATEGORIES | HOST_CATEGORIES]
+    if not events:
+        print(f"## {title}: CUPTI saw nothing")
+        return
+    t0 = float(events[0]["ts"])
+    gpu = [e for e in events if e["cat"] in GPU_CATEGORIES]
+    print(f"## {title}: {len(gpu)} GPU items, {len(events) - len(gpu)} host calls")
+    print(f"{'start':>10} {'dur':>9} {'idle':>8}  what")
+    end, shown = None, 0
+    gaps = []
+    for e in events:
+        ts, dur = float(e["ts"]) - t0, float(e["dur"])
+        idle = ""
+        if e["cat"] in GPU_CATEGORIES:
+            if end is not None:
+                gaps.append(max(0.0, ts - end))
+                idle = f"{gaps[-1]:8.1f}"
+            end = max(end or 0.0, ts + dur)
+        if shown < limit:
+            where = "GPU " if e["cat"] in GPU_CATEGORIES else "host"
+            print(f"{ts:10.1f} {dur:9.1f} {idle:>8}  {where} {str(e.get('name'))[:90]}")
+            shown += 1
+    span = max(float(e["ts"]) + float(e["dur"]) for e in events) - t0
+    busy = busy_seconds([(float(e["ts"]), float(e["dur"])) for e in gpu])
+    print(
+        f"span {span:.1f} µs, GPU busy {busy:.1f} µs, idle between GPU items {sum(gaps):.1f} µs "
+        f"(median gap {statistics.median(gaps) if gaps else 0:.1f}, largest "
+        f"{', '.join(f'{g:.1f}' for g in sorted(gaps)[-4:])})\n"
+    )
+
+
+def main() -> None:
+    """Trace one execute and `--replays` replays of the bench graph."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", default="softmax", choices=sorted(WORKLOADS))
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--shape", default="4096x4096")
+    ap.add_argument("--k", type=int, default=0, help="ops per graph (default: the bench's K)")
+    ap.add_argument("--replays", type=int, default=4)
+    ap.add_argument("--builtin", action="store_true", help="MAX's built-in instead of ours")
+    ap.add_argument("--show", type=int, default=60, help="timeline lines per phase")
+    args = ap.parse_args()
+    rows, n = (int(v) for v in args.shape.split("x"))
+    workload = WORKLOADS[args.op]
+    p = graph_provider(args.op, args.dtype, not args.builtin)
+    first = workload.make_inputs(np.random.default_rng(0), rows, n, args.dtype)
+    nbytes = first[0].nbytes
+    k = args.k or workload.rotations(nbytes, 16)
+    rng = np.random.default_rng(1)
+    p.prepare([first] + [workload.make_inputs(rng, rows, n, args.dtype) for _ in range(k - 1)])
+    for _ in range(3):
+        p.run(k)
+    print(f"# {p.name} {args.op} {args.dtype} {args.shape}, {k} ops a graph\n")
+    show("execute + sync", gpu_trace(lambda: _marked(p, k), host=True), args.show)
+
+    model, bufs = p.model(k), p.inputs(k)
+    model.capture(1, *bufs)
+    try:
+        for _ in range(3):
+            model.replay(1, *bufs)
+        p.sync()
+
+        def replays() -> None:
+            for _ in range(args.replays):
+                model.replay(1, *bufs)
+            p.sync()
+
+        show(f"{args.replays} replays + sync", gpu_trace(replays), args.show)
+        host = _host_cost(lambda: model.replay(1, *bufs), p.sync)
+        print(f"host time of one replay call (device idle before it): {host:.1f} µs")
+    finally:
+        model.release_captured_graph(1)
+
+
+def _marked(p: MaxGraphProvider, k: int) -> None:
+    """`p.run(k)` with its execute and its sync marked in the host trace."""
+    from torch.profiler import record_function
+
+    with record_function("model.execute"):
+        p.last = p.model(k).execute(*p.inputs(k))
+    with record_function("sync"):
+        p.sync()
+
+
+def _host_cost(call: Callable[[], None], sync: Callable[[], None], n: int = 20) -> float:
+    """Median host time of `call` in µs, the device drained between calls."""
+    import time
+
+    times = []
+    for _ in range(n):
+        sync()
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e6)
+    sync()
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    main()
