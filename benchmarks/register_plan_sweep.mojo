@@ -1,0 +1,176 @@
+# Times the register-rows softmax forward at short rows under every
+# (threads a row, chunks a thread) plan that holds the row, against a
+# device copy, without MAX graphs: does another plan than the dispatch's
+# move the bytes faster? Builds without a GPU, runs in seconds on one.
+#   mojo build -I . --target-accelerator sm_90 benchmarks/register_plan_sweep.mojo -o register_plan_sweep
+#   ./register_plan_sweep      # on the GPU machine (MAX's libraries on
+#                              # LD_LIBRARY_PATH)
+# GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches
+# (PDL on, as the op launches them), inputs and outputs rotated over
+# INPUTS buffer pairs, 2 x 128 MB in all at 16 MB a tensor. "plan" marks
+# the dispatch's own choice. Each plan's row 0 is checked against float64.
+from std.math import ceildiv, exp
+from std.sys import size_of
+from std.time import perf_counter_ns
+
+from max.gpu.host import DeviceBuffer, DeviceContext
+
+from op.gpu_launch import held
+from op.gpu_register_rows import (
+    RegisterRows,
+    block_threads,
+    plan_chunks,
+    plan_threads,
+    register_plan,
+)
+from op.row_math import vector_width
+from sweep_inputs import filled, hashed_value, ptr
+
+comptime ITERS = 40
+comptime REPS = 7
+comptime INPUTS = 8
+# Inputs: hashed values of [-8, 8).
+comptime RANGE = 3
+
+
+@fieldwise_init
+struct Bench[dtype: DType](Copyable):
+    """A shape's INPUTS inputs (seed k) and as many outputs."""
+
+    var xs: List[DeviceBuffer[Self.dtype]]
+    var ys: List[DeviceBuffer[Self.dtype]]
+    var rows: Int
+    var n: Int
+
+
+def make_bench[
+    dtype: DType
+](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
+    var xs = List[DeviceBuffer[dtype]]()
+    var ys = List[DeviceBuffer[dtype]]()
+    for k in range(INPUTS):
+        xs.append(filled[dtype, RANGE](ctx, rows * n, k))
+        ys.append(ctx.enqueue_create_buffer[dtype](rows * n))
+    ctx.synchronize()
+    return Bench[dtype](xs^, ys^, rows, n)
+
+
+def launch[
+    dtype: DType, T: Int, K: Int
+](ctx: DeviceContext, b: Bench[dtype], k: Int, dst: Int) raises:
+    """One softmax of input `k` into output `dst` by plan (T, K); T = 0: a
+    copy."""
+    comptime if T == 0:
+        ctx.enqueue_copy(b.ys[dst], b.xs[k])
+    else:
+        comptime block = block_threads[T]()
+        RegisterRows[dtype, False, True](
+            held(ptr(b.ys[dst])), held(ptr(b.xs[k])), b.rows, b.n, 1
+        ).enqueue[T, K](ctx, ceildiv(b.rows, block // T), block)
+
+
+def row0_error[
+    dtype: DType
+](ctx: DeviceContext, b: Bench[dtype]) raises -> Float64:
+    """Largest relative error of output 0's row 0 against float64 softmax."""
+    var out = ctx.enqueue_create_host_buffer[dtype](b.n)
+    ctx.enqueue_copy(out, b.ys[0].create_sub_buffer[dtype](0, b.n))
+    ctx.synchronize()
+    var m = Float64(-1e300)
+    for c in range(b.n):
+        m = max(m, hashed_value[dtype, RANGE](c, 0).cast[DType.float64]())
+    var s = Float64(0)
+    for c in range(b.n):
+        s += exp(hashed_value[dtype, RANGE](c, 0).cast[DType.float64]() - m)
+    var worst = Float64(0)
+    for c in range(b.n):
+        var x = hashed_value[dtype, RANGE](c, 0).cast[DType.float64]()
+        var want = exp(x - m) / s
+        worst = max(worst, abs(out[c].cast[DType.float64]() - want) / want)
+    return worst
+
+
+def time_plan[
+    dtype: DType, T: Int, K: Int
+](ctx: DeviceContext, b: Bench[dtype], same_out: Bool = False) raises:
+    """Time plan (T, K) (T = 0: a copy) and print its GB/s; `same_out`:
+    every launch writes output 0 (as a peer whose allocator hands back the
+    same block each call), which L2 may hold between launches."""
+    comptime V = vector_width[dtype]()
+    comptime if T > 0:
+        if T * V * K < b.n:
+            return  # the plan cannot hold the row
+    launch[dtype, T, K](ctx, b, 0, 0)
+    var times = List[Float64]()
+    for _ in range(REPS):
+        ctx.synchronize()
+        var t0 = perf_counter_ns()
+        for i in range(ITERS):
+            launch[dtype, T, K](
+                ctx, b, i % INPUTS, 0 if same_out else i % INPUTS
+            )
+        ctx.synchronize()
+        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
+    sort(times)
+    var us = times[REPS // 2]
+    var bytes = Float64(b.rows * b.n * size_of[dtype]())
+    var name = String("copy")
+    var err = String("err=-")
+    comptime if T > 0:
+        var plan = register_plan(b.n, V, 1)
+        name = "T=" + String(T) + " K=" + String(K)
+        if plan_threads(plan) == T and plan_chunks(plan) == K:
+            name += " plan"
+    if same_out:
+        name += " same-out"
+        launch[dtype, T, K](ctx, b, 0, 0)
+        err = "err=" + String(row0_error[dtype](ctx, b))
+    print(
+        String(dtype),
+        String(b.rows) + "x" + String(b.n),
+        name,
+        "us=" + String(us),
+        "GB/s=" + String(2.0 * bytes / us / 1e3),
+        err,
+    )
+
+
+def sweep_shape[dtype: DType](ctx: DeviceContext, rows: Int, n: Int) raises:
+    """Every plan of 8 to 256 threads a row and 1 to 16 chunks a thread
+    (those the kernel's register budget allows) that holds a row of `n`."""
+    var b = make_bench[dtype](ctx, rows, n)
+    time_plan[dtype, 0, 0](ctx, b)
+    time_plan[dtype, 0, 0](ctx, b, same_out=True)
+    comptime sixteen_bit = size_of[dtype]() == 2
+    time_plan[dtype, 8, 1](ctx, b)
+    time_plan[dtype, 8, 2](ctx, b)
+    time_plan[dtype, 8, 4](ctx, b)
+    time_plan[dtype, 16, 1](ctx, b)
+    time_plan[dtype, 16, 2](ctx, b)
+    time_plan[dtype, 16, 4](ctx, b)
+    time_plan[dtype, 16, 8](ctx, b)
+    time_plan[dtype, 32, 1](ctx, b)
+    time_plan[dtype, 32, 2](ctx, b)
+    time_plan[dtype, 32, 4](ctx, b)
+    time_plan[dtype, 32, 8](ctx, b)
+    time_plan[dtype, 64, 1](ctx, b)
+    time_plan[dtype, 64, 2](ctx, b)
+    time_plan[dtype, 64, 4](ctx, b)
+    time_plan[dtype, 128, 1](ctx, b)
+    time_plan[dtype, 128, 2](ctx, b)
+    time_plan[dtype, 256, 1](ctx, b)
+    comptime if not sixteen_bit:  # 16 chunks of fp32 fit the budget
+        time_plan[dtype, 16, 16](ctx, b)
+    # The dispatch's plan writing one output, for every shape swept.
+    time_plan[dtype, 8, 4](ctx, b, same_out=True)
+    time_plan[dtype, 8, 2](ctx, b, same_out=True)
+    time_plan[dtype, 32, 4](ctx, b, same_out=True)
+    time_plan[dtype, 64, 4](ctx, b, same_out=True)
+
+
+def main() raises:
+    var ctx = DeviceContext()
+    sweep_shape[DType.float32](ctx, 4096, 1024)
+    sweep_shape[DType.float32](ctx, 16384, 128)
+    sweep_shape[DType.bfloat16](ctx, 16384, 128)
+    sweep_shape[DType.bfloat16](ctx, 4096, 1024)
