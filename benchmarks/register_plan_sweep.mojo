@@ -1,14 +1,16 @@
 # Times the register-rows softmax forward at short rows under every
-# (threads a row, chunks a thread) plan that holds the row, against a
-# device copy, without MAX graphs: does another plan than the dispatch's
-# move the bytes faster? Builds without a GPU, runs in seconds on one.
+# (threads a row, chunks a thread) plan that holds the row, in its instance
+# for aligned rows only ("aligned") and in the one for any rows ("any"),
+# against a device copy, without MAX graphs: which plan and instance move
+# the bytes fastest? Builds without a GPU, runs in a minute on one.
 #   mojo build -I . --target-accelerator sm_90 benchmarks/register_plan_sweep.mojo -o register_plan_sweep
 #   ./register_plan_sweep      # on the GPU machine (MAX's libraries on
 #                              # LD_LIBRARY_PATH)
 # GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches
 # (PDL on, as the op launches them), inputs and outputs rotated over
-# INPUTS buffer pairs, 2 x 128 MB in all at 16 MB a tensor. "plan" marks
-# the dispatch's own choice. Each plan's row 0 is checked against float64.
+# INPUTS buffer pairs (a single output buffer instead would stay in L2 and
+# read ~25% faster at 16 MB). "plan" marks the dispatch's own plan. Each
+# plan's row 0 is checked against float64.
 from std.math import ceildiv, exp
 from std.sys import size_of
 from std.time import perf_counter_ns
@@ -17,8 +19,11 @@ from max.gpu.host import DeviceBuffer, DeviceContext
 
 from op.gpu_launch import held
 from op.gpu_register_rows import (
+    MAX_ROW_REGISTERS,
+    NUM_PLANS,
     RegisterRows,
     block_threads,
+    chunk_registers,
     plan_chunks,
     plan_threads,
     register_plan,
@@ -56,17 +61,19 @@ def make_bench[
 
 
 def launch[
-    dtype: DType, T: Int, K: Int
-](ctx: DeviceContext, b: Bench[dtype], k: Int, dst: Int) raises:
-    """One softmax of input `k` into output `dst` by plan (T, K); T = 0: a
-    copy."""
+    dtype: DType, T: Int, K: Int, aligned: Bool
+](ctx: DeviceContext, b: Bench[dtype], k: Int) raises:
+    """One softmax of input `k` into output `k` by plan (T, K), the aligned
+    or the general instance; T = 0: a copy."""
     comptime if T == 0:
-        ctx.enqueue_copy(b.ys[dst], b.xs[k])
+        ctx.enqueue_copy(b.ys[k], b.xs[k])
     else:
         comptime block = block_threads[T]()
         RegisterRows[dtype, False, True](
-            held(ptr(b.ys[dst])), held(ptr(b.xs[k])), b.rows, b.n, 1
-        ).enqueue[T, K](ctx, ceildiv(b.rows, block // T), block)
+            held(ptr(b.ys[k])), held(ptr(b.xs[k])), b.rows, b.n, 1
+        ).enqueue_instance[T, K, aligned](
+            ctx, ceildiv(b.rows, block // T), block
+        )
 
 
 def row0_error[
@@ -91,24 +98,21 @@ def row0_error[
 
 
 def time_plan[
-    dtype: DType, T: Int, K: Int
-](ctx: DeviceContext, b: Bench[dtype], same_out: Bool = False) raises:
-    """Time plan (T, K) (T = 0: a copy) and print its GB/s; `same_out`:
-    every launch writes output 0 (as a peer whose allocator hands back the
-    same block each call), which L2 may hold between launches."""
+    dtype: DType, T: Int, K: Int, aligned: Bool = True
+](ctx: DeviceContext, b: Bench[dtype]) raises:
+    """Time plan (T, K) (T = 0: a copy) and print its GB/s; plans that
+    cannot hold the row, or hold four times it, are skipped."""
     comptime V = vector_width[dtype]()
     comptime if T > 0:
-        if T * V * K < b.n:
-            return  # the plan cannot hold the row
-    launch[dtype, T, K](ctx, b, 0, 0)
+        if T * V * K < b.n or T * V * K > 4 * b.n:
+            return
+    launch[dtype, T, K, aligned](ctx, b, 0)
     var times = List[Float64]()
     for _ in range(REPS):
         ctx.synchronize()
         var t0 = perf_counter_ns()
         for i in range(ITERS):
-            launch[dtype, T, K](
-                ctx, b, i % INPUTS, 0 if same_out else i % INPUTS
-            )
+            launch[dtype, T, K, aligned](ctx, b, i % INPUTS)
         ctx.synchronize()
         times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
     sort(times)
@@ -119,11 +123,10 @@ def time_plan[
     comptime if T > 0:
         var plan = register_plan(b.n, V, 1)
         name = "T=" + String(T) + " K=" + String(K)
+        name += " aligned" if aligned else " any"
         if plan_threads(plan) == T and plan_chunks(plan) == K:
             name += " plan"
-    if same_out:
-        name += " same-out"
-        launch[dtype, T, K](ctx, b, 0, 0)
+        launch[dtype, T, K, aligned](ctx, b, 0)
         err = "err=" + String(row0_error[dtype](ctx, b))
     print(
         String(dtype),
@@ -136,41 +139,31 @@ def time_plan[
 
 
 def sweep_shape[dtype: DType](ctx: DeviceContext, rows: Int, n: Int) raises:
-    """Every plan of 8 to 256 threads a row and 1 to 16 chunks a thread
-    (those the kernel's register budget allows) that holds a row of `n`."""
+    """Every plan of 8 to 512 threads a row and 1 to 16 chunks a thread
+    (those the kernel's register budget allows) that holds a row of `n`,
+    aligned instance; the dispatch's plan also in the general one."""
     var b = make_bench[dtype](ctx, rows, n)
     time_plan[dtype, 0, 0](ctx, b)
-    time_plan[dtype, 0, 0](ctx, b, same_out=True)
-    comptime sixteen_bit = size_of[dtype]() == 2
-    time_plan[dtype, 8, 1](ctx, b)
-    time_plan[dtype, 8, 2](ctx, b)
-    time_plan[dtype, 8, 4](ctx, b)
-    time_plan[dtype, 16, 1](ctx, b)
-    time_plan[dtype, 16, 2](ctx, b)
-    time_plan[dtype, 16, 4](ctx, b)
-    time_plan[dtype, 16, 8](ctx, b)
-    time_plan[dtype, 32, 1](ctx, b)
-    time_plan[dtype, 32, 2](ctx, b)
-    time_plan[dtype, 32, 4](ctx, b)
-    time_plan[dtype, 32, 8](ctx, b)
-    time_plan[dtype, 64, 1](ctx, b)
-    time_plan[dtype, 64, 2](ctx, b)
-    time_plan[dtype, 64, 4](ctx, b)
-    time_plan[dtype, 128, 1](ctx, b)
-    time_plan[dtype, 128, 2](ctx, b)
-    time_plan[dtype, 256, 1](ctx, b)
-    comptime if not sixteen_bit:  # 16 chunks of fp32 fit the budget
-        time_plan[dtype, 16, 16](ctx, b)
-    # The dispatch's plan writing one output, for every shape swept.
-    time_plan[dtype, 8, 4](ctx, b, same_out=True)
-    time_plan[dtype, 8, 2](ctx, b, same_out=True)
-    time_plan[dtype, 32, 4](ctx, b, same_out=True)
-    time_plan[dtype, 64, 4](ctx, b, same_out=True)
+    comptime max_k = MAX_ROW_REGISTERS // chunk_registers(vector_width[dtype]())
+    comptime for T in [8, 16, 32, 64, 128, 256, 512]:
+        comptime for K in [1, 2, 4, 8, 16]:
+            comptime if K <= max_k:
+                time_plan[dtype, T, K](ctx, b)
+    var plan = register_plan(n, vector_width[dtype](), 1)
+    comptime for i in range(NUM_PLANS):
+        comptime if plan_chunks(i) <= max_k:
+            if plan == i:
+                time_plan[dtype, plan_threads(i), plan_chunks(i), False](ctx, b)
 
 
 def main() raises:
     var ctx = DeviceContext()
-    sweep_shape[DType.float32](ctx, 4096, 1024)
     sweep_shape[DType.float32](ctx, 16384, 128)
+    sweep_shape[DType.float32](ctx, 16384, 256)
+    sweep_shape[DType.float32](ctx, 8192, 512)
+    sweep_shape[DType.float32](ctx, 4096, 1024)
+    sweep_shape[DType.float32](ctx, 4096, 2048)
+    sweep_shape[DType.float32](ctx, 4096, 4096)
+    sweep_shape[DType.float32](ctx, 2048, 8192)
     sweep_shape[DType.bfloat16](ctx, 16384, 128)
     sweep_shape[DType.bfloat16](ctx, 4096, 1024)

@@ -148,6 +148,23 @@ def register_capacity(V: Int, min_threads: Int, max_threads: Int) -> Int:
     return best
 
 
+def split_aligned[dtype: DType]() -> Bool:
+    """Whether the forward compiles a second, aligned-only instance of each
+    plan for `dtype` (`register_rows_kernel`'s `aligned`), launched where
+    the rows are aligned.
+
+    The scalar path beside each vector load made the compiler hold both:
+    fp32 plans took 60-72 registers with it, 32-40 without (ptxas, sm_90a).
+    H100, benchmarks/register_plan_sweep, GB/s of the dispatch's plan, one
+    instance -> aligned one: fp32 16384 x 128 2253 -> 2301, 16384 x 256
+    2549 -> 2704, 8192 x 512 2547 -> 2601, 4096 x 1024 2595 -> 2642,
+    4096 x 2048 2791 -> 2870, 4096 x 4096 2900 -> 2937, 2048 x 8192 2844 ->
+    2915; bf16 4096 x 1024 2248 -> 2214 (16-bit plans are already held to
+    64 registers by `min_blocks_per_sm`), so 16-bit types keep one.
+    """
+    return size_of[dtype]() >= 4
+
+
 def block_threads[threads: Int]() -> Int:
     """Threads per block for `threads` threads per row."""
     return max(threads, MIN_BLOCK_THREADS)
@@ -180,6 +197,7 @@ def register_rows_kernel[
     V: Int,
     K: Int,
     pdl: Bool,
+    aligned: Bool,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -198,6 +216,9 @@ def register_rows_kernel[
         K: Chunks per thread.
         pdl: Launched with Programmatic Dependent Launch: wait for the
             previous grid, then let the next one be scheduled.
+        aligned: Compiled for aligned rows only (`vector_flag` must be
+            nonzero): without the scalar path beside each vector load the
+            compiler keeps about half the registers (`split_aligned`).
 
     Args:
         dst: Output rows.
@@ -220,7 +241,11 @@ def register_rows_kernel[
         # reads of our output nor its writes over our input can race.
         wait_on_dependent_grids()
         launch_dependent_grids()
-    var vector_loads = vector_flag != 0
+    var vector_loads: Bool
+    comptime if aligned:
+        vector_loads = True
+    else:
+        vector_loads = vector_flag != 0
     var t = Int(thread_idx.x) % threads
     var row = (
         Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
@@ -382,9 +407,19 @@ struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](RegisterPlanKernel):
     ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
         """Enqueue `register_rows_kernel` for T threads a row, K chunks a
         thread."""
+        comptime if split_aligned[Self.dtype]():
+            if self.vector_flag != 0:
+                self.enqueue_instance[T, K, True](ctx, grid, block)
+                return
+        self.enqueue_instance[T, K, False](ctx, grid, block)
+
+    def enqueue_instance[
+        T: Int, K: Int, aligned: Bool
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue the kernel's instance for aligned rows or for any rows."""
         comptime V = vector_width[Self.dtype]()
         comptime kernel = register_rows_kernel[
-            Self.dtype, Self.log_out, T, V, K, Self.pdl
+            Self.dtype, Self.log_out, T, V, K, Self.pdl, aligned
         ]
         # The PDL attribute where the kernel waits for it: an empty list
         # (a plain launch) without `pdl` or below sm_90.
