@@ -4,13 +4,17 @@ of back-to-back replays of the bench's K-op graph, from CUPTI.
     python benchmarks/graph_trace.py --op masked_softmax --dtype float32 \\
         --shape 4096x4096 [--k 3] [--replays 4] [--builtin] [--show 40]
 
-For each phase it prints every GPU item (kernel, memcpy, memset) and every
-CUDA runtime / driver call CUPTI saw, with its start (µs from the phase's
-first event), duration and the GPU's idle time before it, then a summary:
-wall span, GPU busy time, idle time between GPU items and its largest gaps.
+For each phase it prints every GPU item (kernel, memcpy, memset) with its
+start (µs from the phase's first event), duration, the time since the
+previous GPU item started and the GPU's idle time before it, and the CUDA
+calls CUPTI saw until the last GPU item ended (for MAX: its kernel
+launches; CUPTI does not see every driver call), then a summary: GPU span,
+GPU busy time, start-to-start spacing, idle time between GPU items. With
+PDL a kernel is scheduled before its predecessor ends, so spans overlap:
+its duration then includes its wait, and the spacing is the figure to read.
 The bench reports per-op medians; this shows what sits between the kernels
-(extra kernels, copies, host calls, synchronisation) when those medians
-trail the device time. Needs a GPU and torch with CUDA.
+(extra kernels, copies, launch gaps) when those medians trail the device
+time. Needs a GPU and torch with CUDA.
 """
 
 from __future__ import annotations
@@ -39,33 +43,42 @@ def graph_provider(op: str, dtype: str, ours: bool) -> MaxGraphProvider:
 
 def show(title: str, events: list[dict], limit: int) -> None:
     """Print a phase's timeline (at most `limit` lines) and its summary."""
-    events = [e for e in events if e.get("cat") in GPU_CATEGORIES | HOST_CATEGORIES]
-    if not events:
-        print(f"## {title}: CUPTI saw nothing")
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
+    if not gpu:
+        print(f"## {title}: CUPTI saw no GPU work")
         return
+    gpu_end = max(float(e["ts"]) + float(e["dur"]) for e in gpu)
+    # Host calls after the last GPU item are the profiler's own, not fn's.
+    events = [
+        e
+        for e in events
+        if e.get("cat") in GPU_CATEGORIES
+        or (e.get("cat") in HOST_CATEGORIES and float(e["ts"]) < gpu_end)
+    ]
     t0 = float(events[0]["ts"])
-    gpu = [e for e in events if e["cat"] in GPU_CATEGORIES]
     print(f"## {title}: {len(gpu)} GPU items, {len(events) - len(gpu)} host calls")
-    print(f"{'start':>10} {'dur':>9} {'idle':>8}  what")
-    end, shown = None, 0
-    gaps = []
-    for e in events:
+    print(f"{'start':>10} {'dur':>9} {'spacing':>8} {'idle':>8}  what")
+    end = last_start = None
+    gaps, spacings = [], []
+    for shown, e in enumerate(events):
         ts, dur = float(e["ts"]) - t0, float(e["dur"])
-        idle = ""
+        spacing = idle = ""
         if e["cat"] in GPU_CATEGORIES:
             if end is not None:
                 gaps.append(max(0.0, ts - end))
-                idle = f"{gaps[-1]:8.1f}"
-            end = max(end or 0.0, ts + dur)
+                spacings.append(ts - last_start)
+                idle, spacing = f"{gaps[-1]:8.1f}", f"{spacings[-1]:8.1f}"
+            end, last_start = max(end or 0.0, ts + dur), ts
         if shown < limit:
             where = "GPU " if e["cat"] in GPU_CATEGORIES else "host"
-            print(f"{ts:10.1f} {dur:9.1f} {idle:>8}  {where} {str(e.get('name'))[:90]}")
-            shown += 1
-    span = max(float(e["ts"]) + float(e["dur"]) for e in events) - t0
+            name = str(e.get("name"))[:90]
+            print(f"{ts:10.1f} {dur:9.1f} {spacing:>8} {idle:>8}  {where} {name}")
+    span = gpu_end - float(gpu[0]["ts"])
     busy = busy_seconds([(float(e["ts"]), float(e["dur"])) for e in gpu])
+    median = statistics.median(spacings) if spacings else 0.0
     print(
-        f"span {span:.1f} µs, GPU busy {busy:.1f} µs, idle between GPU items {sum(gaps):.1f} µs "
-        f"(median gap {statistics.median(gaps) if gaps else 0:.1f}, largest "
+        f"GPU span {span:.1f} µs, busy {busy:.1f} µs, start-to-start median {median:.1f} µs, "
+        f"idle between GPU items {sum(gaps):.1f} µs (largest "
         f"{', '.join(f'{g:.1f}' for g in sorted(gaps)[-4:])})\n"
     )
 

@@ -50,10 +50,12 @@ def gpu_spans(trace: dict) -> list[tuple[float, float]]:
 
 
 def gpu_trace(fn: Callable[[], None], host: bool = False) -> list[dict]:
-    """The chrome-trace events CUPTI recorded while `fn` ran: GPU items
-    (kernel, memcpy, memset) and the CUDA runtime / driver calls of every
-    library in the process, sorted by start time; with `host`, also the
-    CPU-side events (`torch.profiler.record_function` spans `fn` marks)."""
+    """The chrome-trace events with a start and a duration that the
+    profiler recorded while `fn` ran, sorted by start: GPU items (kernel,
+    memcpy, memset), the CUDA runtime / driver calls CUPTI saw (MAX's
+    kernel launches among them, not every driver call; torch's own), and
+    with `host` the CPU-side events (`torch.profiler.record_function`
+    spans that `fn` marks)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
