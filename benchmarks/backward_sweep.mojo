@@ -16,7 +16,6 @@
 # checked on the first CHECK_ROWS rows of input 0: the largest error of dx
 # against float64 on the host, over the largest |dx|.
 from std.sys import argv, size_of
-from std.time import perf_counter_ns
 
 from max.gpu.host import DeviceBuffer, DeviceContext
 
@@ -34,6 +33,7 @@ from op.gpu_smem_rows import cluster_capacity, smem_capacity
 from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
 from sweep_inputs import filled, hashed_value, ptr
+from sweep_timing import median_launch_us
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -135,16 +135,12 @@ def time_config[
     if once:
         ctx.synchronize()
         return
-    var times = List[Float64]()
-    for _ in range(REPS):
-        ctx.synchronize()
-        var t0 = perf_counter_ns()
-        for i in range(ITERS):
-            launch[dtype, family](ctx, b, i % INPUTS)
-        ctx.synchronize()
-        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
-    sort(times)
-    var us = times[REPS // 2]
+
+    @__parameter
+    def one(i: Int) raises:
+        launch[dtype, family](ctx, b, i % INPUTS)
+
+    var us = median_launch_us[one](ctx, ITERS, REPS)
     var bytes = Float64(b.rows * b.n * size_of[dtype]())
     var gbps = (2.0 if family == "copy" else 3.0) * bytes / us / 1e3
     var err = String("err=-")

@@ -21,7 +21,6 @@
 # and with (err1) label smoothing 0.1.
 from std.math import exp, log
 from std.sys import argv, size_of
-from std.time import perf_counter_ns
 from std.utils.numerics import inf
 
 from max.gpu.host import DeviceBuffer, DeviceContext
@@ -33,6 +32,7 @@ from op.gpu_cross_entropy import ce_kernel_for, launch_cross_entropy
 from op.gpu_smem_rows import pair_capacity, smem_capacity
 from op.row_math import accum_dtype, vector_width
 from sweep_inputs import filled, hashed_value, ptr
+from sweep_timing import median_launch_us
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -211,16 +211,12 @@ def time_config[
     if once:
         ctx.synchronize()
         return
-    var times = List[Float64]()
-    for _ in range(REPS):
-        ctx.synchronize()
-        var t0 = perf_counter_ns()
-        for i in range(ITERS):
-            launch[dtype, family, U, T](ctx, b, b.srcs[i % INPUTS], b.options)
-        ctx.synchronize()
-        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
-    sort(times)
-    var us = times[REPS // 2]
+
+    @__parameter
+    def one(i: Int) raises:
+        launch[dtype, family, U, T](ctx, b, b.srcs[i % INPUTS], b.options)
+
+    var us = median_launch_us[one](ctx, ITERS, REPS)
     var bytes = Float64(b.rows * b.n * size_of[dtype]())
     var gbps = (2.0 if family == "copy" else 1.0) * bytes / us / 1e3
     var errs = String("err0=- err1=-")

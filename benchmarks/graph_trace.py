@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -138,8 +139,6 @@ def _marked(p: MaxGraphProvider, k: int) -> None:
 
 def _host_cost(call: Callable[[], None], sync: Callable[[], None], n: int = 20) -> float:
     """Median host time of `call` in µs, the device drained between calls."""
-    import time
-
     times = []
     for _ in range(n):
         sync()

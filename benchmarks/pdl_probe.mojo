@@ -14,13 +14,13 @@
 # both modes.
 from std.math import ceildiv, exp
 from std.sys import size_of
-from std.time import perf_counter_ns
 
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
 from op.dispatch import gpu_kernel_for
 from op.gpu_register_rows import launch_register_rows
 from op.row_math import vector_width
+from sweep_timing import median_launch_us
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -150,19 +150,13 @@ def time_mode[
     block_rows: Bool,
 ) raises -> Float64:
     """Median over REPS of the time a launch of ITERS back to back, in us."""
-    var inputs = len(srcs)
-    var times = List[Float64]()
-    for _ in range(REPS):
-        ctx.synchronize()
-        var t0 = perf_counter_ns()
-        for i in range(ITERS):
-            launch[dtype, mode](
-                ctx, dsts[i % inputs], srcs[i % inputs], rows, n, block_rows
-            )
-        ctx.synchronize()
-        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
-    sort(times)
-    return times[REPS // 2]
+
+    @__parameter
+    def one(i: Int) raises:
+        var k = i % len(srcs)
+        launch[dtype, mode](ctx, dsts[k], srcs[k], rows, n, block_rows)
+
+    return median_launch_us[one](ctx, ITERS, REPS)
 
 
 def median(var xs: List[Float64]) -> Float64:

@@ -16,7 +16,6 @@
 # softmax (relative error under 1e-5, 16-bit 1e-2) or the sweep stops.
 from std.math import ceildiv, exp
 from std.sys import size_of
-from std.time import perf_counter_ns
 
 from max.gpu.host import DeviceBuffer, DeviceContext
 
@@ -34,6 +33,7 @@ from op.gpu_register_rows import (
 )
 from op.row_math import vector_width
 from sweep_inputs import filled, hashed_value, ptr
+from sweep_timing import median_launch_us
 
 comptime ITERS = 40
 comptime REPS = 7
@@ -117,16 +117,12 @@ def time_plan[
         if aligned and b.n % V != 0:
             return  # the aligned instance must not see unaligned rows
     launch[dtype, T, K, aligned](ctx, b, 0)
-    var times = List[Float64]()
-    for _ in range(REPS):
-        ctx.synchronize()
-        var t0 = perf_counter_ns()
-        for i in range(ITERS):
-            launch[dtype, T, K, aligned](ctx, b, i % INPUTS)
-        ctx.synchronize()
-        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
-    sort(times)
-    var us = times[REPS // 2]
+
+    @__parameter
+    def one(i: Int) raises:
+        launch[dtype, T, K, aligned](ctx, b, i % INPUTS)
+
+    var us = median_launch_us[one](ctx, ITERS, REPS)
     var bytes = Float64(b.rows * b.n * size_of[dtype]())
     var name = String("copy")
     var err = String("err=-")

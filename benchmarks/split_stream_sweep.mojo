@@ -11,7 +11,6 @@
 # L2. Row 0 of each output is checked against a float64 softmax first.
 from std.math import exp
 from std.sys import size_of
-from std.time import perf_counter_ns
 
 from std.sys import argv
 
@@ -20,6 +19,7 @@ from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
 from op.gpu_smem_rows import launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
+from sweep_timing import median_launch_us
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -110,18 +110,12 @@ def time_config[
     var err = Float64(0)
     comptime if T != 0:
         err = row0_error(ctx, dsts[0], host0, n)
-    var times = List[Float64]()
-    for _ in range(REPS):
-        ctx.synchronize()
-        var t0 = perf_counter_ns()
-        for i in range(ITERS):
-            launch[dtype, T, K, B](
-                ctx, dsts[i % INPUTS], srcs[i % INPUTS], rows, n
-            )
-        ctx.synchronize()
-        times.append(Float64(perf_counter_ns() - t0) / 1e3 / ITERS)
-    sort(times)
-    var us = times[REPS // 2]
+
+    @__parameter
+    def one(i: Int) raises:
+        launch[dtype, T, K, B](ctx, dsts[i % INPUTS], srcs[i % INPUTS], rows, n)
+
+    var us = median_launch_us[one](ctx, ITERS, REPS)
     var gbps = 2.0 * Float64(rows * n * size_of[dtype]()) / us / 1e3
     print(
         String(dtype),
