@@ -49,6 +49,7 @@ from .gpu_register_rows import (
     block_threads,
     launch_register_plan,
     register_plan,
+    split_aligned,
 )
 from .row_math import (
     accum_dtype,
@@ -142,6 +143,7 @@ def masked_register_kernel[
     V: Int,
     K: Int,
     pdl: Bool,
+    aligned: Bool,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -156,8 +158,8 @@ def masked_register_kernel[
     """Masked softmax of rows of length `n <= threads * V * K`, z held in
     registers (thread t's chunks as in gpu_register_rows: vector chunk k is
     elements [(k*threads + t)*V, +V), scalar element (k*V + v)*threads + t).
-    Launched with Programmatic Dependent Launch if `pdl`, as
-    `register_rows_kernel`.
+    Launched with Programmatic Dependent Launch if `pdl`, and compiled for
+    aligned rows only if `aligned`, as `register_rows_kernel`.
 
     Args:
         dst: Output rows.
@@ -179,7 +181,11 @@ def masked_register_kernel[
         # global access, then let the next one be scheduled.
         wait_on_dependent_grids()
         launch_dependent_grids()
-    var vector_loads = vector_flag != 0
+    var vector_loads: Bool
+    comptime if aligned:
+        vector_loads = True
+    else:
+        vector_loads = vector_flag != 0
     var t = Int(thread_idx.x) % threads
     var row = (
         Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
@@ -342,10 +348,29 @@ struct MaskedRegisterRows[
         T: Int, K: Int
     ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
         """Enqueue `masked_register_kernel` for T threads a row, K chunks a
-        thread."""
+        thread: its aligned-only instance where the rows are aligned and
+        `split_aligned` says so."""
+        comptime if split_aligned[Self.dtype]():
+            if self.vector_flag != 0:
+                self.enqueue_instance[T, K, True](ctx, grid, block)
+                return
+        self.enqueue_instance[T, K, False](ctx, grid, block)
+
+    def enqueue_instance[
+        T: Int, K: Int, aligned: Bool
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue the kernel's instance for aligned rows or for any rows."""
         comptime V = vector_width[Self.dtype]()
         comptime kernel = masked_register_kernel[
-            Self.dtype, Self.log_out, Self.has_mask, Self.causal, T, V, K, PDL
+            Self.dtype,
+            Self.log_out,
+            Self.has_mask,
+            Self.causal,
+            T,
+            V,
+            K,
+            PDL,
+            aligned,
         ]
         ctx.enqueue_function[kernel](
             kernel_arg(self.dst),
