@@ -15,6 +15,14 @@ its duration then includes its wait, and the spacing is the figure to read.
 The bench reports per-op medians; this shows what sits between the kernels
 (extra kernels, copies, launch gaps) when those medians trail the device
 time. Needs a GPU and torch with CUDA.
+
+With `--markers` the execute is traced without host events (which slow
+`execute` ~15x) and is bracketed by two one-element torch kernels on a
+stream of their own: the first starts when `execute` is called (plus a
+launch's latency, the GPU being idle), the second once it has returned
+(or when an SM frees). The first MAX kernel's start after the first marker
+is then the host time `execute` spent before its first launch, and the
+host times of `execute` and of the sync are printed beside the trace.
 """
 
 from __future__ import annotations
@@ -94,6 +102,11 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=4)
     ap.add_argument("--builtin", action="store_true", help="MAX's built-in instead of ours")
     ap.add_argument("--show", type=int, default=60, help="timeline lines per phase")
+    ap.add_argument(
+        "--markers",
+        action="store_true",
+        help="bracket the execute with torch marker kernels, no host events",
+    )
     args = ap.parse_args()
     rows, n = (int(v) for v in args.shape.split("x"))
     workload = WORKLOADS[args.op]
@@ -106,7 +119,14 @@ def main() -> None:
     for _ in range(3):
         p.run(k)
     print(f"# {p.name} {args.op} {args.dtype} {args.shape}, {k} ops a graph\n")
-    show("execute + sync", gpu_trace(lambda: _marked(p, k), host=True), args.show)
+    if args.markers:
+        for ops in sorted({1, k}):
+            host: dict[str, float] = {}
+            trace = gpu_trace(lambda ops=ops, host=host: _bracketed(p, ops, host))
+            show(f"execute of {ops} ops + sync, between markers", trace, args.show)
+            print(", ".join(f"{what} {us:.1f} µs" for what, us in host.items()) + "\n")
+    else:
+        show("execute + sync", gpu_trace(lambda: _marked(p, k), host=True), args.show)
 
     model, bufs = p.model(k), p.inputs(k)
     model.capture(1, *bufs)
@@ -135,6 +155,30 @@ def _marked(p: MaxGraphProvider, k: int) -> None:
         p.last = p.model(k).execute(*p.inputs(k))
     with record_function("sync"):
         p.sync()
+
+
+def _bracketed(p: MaxGraphProvider, k: int, host: dict[str, float]) -> None:
+    """`p.run(k)` between two marker kernels on a torch stream of their own
+    (non-blocking, so neither waits for MAX's stream nor holds it up); the
+    host times of execute and of the sync go to `host`."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    mark = torch.zeros(1, device="cuda")
+    model, bufs = p.model(k), p.inputs(k)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        mark.add_(1)
+    t0 = time.perf_counter()
+    p.last = model.execute(*bufs)
+    t1 = time.perf_counter()
+    with torch.cuda.stream(stream):
+        mark.add_(1)
+    p.sync()
+    t2 = time.perf_counter()
+    torch.cuda.synchronize()
+    host["execute"] = (t1 - t0) * 1e6
+    host["sync"] = (t2 - t1) * 1e6
 
 
 def _host_cost(call: Callable[[], None], sync: Callable[[], None], n: int = 20) -> float:
