@@ -14,7 +14,10 @@ softmax through max_softmax.ops (reshapes around the custom op) and on a
 rank-3 input (no reshape), and the two probes of
 probe_ops/: `probe_launch` (one empty kernel) and `probe_nothing`. The
 differences split our per-op cost into MAX's custom-op floor, a launch, and
-our own dispatch.
+our own dispatch. The "causal" providers build our causal softmax (scale
+0.125) through the front door and with the graph ops around the custom op
+taken away one by one (the cast of its placeholder mask, the reshapes, a
+mask and options constant of its own per op): what each costs a call.
 """
 
 from __future__ import annotations
@@ -57,7 +60,37 @@ def provider_bodies(ms_ops, max_ops):
 
         return body
 
+    consts: dict[int, dict] = {}
+
+    def causal(reshape: bool, cast: bool, share: bool):
+        def body(x):
+            from max.dtype import DType
+            from max.graph import Graph
+
+            made = consts.setdefault(id(Graph.current), {}) if share else {}
+            if not made:
+                if cast:  # the front door's placeholder: a float32 constant, cast
+                    zeros = np.zeros((1, 1), np.float32)
+                    made["mask"] = max_ops.cast(
+                        max_ops.constant(zeros, DType.float32, device=x.device), x.dtype
+                    )
+                else:
+                    made["mask"] = max_ops.constant([[0.0]], x.dtype, device=x.device)
+                made["options"] = max_ops.constant(
+                    np.array([0.125]), DType.float64, device=x.device
+                )
+            v = max_ops.reshape(x, [1, x.shape[0], x.shape[1]]) if reshape else x
+            y = ms_ops.softmax_masked(v, made["mask"], made["options"], has_mask=False, causal=True)
+            return max_ops.reshape(y, x.shape) if reshape else y
+
+        return body
+
     return {
+        "causal: front door": (2, lambda x: ms_ops.softmax(x, scale=0.125, causal=True)),
+        "causal: reshapes, cast": (2, causal(True, True, False)),
+        "causal: reshapes": (2, causal(True, False, False)),
+        "causal: rank 3": ("L3", causal(False, False, False)),
+        "causal: rank 3, shared constants": ("L3", causal(False, False, True)),
         "max.ops.softmax": (2, lambda x: max_ops.softmax(x, axis=-1)),
         "max.ops.negate": (2, max_ops.negate),
         "ours (rank 2, reshapes)": (2, lambda x: ms_ops.softmax(x, axis=-1)),
@@ -99,6 +132,8 @@ def main() -> int:
         if args.only not in name:
             continue
         dims = ["rows", "n"] + (["one"] if rank == 3 else [])
+        if rank == "L3":  # the masked op's own (outer, L, n) view
+            dims = ["one", "rows", "n"]
         t = TensorType(getattr(DType, args.dtype), dims, device_ref(args.device))
         with Graph(
             f"host_cost_{len(rows_out)}", input_types=[t] * args.k, custom_extensions=libs
@@ -109,6 +144,8 @@ def main() -> int:
         load_s = time.perf_counter() - t0
         for rows, n in shapes:
             shape = (rows, n) + ((1,) if rank == 3 else ())
+            if rank == "L3":
+                shape = (1, rows, n)
             bufs = [
                 to_buffer(rng.standard_normal(shape).astype(DTYPE_NAMES[args.dtype])).to(dev)
                 for _ in range(args.k)
