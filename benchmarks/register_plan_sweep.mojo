@@ -175,6 +175,7 @@ def main() raises:
     sweep_shape[DType.float32](ctx, 16384, 256)
     sweep_shape[DType.float32](ctx, 8192, 512)
     sweep_shape[DType.float32](ctx, 4096, 1024)
+    sweep_shape[DType.float32](ctx, 8192, 1024)
     sweep_shape[DType.float32](ctx, 4096, 2048)
     sweep_shape[DType.float32](ctx, 4096, 4096)
     sweep_shape[DType.float32](ctx, 2048, 8192)
