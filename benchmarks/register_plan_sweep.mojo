@@ -30,6 +30,7 @@ from op.gpu_register_rows import (
     plan_threads,
     register_plan,
     split_aligned,
+    wide_warp_rows,
 )
 from op.row_math import vector_width
 from sweep_inputs import filled, hashed_value, ptr
@@ -127,7 +128,10 @@ def time_plan[
     var name = String("copy")
     var err = String("err=-")
     comptime if T > 0:
-        var plan = register_plan(b.n, V, 1)
+        # The dispatch's plan for these (aligned) rows.
+        var plan = register_plan(
+            b.n, V, 1, wide_warp=wide_warp_rows[dtype](Int32(1))
+        )
         name = "T=" + String(T) + " K=" + String(K)
         name += " aligned" if aligned else " any"
         if (
@@ -162,6 +166,7 @@ def sweep_shape[dtype: DType](ctx: DeviceContext, rows: Int, n: Int) raises:
         comptime for K in [1, 2, 4, 8, 16]:
             comptime if K <= max_k:
                 time_plan[dtype, T, K](ctx, b)
+    # The plan unaligned rows get, in the instance for any rows.
     var plan = register_plan(n, vector_width[dtype](), 1)
     comptime for i in range(NUM_PLANS):
         comptime if plan_chunks(i) <= max_k:

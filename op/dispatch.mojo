@@ -6,7 +6,7 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 
 | rows of length n          | kernel (file)                            |
 |---------------------------|------------------------------------------|
-| n <= 32*V*4               | 8-32 lanes a row, in registers (gpu_register_rows) |
+| n <= 32*V*4 (32*V*8 for aligned fp32 rows) | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
 | rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory (gpu_smem_rows) |
 | fewer rows, or longer, to 8 MB a row | rows split across resident blocks that stream chunks (56 KB fp32, 24 KB 16-bit) through two shared-memory buffers, read once (gpu_split_stream_rows) |
@@ -52,12 +52,13 @@ from .gpu_backward_stream_rows import (
     backward_stream_chunk,
     launch_backward_stream,
 )
-from .gpu_launch import aligned16
+from .gpu_launch import aligned16, vector_flag_of
 from .gpu_register_rows import (
     WARP_THREADS,
     launch_register_rows,
     plan_threads,
     register_plan,
+    wide_warp_rows,
 )
 from .gpu_smem_rows import (
     cluster_capacity,
@@ -85,9 +86,12 @@ comptime RowsLauncher[dtype: DType] = def(
 comptime SPLIT_BELOW_ROWS = 264
 
 
-def gpu_kernel_for(rows: Int, n: Int, V: Int) -> String:
-    """The kernel family "auto" picks for `rows` contiguous rows of `n`."""
-    var plan = register_plan(n, V, 0)
+def gpu_kernel_for(
+    rows: Int, n: Int, V: Int, wide_warp: Bool = False
+) -> String:
+    """The kernel family "auto" picks for `rows` contiguous rows of `n`
+    (`wide_warp`: rows that may take `WIDE_WARP_PLAN`, `wide_warp_rows`)."""
+    var plan = register_plan(n, V, 0, wide_warp=wide_warp)
     if plan >= 0:
         return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
@@ -170,7 +174,10 @@ def launch_auto[
     aligned: Bool,
 ) raises:
     """Launch the family `gpu_kernel_for` picks for `rows` rows of `n`."""
-    var family = gpu_kernel_for(rows, n, vector_width[dtype]())
+    comptime V = vector_width[dtype]()
+    var family = gpu_kernel_for(
+        rows, n, V, wide_warp_rows[dtype](vector_flag_of(aligned, n, V))
+    )
     # A GPU too small to hold a row's chunks at once (a MIG slice) gets
     # the kernel that needs no co-residency.
     if family == "split_stream" and not split_stream_fits[dtype](ctx, n):

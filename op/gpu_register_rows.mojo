@@ -96,47 +96,88 @@ def chunk_registers(V: Int) -> Int:
 # chunks (16 fp32 values) each, so short rows keep many rows and bytes in
 # flight and long rows reach 512 x 64 values.
 comptime NUM_PLANS = 11
+# One more plan, after the table: a warp a row holding 8 chunks (1024
+# fp32), for the forward's aligned 4-byte rows only (`register_plan`'s
+# `wide_warp`). In its aligned-only instance it takes 55-58 registers and
+# holds 32 rows of 1024 an SM; H100, register_plan_sweep: fp32 4096 x 1024
+# 2719-2728 GB/s against 2616-2632 for plan (64, 4), 8192 x 1024 even.
+# Compiled for any rows it held both load paths' values (120-128
+# registers), so unaligned rows keep (64, 4).
+comptime WIDE_WARP_PLAN = NUM_PLANS
 
 
 def plan_threads(i: Int) -> Int:
-    """Threads per row of register plan i: 8, 8, 8, 16, 32, ..., 512, 512, 512.
-    """
+    """Threads per row of register plan i: 8, 8, 8, 16, 32, ..., 512, 512, 512;
+    32 for `WIDE_WARP_PLAN`."""
     if i < 3:
         return 8
     if i < 9:
         return 16 << (i - 3)
+    if i == WIDE_WARP_PLAN:
+        return WARP_THREADS
     return 512
 
 
 def plan_chunks(i: Int) -> Int:
     """Chunks (16-byte vectors) per thread of register plan i: 1, 2, 4, 4,
-    ..., 4, 8, 16."""
+    ..., 4, 8, 16; 8 for `WIDE_WARP_PLAN`."""
     if i < 3:
         return 1 << i
     if i < 9:
         return 4
+    if i == WIDE_WARP_PLAN:
+        return 8
     return 4 << (i - 8)
 
 
 def register_plan(
-    n: Int, V: Int, min_threads: Int, max_registers: Int = MAX_ROW_REGISTERS
+    n: Int,
+    V: Int,
+    min_threads: Int,
+    max_registers: Int = MAX_ROW_REGISTERS,
+    wide_warp: Bool = False,
 ) -> Int:
     """First register plan that holds a row of `n` with at least
     `min_threads` threads per row and at most `max_registers` 32-bit
-    registers of row values a thread, else -1."""
+    registers of row values a thread, else -1. With `wide_warp` (the
+    forward's aligned 4-byte rows, `wide_warp_rows`), `WIDE_WARP_PLAN`
+    comes right after the warp plans."""
     for i in range(NUM_PLANS):
         var threads = plan_threads(i)
         var k = plan_chunks(i)
         if threads < min_threads or chunk_registers(V) * k > max_registers:
             continue
+        if (
+            wide_warp
+            and threads > WARP_THREADS
+            and min_threads <= WARP_THREADS
+            and n <= wide_warp_capacity(V)
+        ):
+            return WIDE_WARP_PLAN
         if n <= threads * V * k:
             return i
     return -1
 
 
-def register_capacity(V: Int, min_threads: Int, max_threads: Int) -> Int:
-    """Longest row a register plan with threads in the range can hold."""
+def wide_warp_capacity(V: Int) -> Int:
+    """Longest row `WIDE_WARP_PLAN` holds: 1024 fp32."""
+    return plan_threads(WIDE_WARP_PLAN) * V * plan_chunks(WIDE_WARP_PLAN)
+
+
+def wide_warp_rows[dtype: DType](vector_flag: Int32) -> Bool:
+    """Whether the forward may run `WIDE_WARP_PLAN` on these rows: 4-byte
+    elements, rows aligned (`vector_flag`), so its aligned-only instance."""
+    return size_of[dtype]() == 4 and split_aligned[dtype]() and vector_flag != 0
+
+
+def register_capacity(
+    V: Int, min_threads: Int, max_threads: Int, wide_warp: Bool = False
+) -> Int:
+    """Longest row a register plan with threads in the range can hold (with
+    `wide_warp`, `WIDE_WARP_PLAN` too)."""
     var best = 0
+    if wide_warp and min_threads <= WARP_THREADS <= max_threads:
+        best = wide_warp_capacity(V)
     for i in range(NUM_PLANS):
         var threads = plan_threads(i)
         var k = plan_chunks(i)
@@ -364,20 +405,22 @@ def launch_register_plan[
     min_threads: Int,
     max_threads: Int,
     L: RegisterPlanKernel,
+    wide_warp: Bool = False,
 ](ctx: DeviceContext, kernel: L, plan: Int, rows: Int) raises:
     """Enqueue `kernel` over `rows` rows for register plan `plan` (from
     `register_plan`): the one place that turns a run-time plan into its
     compiled instance, for the forward and the backward kernel alike.
 
     Only plans of `min_threads` to `max_threads` threads a row and at most
-    `max_registers` registers of row values a thread are compiled; `plan`
-    must be one of them.
+    `max_registers` registers of row values a thread are compiled, and
+    `WIDE_WARP_PLAN` only with `wide_warp`; `plan` must be one of them.
     """
-    comptime for i in range(NUM_PLANS):
+    comptime for i in range(NUM_PLANS + 1):
         comptime T = plan_threads(i)
         comptime K = plan_chunks(i)
         comptime if (
-            chunk_registers(V) * K <= max_registers
+            (i < NUM_PLANS or wide_warp)
+            and chunk_registers(V) * K <= max_registers
             and min_threads <= T <= max_threads
         ):
             if plan == i:
@@ -407,6 +450,17 @@ struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](RegisterPlanKernel):
     ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
         """Enqueue `register_rows_kernel` for T threads a row, K chunks a
         thread."""
+        comptime if T == plan_threads(WIDE_WARP_PLAN) and K == plan_chunks(
+            WIDE_WARP_PLAN
+        ):
+            # Only its aligned-only instance is compiled (`register_plan`
+            # picks it for aligned rows alone).
+            if not wide_warp_rows[Self.dtype](self.vector_flag):
+                raise Error(
+                    "max_softmax: the wide warp plan needs aligned rows"
+                )
+            self.enqueue_instance[T, K, True](ctx, grid, block)
+            return
         comptime if split_aligned[Self.dtype]():
             if self.vector_flag != 0:
                 self.enqueue_instance[T, K, True](ctx, grid, block)
@@ -448,26 +502,35 @@ def launch_register_rows[
     aligned: Bool,
 ) raises:
     """Launch `register_rows_kernel` on `rows` rows of `n`: variant "warp"
-    (8 to 32 threads a row) or, with `block_rows`, "block" (64 to 512);
-    with Programmatic Dependent Launch if `pdl`. Raises if no plan of
-    those threads holds a row of `n`."""
+    (8 to 32 threads a row; to 1024 fp32 for aligned rows, `WIDE_WARP_PLAN`)
+    or, with `block_rows`, "block" (64 to 512); with Programmatic Dependent
+    Launch if `pdl`. Raises if no plan of those threads holds a row of
+    `n`."""
     comptime V = vector_width[dtype]()
     comptime min_threads = 2 * WARP_THREADS if block_rows else 1
     comptime max_threads = MAX_PLAN_THREADS if block_rows else WARP_THREADS
-    var plan = register_plan(n, V, min_threads)
+    var vector_flag = vector_flag_of(aligned, n, V)
+    var wide = wide_warp_rows[dtype](vector_flag)
+    var plan = register_plan(n, V, min_threads, wide_warp=wide)
     if plan < 0 or plan_threads(plan) > max_threads:
         raise Error(
             "max_softmax: variant '"
             + ("block" if block_rows else "warp")
             + "' handles rows up to "
-            + String(register_capacity(V, min_threads, max_threads))
+            + String(register_capacity(V, min_threads, max_threads, wide))
             + " elements, got "
             + String(n)
         )
-    launch_register_plan[V, MAX_ROW_REGISTERS, min_threads, max_threads](
+    launch_register_plan[
+        V,
+        MAX_ROW_REGISTERS,
+        min_threads,
+        max_threads,
+        wide_warp=size_of[dtype]() == 4 and split_aligned[dtype](),
+    ](
         ctx,
         RegisterRows[dtype, log_out, pdl](
-            held(dst), held(src), rows, n, vector_flag_of(aligned, n, V)
+            held(dst), held(src), rows, n, vector_flag
         ),
         plan,
         rows,

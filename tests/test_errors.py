@@ -63,12 +63,17 @@ def test_gpu_requested_without_gpu():
 
 @pytest.mark.skipif(not max_softmax.gpu_available(), reason="no GPU: MAX finds no accelerator")
 @pytest.mark.parametrize(
-    "variant,capacity",
-    # float32 rows of up to 8 MB for the split kernels
-    [("warp", 512), ("split_smem", 2 * 2**20), ("split_stream", 2 * 2**20)],
+    "variant,capacity,n",
+    # float32: "warp" holds 512 (1024 where rows are 16-byte aligned, n % 4
+    # == 0); rows of up to 8 MB for the split kernels
+    [
+        ("warp", 512, 513),
+        ("warp", 1024, 1028),
+        ("split_smem", 2 * 2**20, 2 * 2**20 + 1),
+        ("split_stream", 2 * 2**20, 2 * 2**20 + 1),
+    ],
 )
-def test_variant_too_short_for_row_on_gpu(variant, capacity):
-    n = capacity + 1
+def test_variant_too_short_for_row_on_gpu(variant, capacity, n):
     x = np.ones((2, n), dtype=np.float32)
     with pytest.raises(
         ValueError, match=f"variant '{variant}' handles rows up to {capacity} elements, got {n}"

@@ -118,6 +118,8 @@ VARIANT_CASES = [
     ("warp", (5, 100)),
     ("warp", (9, 512)),
     ("warp", (6, 511)),
+    ("warp", (9, 1024)),  # aligned float32: a warp a row of 8 chunks (WIDE_WARP_PLAN)
+    ("warp", (5, 1000)),
     ("block", (3, 1025)),
     ("block", (2, 32768)),
     ("block", (2, 32767)),
