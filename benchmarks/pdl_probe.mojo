@@ -18,7 +18,7 @@ from std.sys import size_of
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
 from op.dispatch import gpu_kernel_for
-from op.gpu_register_rows import launch_register_rows
+from op.gpu_register_rows import launch_register_rows, wide_warp_rows
 from op.row_math import vector_width
 from sweep_timing import median_launch_us
 
@@ -184,7 +184,10 @@ def report(
 
 
 def probe_shape[dtype: DType](ctx: DeviceContext, rows: Int, n: Int) raises:
-    var family = gpu_kernel_for(rows, n, vector_width[dtype]())
+    # The family the dispatch picks for these (aligned) rows.
+    var family = gpu_kernel_for(
+        rows, n, vector_width[dtype](), wide_warp_rows[dtype](Int32(1))
+    )
     if family != "warp" and family != "block":
         raise Error("pdl_probe: " + String(n) + " is not a register row")
     var block_rows = family == "block"

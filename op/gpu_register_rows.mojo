@@ -151,6 +151,8 @@ def register_plan(
             wide_warp
             and threads > WARP_THREADS
             and min_threads <= WARP_THREADS
+            and chunk_registers(V) * plan_chunks(WIDE_WARP_PLAN)
+            <= max_registers
             and n <= wide_warp_capacity(V)
         ):
             return WIDE_WARP_PLAN
@@ -164,10 +166,17 @@ def wide_warp_capacity(V: Int) -> Int:
     return plan_threads(WIDE_WARP_PLAN) * V * plan_chunks(WIDE_WARP_PLAN)
 
 
+def wide_warp_dtype[dtype: DType]() -> Bool:
+    """Whether the forward compiles `WIDE_WARP_PLAN` for `dtype`: 4-byte
+    elements (measured for fp32), which have an aligned-only instance."""
+    return size_of[dtype]() == 4 and split_aligned[dtype]()
+
+
 def wide_warp_rows[dtype: DType](vector_flag: Int32) -> Bool:
-    """Whether the forward may run `WIDE_WARP_PLAN` on these rows: 4-byte
-    elements, rows aligned (`vector_flag`), so its aligned-only instance."""
-    return size_of[dtype]() == 4 and split_aligned[dtype]() and vector_flag != 0
+    """Whether the forward may run `WIDE_WARP_PLAN` on these rows: a
+    `wide_warp_dtype`, rows aligned (`vector_flag`), so its aligned-only
+    instance."""
+    return wide_warp_dtype[dtype]() and vector_flag != 0
 
 
 def register_capacity(
@@ -426,6 +435,10 @@ def launch_register_plan[
             if plan == i:
                 comptime block = block_threads[T]()
                 kernel.enqueue[T, K](ctx, ceildiv(rows, block // T), block)
+                return
+    raise Error(
+        "max_softmax: register plan " + String(plan) + " is not compiled here"
+    )
 
 
 @fieldwise_init
@@ -526,7 +539,7 @@ def launch_register_rows[
         MAX_ROW_REGISTERS,
         min_threads,
         max_threads,
-        wide_warp=size_of[dtype]() == 4 and split_aligned[dtype](),
+        wide_warp=wide_warp_dtype[dtype](),
     ](
         ctx,
         RegisterRows[dtype, log_out, pdl](
