@@ -30,11 +30,7 @@ from max.gpu import (
     thread_idx,
 )
 from max.gpu.host import DeviceContext
-from max.gpu.primitives.grid_controls import (
-    launch_dependent_grids,
-    pdl_launch_attributes,
-    wait_on_dependent_grids,
-)
+from max.gpu.primitives.grid_controls import pdl_launch_attributes
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
@@ -45,11 +41,14 @@ from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
     PDL,
     PDL_LEVEL,
+    AlignedInstances,
     RegisterPlanKernel,
     block_threads,
+    enqueue_split_aligned,
     launch_register_plan,
+    pdl_start,
     register_plan,
-    split_aligned,
+    vector_path,
 )
 from .row_math import (
     accum_dtype,
@@ -176,16 +175,8 @@ def masked_register_kernel[
     comptime assert acc.is_floating_point()
     comptime assert max(V, 4) * K <= MAX_ROW_REGISTERS
     comptime block = block_threads[threads]()
-    comptime if pdl:
-        # As register_rows_kernel: wait for the previous grid before any
-        # global access, then let the next one be scheduled.
-        wait_on_dependent_grids()
-        launch_dependent_grids()
-    var vector_loads: Bool
-    comptime if aligned:
-        vector_loads = True
-    else:
-        vector_loads = vector_flag != 0
+    pdl_start[pdl]()
+    var vector_loads = vector_path[aligned](vector_flag)
     var t = Int(thread_idx.x) % threads
     var row = (
         Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
@@ -322,7 +313,7 @@ def masked_block_kernel[
 @fieldwise_init
 struct MaskedRegisterRows[
     dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
-](RegisterPlanKernel):
+](AlignedInstances, RegisterPlanKernel):
     """`masked_register_kernel` with its arguments."""
 
     var dst: HeldRows[Self.dtype]
@@ -350,11 +341,9 @@ struct MaskedRegisterRows[
         """Enqueue `masked_register_kernel` for T threads a row, K chunks a
         thread: its aligned-only instance where the rows are aligned and
         `split_aligned` says so."""
-        comptime if split_aligned[Self.dtype]():
-            if self.vector_flag != 0:
-                self.enqueue_instance[T, K, True](ctx, grid, block)
-                return
-        self.enqueue_instance[T, K, False](ctx, grid, block)
+        enqueue_split_aligned[Self.dtype, T, K](
+            self, self.vector_flag, ctx, grid, block
+        )
 
     def enqueue_instance[
         T: Int, K: Int, aligned: Bool

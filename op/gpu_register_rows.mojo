@@ -282,20 +282,8 @@ def register_rows_kernel[
     comptime assert chunk_registers(V) * K <= MAX_ROW_REGISTERS
     comptime assert threads % WARP_SIZE == 0 or WARP_SIZE % threads == 0
     comptime block = block_threads[threads]()
-    comptime if pdl:
-        # Launched early, this grid may run beside the previous one: wait
-        # for it to finish (its writes visible) before reading or writing
-        # any global memory, every thread (none has left yet). Then let the
-        # next grid be scheduled: its blocks take free slots and wait in
-        # their own `wait` until this grid has finished, so neither its
-        # reads of our output nor its writes over our input can race.
-        wait_on_dependent_grids()
-        launch_dependent_grids()
-    var vector_loads: Bool
-    comptime if aligned:
-        vector_loads = True
-    else:
-        vector_loads = vector_flag != 0
+    pdl_start[pdl]()
+    var vector_loads = vector_path[aligned](vector_flag)
     var t = Int(thread_idx.x) % threads
     var row = (
         Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
@@ -337,6 +325,30 @@ def register_rows_kernel[
             ).cast[dtype]()
         )
     store_row_chunks[dtype, threads, V, K, dtype](y, out, len, t, vector_loads)
+
+
+@always_inline
+def pdl_start[pdl: Bool]():
+    """A register-row kernel's first step under Programmatic Dependent
+    Launch (nothing without `pdl`). Launched early, this grid may run beside
+    the previous one: wait for it to finish (its writes visible) before
+    reading or writing any global memory, every thread (none has left yet).
+    Then let the next grid be scheduled: its blocks take free slots and wait
+    in their own `wait` until this grid has finished, so neither its reads
+    of our output nor its writes over our input can race."""
+    comptime if pdl:
+        wait_on_dependent_grids()
+        launch_dependent_grids()
+
+
+@always_inline
+def vector_path[aligned: Bool](vector_flag: Int32) -> Bool:
+    """Whether a thread takes the 16-byte vector path: always in an instance
+    compiled for aligned rows only (no scalar path to hold registers for),
+    else where `vector_flag` says the rows are aligned."""
+    comptime if aligned:
+        return True
+    return vector_flag != 0
 
 
 @always_inline
@@ -408,6 +420,32 @@ trait RegisterPlanKernel:
         ...
 
 
+trait AlignedInstances:
+    """A register-row kernel compiled twice where `split_aligned` says so:
+    for any rows and for aligned rows only."""
+
+    def enqueue_instance[
+        T: Int, K: Int, aligned: Bool
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue the instance for aligned rows or for any rows."""
+        ...
+
+
+def enqueue_split_aligned[
+    dtype: DType, T: Int, K: Int, L: AlignedInstances
+](
+    kernel: L, vector_flag: Int32, ctx: DeviceContext, grid: Int, block: Int
+) raises:
+    """Enqueue `kernel`'s aligned-only instance where `dtype` has one
+    (`split_aligned`) and the rows are aligned, else its instance for any
+    rows: the one place that makes that choice."""
+    comptime if split_aligned[dtype]():
+        if vector_flag != 0:
+            kernel.enqueue_instance[T, K, True](ctx, grid, block)
+            return
+    kernel.enqueue_instance[T, K, False](ctx, grid, block)
+
+
 def launch_register_plan[
     V: Int,
     max_registers: Int,
@@ -442,7 +480,9 @@ def launch_register_plan[
 
 
 @fieldwise_init
-struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](RegisterPlanKernel):
+struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](
+    AlignedInstances, RegisterPlanKernel
+):
     """`register_rows_kernel` with its arguments: softmax (or log-softmax)
     of `rows` rows of `n` from `src` into `dst`, launched with PDL if
     `pdl`."""
@@ -474,11 +514,9 @@ struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](RegisterPlanKernel):
                 )
             self.enqueue_instance[T, K, True](ctx, grid, block)
             return
-        comptime if split_aligned[Self.dtype]():
-            if self.vector_flag != 0:
-                self.enqueue_instance[T, K, True](ctx, grid, block)
-                return
-        self.enqueue_instance[T, K, False](ctx, grid, block)
+        enqueue_split_aligned[Self.dtype, T, K](
+            self, self.vector_flag, ctx, grid, block
+        )
 
     def enqueue_instance[
         T: Int, K: Int, aligned: Bool
