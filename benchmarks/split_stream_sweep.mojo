@@ -4,6 +4,7 @@
 #   mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo -o sweep
 #   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
 #   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
+#   ./sweep long       # 32 x 1M and 64 x 512K, more block shapes
 #   ./sweep smem       # gpu_smem_rows against a copy at its shapes (a kernel
 #                      # A/B: build once with -I . and once with an older tree)
 # GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches
@@ -138,6 +139,7 @@ def sweep_shape[
     n: Int,
     once: Bool = False,
     smem: Bool = False,
+    more: Bool = False,
 ) raises:
     var dsts = List[DeviceBuffer[dtype]]()
     var srcs = List[DeviceBuffer[dtype]]()
@@ -168,12 +170,25 @@ def sweep_shape[
     time_config[dtype, 256, 6, 4](ctx, "stream", d, s, host0, rows, n, once)
     time_config[dtype, 512, 4, 2](ctx, "stream", d, s, host0, rows, n, once)
     time_config[dtype, 384, 6, 3](ctx, "stream", d, s, host0, rows, n, once)
+    if not more:
+        return
+    time_config[dtype, 256, 4, 6](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 128, 6, 8](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 256, 7, 4](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 128, 12, 4](ctx, "stream", d, s, host0, rows, n, once)
+    time_config[dtype, 256, 3, 8](ctx, "stream", d, s, host0, rows, n, once)
 
 
 def main() raises:
     var ctx = DeviceContext()
     if len(argv()) > 1 and argv()[1] == "once":
         sweep_shape[DType.bfloat16](ctx, 32, 1 << 20, True)
+        return
+    if len(argv()) > 1 and argv()[1] == "long":
+        comptime for dtype in [DType.bfloat16, DType.float32]:
+            sweep_shape[dtype](ctx, 32, 1 << 20, more=True)
+            sweep_shape[dtype](ctx, 64, 1 << 19, more=True)
+            sweep_shape[dtype](ctx, 32, 1 << 20, more=True)
         return
     if len(argv()) > 1 and argv()[1] == "smem":
         comptime for dtype in [DType.bfloat16, DType.float32]:

@@ -18,7 +18,13 @@ import pytest
 from max_softmax.bench import WORKLOADS, Row, flag_impossible, main, resolve_timer, table
 from max_softmax.bench.device_timer import busy_seconds, gpu_spans
 from max_softmax.bench.latency import latency_table
-from max_softmax.bench.measure import measure_replay
+from max_softmax.bench.measure import (
+    REPLAY_OPS,
+    REPLAY_WARMUP,
+    checked_replay,
+    measure_replay,
+    measure_torch_replay,
+)
 from max_softmax.bench.providers import liger_skips_gradient
 from max_softmax.bench.record import RUN_KEYS, append_record, run_kind, tracked_files
 from max_softmax.bench.report import document, plot
@@ -230,6 +236,82 @@ def test_table_footnotes_say_why_a_cell_is_empty():
     assert "?" not in text.replace("[^", "")
 
 
+def _gpu_rows(torch_replay: float | None = 2200.0) -> list[Row]:
+    """One GPU shape timed on the device: the copy, torch and triton (a
+    device headline and a replay in a torch CUDA graph; triton's capture
+    failed), ours (three figures) and jax (no replay)."""
+    replayed = {"timer": "device", "graph": False, "replay": "torch.cuda.graph"}
+    failed = {"replay": "replay n/a: capture failed: RuntimeError: no"}
+
+    def row(name, gbps, replay, device, extra=replayed, notes=None):
+        timed = Row(name, 4096, 1024, "float32", "gpu", 10.0, gbps, True, extra=dict(extra))
+        timed.set_figure("replay", None if replay is None else 12e-6, replay)
+        timed.set_figure("device", 10e-6, device)
+        timed.notes = notes or {}
+        return timed
+
+    return [
+        row("copy", 3000.0, 2500.0, 3000.0),
+        row("ours", 1500.0, 2400.0, 2700.0, {"graph": True}),
+        row("torch", 2000.0, torch_replay, 2000.0),
+        row("triton", 2500.0, None, 2500.0, notes=failed),
+        row("jax", 1800.0, None, 1800.0, {"timer": "device", "graph": False}, {"replay": "peer"}),
+    ]
+
+
+def test_peers_replay_in_the_table_beside_ours_replay_after_a_json_round_trip():
+    """A torch peer replayed on the GPU keeps its figure through the JSON
+    (results.jsonl) and gets a replay column (a failed capture a footnote);
+    jax, never replayed, keeps one column. Ours is compared twice: device
+    against the peers' timed (device) figure, replay against their best
+    replay (max.ops.softmax would count too; torch's here)."""
+    from dataclasses import asdict
+
+    rows = [Row.from_dict(json.loads(json.dumps(asdict(r)))) for r in _gpu_rows()]
+    assert rows[2].replay_gbps == 2200.0 and rows[2].extra["replay"] == "torch.cuda.graph"
+    assert not rows[2].is_graph and rows[3].notes["replay"].startswith("replay n/a")
+    text = table(rows)
+    head, _, line = text.splitlines()[:3]
+    heads = [c.strip() for c in head.strip("|").split("|")]
+    cells = dict(zip(heads, (c.strip() for c in line.strip("|").split("|")), strict=True))
+    assert heads[2:] == [
+        "copy", "copy replay", "ours exec", "ours replay", "ours device", "torch",
+        "torch replay", "triton", "triton replay", "jax", "ours % of copy",
+        "ours device / best peer device", "ours replay / best peer replay",
+    ]  # fmt: skip
+    assert cells["torch replay"] == "2200" and cells["triton replay"] == "n/a[^1]"
+    assert "[^1]: replay n/a: capture failed: RuntimeError: no" in text
+    assert cells["ours device / best peer device"] == f"{2700 / 2500:.2f}x"
+    assert cells["ours replay / best peer replay"] == f"{2400 / 2200:.2f}x"
+    assert "torch CUDA graph" in document(rows, {"op": "softmax"})
+
+
+def test_without_peer_replays_the_table_has_no_replay_comparison():
+    """Rows of a CPU run, or of a file from before peers were replayed: no
+    peer replay column, no replay-against-replay ratio."""
+    rows = [r for r in _gpu_rows() if r.provider in ("ours", "jax")]
+    text = table(rows)
+    assert "best peer replay" not in text and "jax replay" not in text
+
+
+@pytest.mark.parametrize("roof", ["device", "replay"])
+@pytest.mark.parametrize(("gbps", "flagged"), [(3300.0, False), (3600.0, True)])
+def test_a_peer_replay_over_the_copy_roof_is_untimed(roof, gbps, flagged):
+    """A peer's replay (here torch's) is held against the copy's GPU time,
+    or where the copy was not timed on the device against the copy's own
+    replay (1.15x at 16 MB and more), like ours' figures."""
+    rows = _gpu_rows(torch_replay=gbps)
+    if roof == "replay":  # --timer wall: the copy has no device figure
+        rows[0].device_us = rows[0].device_gbps = None
+        rows[0].replay_gbps = 3000.0
+    flag_impossible(rows)
+    torch = rows[2]
+    assert (torch.replay_gbps is None) == flagged and torch.gbps == 2000.0
+    if flagged:
+        assert torch.notes["replay"] == f"unreliable: {gbps:.0f} GB/s is over 1.15x the copy roof"
+        assert torch.extra["rough"]["replay"] == gbps
+
+
 def test_markdown_starts_with_a_title_and_the_run_as_bullets():
     meta = {
         "date": "2026-11-23 10:00",
@@ -356,6 +438,192 @@ def test_replays_are_timed_back_to_back_one_sync_a_sample():
     assert graph.syncs == 3 + reps  # scribble, the checked replay, warm-up; one a sample
 
 
+class _Clock:
+    """A perf_counter that moves only when the fakes say."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("k", [1, 3, 16, 48, 100])
+def test_the_replay_timer_runs_ceil_ops_over_k_replays_then_one_sync_a_sample(k, monkeypatch):
+    """The one replay timer (MAX's graphs and torch's): REPLAY_WARMUP
+    replays and a sync, then per sample ceil(REPLAY_OPS / K) replays back
+    to back and one sync; seconds per op = a sample's wall / (replays x K),
+    the median sample (not the mean) counting."""
+    from max_softmax.bench import measure
+
+    clock = _Clock()
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=clock))
+    log = []
+    sync_costs = iter([0.0, 9e-3, 1e-3, 2e-3])  # the warm-up's sync, then each sample's
+
+    def replay():  # a replay of K ops of 1 ms each
+        log.append("replay")
+        clock.now += k * 1e-3
+
+    def sync():
+        log.append("sync")
+        clock.now += next(sync_costs)
+
+    secs = measure.time_replays(replay, sync, k, 3)
+    per = -(-REPLAY_OPS // k)
+    assert log == ["replay"] * REPLAY_WARMUP + ["sync"] + (["replay"] * per + ["sync"]) * 3
+    assert secs == pytest.approx(1e-3 + 2e-3 / (per * k))
+
+
+@pytest.mark.parametrize("output", ["array", "loss and dlogits"])
+@pytest.mark.parametrize("mode", ["works", "differs", "same bytes as int32", "stale", "raises"])
+def test_a_replay_is_timed_only_when_it_rewrites_the_reference_bit_for_bit(mode, output):
+    """The shared gate: the captured output 0 is filled with NaN, then one
+    replay must give the reference (eager) output 0 bit for bit, a loss and
+    its gradient alike. A replay that writes other values (or the same
+    bytes as another dtype), or none (what the capture left there was
+    right: it must not pass), or raises gives (None, "replay n/a: ...") and
+    is never timed."""
+    eager = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+
+    def answer(y):
+        return y.copy() if output == "array" else (np.float32(0.5), y.copy())
+
+    expected, out, replays = answer(eager), {"y": answer(eager)}, []
+
+    def replay():
+        replays.append(1)
+        if mode == "raises":
+            raise RuntimeError("boom")
+        if mode == "same bytes as int32":
+            out["y"] = answer(eager.view(np.int32))
+        elif mode != "stale":  # "differs": a wrong gradient, the loss right
+            out["y"] = answer(eager + np.float32(mode == "differs"))
+
+    def scribble():
+        out["y"] = answer(np.full_like(eager, np.nan))
+
+    secs, why = checked_replay(
+        replay, lambda: None, scribble, lambda: out["y"], expected, 4, 2, against="eager"
+    )
+    if mode == "works":
+        assert secs is not None and secs > 0 and why == ""
+        assert len(replays) == 1 + REPLAY_WARMUP + 2 * -(-REPLAY_OPS // 4)
+    else:
+        assert secs is None and why.startswith("replay n/a"), why
+        want = "RuntimeError: boom" if mode == "raises" else "differs from eager output 0"
+        assert want in why and len(replays) == 1
+
+
+class _FakeCuda:
+    """torch.cuda's capture API on the CPU. A capture runs the body eagerly
+    (harmless here); a replay runs `on_replay`. Like torch.cuda.graph, a
+    capture that fails at its end leaves the capture stream current."""
+
+    def __init__(self, mode):
+        self.mode, self.resets = mode, 0
+        self.on_replay = lambda: None
+        fake = self
+
+        class Stream:
+            def __init__(self, name="side"):
+                self.name = name
+
+            def wait_stream(self, other):
+                pass
+
+        class CUDAGraph:
+            def replay(self):
+                fake.on_replay()
+
+            def reset(self):
+                fake.resets += 1
+
+        self.Stream, self.CUDAGraph = Stream, CUDAGraph
+        self.default = self.current = Stream("default")
+
+    def current_stream(self):
+        return self.current
+
+    def set_stream(self, stream):
+        self.current = stream
+
+    def synchronize(self):
+        pass
+
+    def stream(self, stream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def on():
+            before, self.current = self.current, stream
+            yield
+            self.current = before
+
+        return on()
+
+    def graph(self, graph, stream=None):
+        import contextlib
+
+        @contextlib.contextmanager
+        def capture():
+            before, self.current = self.current, stream
+            yield
+            if self.mode == "capture fails":
+                raise RuntimeError("operation not permitted when stream is capturing")
+            self.current = before
+
+        return capture()
+
+
+@pytest.mark.parametrize("mode", ["works", "capture fails", "stale"])
+def test_a_torch_peer_is_captured_checked_timed_and_released(mode):
+    """A torch peer's row on a fake CUDA (`timed_row`, then
+    `measure_torch_replay`): the body is warmed up eagerly (its output 0
+    the reference), captured, its captured output filled with NaN and
+    replayed; a replay that rewrites it gives the row's replay figure, one
+    that does not is refused, a failed capture is a note. The row says it
+    tried a torch CUDA graph; the caller's stream is current again and the
+    graph released, whatever happened."""
+    pytest.importorskip("torch")
+    from max_softmax.bench.measure import Timed, timed_row
+    from max_softmax.bench.providers import TorchProvider
+
+    xs = [
+        WORKLOADS["softmax"].make_inputs(np.random.default_rng(i), 4, 8, "float32") for i in (0, 1)
+    ]
+    p = TorchProvider("cpu", copy=True)  # its outputs are preallocated: a replay rewrites them
+    p.prepare(xs)
+    cuda = _FakeCuda(mode)
+    p.kind, p.torch = "gpu", types.SimpleNamespace(cuda=cuda)
+    if mode == "works":
+        cuda.on_replay = lambda: p.calls(2)
+    args = types.SimpleNamespace(timer="wall", device_timer=False, reps=2)
+    base = Row("copy", 4, 8, "float32", "gpu")
+    row = timed_row(p, Timed(1e-3, True, "", 1e-3), base, 2, 4 * 8 * 4, args)
+    assert row.extra["replay"] == "torch.cuda.graph" and row.gbps == pytest.approx(
+        2 * 128 / 1e-3 / 1e9
+    )
+    if mode == "works":
+        assert row.replay_us > 0 and row.replay_gbps > 0 and "replay" not in row.notes
+        assert np.array_equal(p.output0(), xs[0][0])
+    else:
+        why = row.notes["replay"]
+        assert row.replay_us is None and why.startswith("replay n/a"), why
+        assert ("capture failed: RuntimeError" if mode == "capture fails" else "differs") in why
+    assert cuda.current is cuda.default and cuda.resets == 1
+
+
+def test_a_torch_peer_on_the_cpu_has_no_replay():
+    """A torch CUDA graph needs a CUDA device: on the CPU the figure is
+    None at once, with the reason."""
+    pytest.importorskip("torch")
+    from max_softmax.bench.providers import TorchProvider
+
+    secs, why = measure_torch_replay(TorchProvider("cpu"), 4, 3)
+    assert secs is None and "CUDA device" in why
+
+
 def _git(*args, cwd):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -458,9 +726,19 @@ def test_cpu_sweep_end_to_end(tmp_path):
         if row["replay_us"] is None:  # MAX: "No graph-capture devices available" on the CPU
             assert "capture" in row["notes"]["replay"], row
         assert row["device_us"] is None and "CUPTI" in row["notes"]["device"]
+    # Peers have no replay on the CPU (a torch CUDA graph needs CUDA), each with why.
+    for name in {"torch", "scipy", "numpy", "copy"} & set(by):
+        row = by[name]
+        assert row["replay_us"] is None and row["replay_gbps"] is None, row
+        assert row["notes"]["replay"].startswith("peer"), row
+        assert "replay" not in row["extra"], row
+    if "torch" in by:
+        assert "CUDA device" in by["torch"]["notes"]["replay"], by["torch"]
     md = (out / "bench_cpu.md").read_text()
     assert md.startswith("# softmax bench: softmax on ") and "- command: `softmax bench" in md
     assert "| ours exec | ours replay | ours device |" in md
+    assert "torch replay" not in md and "best peer replay" not in md
+    assert "ours exec / best peer wall" in md
     assert "[^1]: " in md  # the CPU has no device figure: its reason is a footnote
     lines = [json.loads(x) for x in rec.read_text().splitlines()]
     assert len(lines) == len(rows) and {x["run"]["kind"] for x in lines} == {"cpu_forward"}

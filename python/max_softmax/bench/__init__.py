@@ -34,15 +34,32 @@ by side in the table and in each JSON row:
   every kernel, memcpy and memset span CUPTI records during the K ops, / K
   (device_timer.py; GPU with torch only, else None with a note).
 
-Peers (copy, torch, ours:torch, triton, jax, scipy, numpy) keep one figure,
-in `us`/`gbps`: their marginal wall-clock time, or with `--timer device`
-(the default on a GPU with torch) their GPU busy time per call, which is
-then also their `device_*` (the wall figure stays in `extra.wall_us`). They
-have no graph to replay (`replay_*` None, with a note). A peer launches its
-kernels straight from Python, so its one figure stands beside all three of
-ours; the table's "% of copy" and "/ best peer" columns compare like with
+Peers (copy, torch, ours:torch, triton, quack, torch.compile, liger, jax,
+scipy, numpy) have one timed figure, in `us`/`gbps`: their marginal
+wall-clock time, or with `--timer device` (the default on a GPU with torch)
+their GPU busy time per call, which is then also their `device_*` (the wall
+figure stays in `extra.wall_us`). A peer launches its kernels straight from
+Python, so that figure stands beside all three of ours; the table's "% of
+copy" and "ours <figure> / best peer <figure>" columns compare like with
 like: ours' device figure when the peers were timed on the device, ours'
 exec figure when they were timed by wall clock.
+
+On a GPU the torch-based peers (every one but jax, scipy and numpy) also
+get a replay figure (`replay_us`, `replay_gbps`; `extra.replay` =
+"torch.cuda.graph"): their K-call body captured once into a
+`torch.cuda.CUDAGraph` and replayed, timed exactly as ours' replay (the same
+loop). It is what a torch user who captures gets, set against ours' replay
+in the table's "ours replay / best peer replay": like for like, where our
+replay (wall clock) against a peer's busy time would charge ours the
+launch gaps that busy time leaves out. First, replayed output 0 must equal the eager body's
+output 0 bit for bit (the captured output is filled with NaN first), else
+no figure. A body that cannot be captured gets none, with the reason in
+`notes["replay"]`: one that waits on the host mid-call (Liger-Kernel's
+cross-entropy counts the kept targets with `.item()`), or one whose
+capture torch or the library refuses (bodies through autograd,
+torch.compile and our torch bridge are tried like the rest; the note says
+why where one fails). jax, scipy, numpy and every peer on the CPU have no
+replay (`replay_*` None, with a note).
 
 `--op` picks what is timed: `softmax` (default; our graph op and every
 peer), `softmax_backward` / `log_softmax_backward` (read y or log y and dy,
@@ -189,9 +206,10 @@ def _method(args: argparse.Namespace) -> str:
         peers = "marginal wall-clock time per call"
         if args.kind == "cpu":
             peers += ", providers interleaved round by round"
+    replay = "; torch peers: + replay in a torch CUDA graph" if args.kind == "gpu" else ""
     return (
         f"K rotating inputs, medians of {args.reps} runs; MAX graphs: exec, replay and "
-        f"device figures; peers: {peers}"
+        f"device figures; peers: {peers}{replay}"
     )
 
 

@@ -10,12 +10,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..dtypes import DTYPE_NAMES, to_buffer, to_numpy
-from .providers import MaxGraphProvider, Provider
+from .providers import MaxGraphProvider, Provider, TorchProvider
 from .report import gbps_text
 from .workloads import CHECK_ROWS, FIGURES, Row, Workload
 
@@ -113,10 +113,28 @@ def measure_device(provider: Provider, k: int, reps: int) -> float | None:
 
 _replay_keys = itertools.count(1)
 
+TORCH_REPLAY = "torch.cuda.graph"
+"""`extra["replay"]` of a peer row whose replay figure is its K-call body
+captured in a torch CUDA graph (set where it was tried, even if it failed)."""
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(
-        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+
+def _same_bits(a: Any, b: Any) -> bool:
+    """Whether two outputs (arrays, or tuples of them: a loss and its
+    gradient) are equal bit for bit (NaN payloads and the sign of 0 included)."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return (
+            isinstance(a, tuple)
+            and isinstance(b, tuple)
+            and len(a) == len(b)
+            and all(_same_bits(x, y) for x, y in zip(a, b, strict=True))
+        )
+    a, b = np.asarray(a), np.asarray(b)
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and np.array_equal(
+            np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+        )
     )
 
 
@@ -130,10 +148,56 @@ def _scribble(buf: object, dtype: str) -> None:
         pass
 
 
+def time_replays(replay: Callable[[], None], sync: Callable[[], None], k: int, reps: int) -> float:
+    """Seconds per op of a captured K-op graph: REPLAY_WARMUP replays, then
+    per sample R = ceil(REPLAY_OPS / K) replays back to back and one `sync`,
+    wall / (R K); the median over `reps` samples. The one place replays
+    are timed, for MAX's graphs and torch's alike."""
+    for _ in range(REPLAY_WARMUP):
+        replay()
+    sync()
+    times = []
+    replays = -(-REPLAY_OPS // k)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            replay()
+        sync()
+        times.append((time.perf_counter() - t0) / (replays * k))
+    return statistics.median(times)
+
+
+def checked_replay(
+    replay: Callable[[], None],
+    sync: Callable[[], None],
+    scribble: Callable[[], None],
+    read: Callable[[], Any],
+    expected: Any,
+    k: int,
+    reps: int,
+    against: str = "executed",
+) -> tuple[float | None, str]:
+    """`time_replays` of a captured graph once one replay has proved it
+    right: `scribble` fills the captured output 0 with NaN (so what the
+    capture left there cannot pass), one replay, then `read()` (output 0,
+    as numpy) must equal `expected` (the `against` run's output 0) bit for
+    bit. (seconds per op, "") or (None, why): a wrong replay or an
+    exception is a note, never a crash."""
+    try:
+        scribble()
+        sync()
+        replay()
+        sync()
+        if not _same_bits(read(), expected):
+            return None, f"replay n/a: replayed output 0 differs from {against} output 0"
+        return time_replays(replay, sync, k, reps), ""
+    except Exception as err:
+        return None, f"replay n/a: replay failed: {type(err).__name__}: {err}"
+
+
 def measure_replay(p: MaxGraphProvider, k: int, reps: int) -> tuple[float | None, str]:
-    """Seconds per op of `p`'s K-op graph captured once and replayed:
-    wall(R replays back to back + one device sync) / (R K), R =
-    ceil(REPLAY_OPS / K), median over `reps`; or (None, why).
+    """Seconds per op of `p`'s K-op graph captured once and replayed
+    (`checked_replay`), or (None, why).
 
     Replay gets the very buffers of the capture (MAX refuses others). Its
     output 0 must equal an executed graph's output 0 bit for bit, else it is
@@ -148,26 +212,15 @@ def measure_replay(p: MaxGraphProvider, k: int, reps: int) -> tuple[float | None
     except Exception as err:
         return None, f"replay n/a: capture failed on {p.kind}: {type(err).__name__}: {err}"
     try:
-        _scribble(outs[0], p.dtype)
-        p.sync()
-        model.replay(key, *bufs)
-        p.sync()
-        if not _same_bits(to_numpy(outs[0]), expected):
-            return None, "replay n/a: replayed output 0 differs from executed output 0"
-        for _ in range(REPLAY_WARMUP):
-            model.replay(key, *bufs)
-        p.sync()
-        times = []
-        replays = -(-REPLAY_OPS // k)
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(replays):
-                model.replay(key, *bufs)
-            p.sync()
-            times.append((time.perf_counter() - t0) / (replays * k))
-        return statistics.median(times), ""
-    except Exception as err:
-        return None, f"replay n/a: replay failed: {type(err).__name__}: {err}"
+        return checked_replay(
+            lambda: model.replay(key, *bufs),
+            p.sync,
+            lambda: _scribble(outs[0], p.dtype),
+            lambda: to_numpy(outs[0]),
+            expected,
+            k,
+            reps,
+        )
     finally:
         outs = None
         try:
@@ -176,13 +229,87 @@ def measure_replay(p: MaxGraphProvider, k: int, reps: int) -> tuple[float | None
             pass
 
 
+def _owned(y: Any) -> Any:
+    """A copy of an output as numpy (an array or a tuple of them): from a
+    CPU tensor numpy shares its memory, which the NaN fill would overwrite."""
+    if isinstance(y, tuple):
+        return tuple(_owned(a) for a in y)
+    return np.array(y, copy=True)
+
+
+def _nan_fill(y: Any) -> None:
+    """Overwrite a torch output (a tensor, or a tuple of them and None) with
+    NaN. `detach()` shares the memory and never asks autograd."""
+    for t in y if isinstance(y, tuple) else (y,):
+        if t is not None and t.is_floating_point():
+            t.detach().fill_(float("nan"))
+
+
+def measure_torch_replay(p: TorchProvider, k: int, reps: int) -> tuple[float | None, str]:
+    """Seconds per call of torch peer `p`'s K-call body (`p.calls(k)`)
+    captured once into a `torch.cuda.CUDAGraph` and replayed, timed as
+    ours (`checked_replay`): what a torch user who captures gets. Or (None,
+    why), on the CPU too.
+
+    The body runs once eagerly on the capture's side stream first (torch
+    asks for a warm-up there; it also loads lazy kernels and compiles), and
+    its output 0 is the reference the replay must match bit for bit. A body
+    that allocates its outputs gets them from the graph's private pool
+    during capture: the replay writes those, so output 0 is read from the
+    tensor the capture produced. The graph is released before returning."""
+    if p.kind != "gpu":
+        return None, "peer on the CPU: a torch CUDA graph needs a CUDA device; no replay"
+    cuda = p.torch.cuda
+    before = cuda.current_stream()
+    try:
+        side = cuda.Stream()
+        side.wait_stream(before)
+        with cuda.stream(side):
+            p.calls(k)
+        before.wait_stream(side)
+        p.sync()
+        expected = _owned(p.output0())
+    except Exception as err:
+        return None, f"replay n/a: eager warm-up failed: {type(err).__name__}: {err}"
+    graph = cuda.CUDAGraph()
+    try:
+        try:
+            with cuda.graph(graph, stream=side):
+                p.calls(k)
+        except Exception as err:  # e.g. a host sync (.item()) inside the body
+            return None, f"replay n/a: capture failed: {type(err).__name__}: {err}"
+        captured = p.ys[0]
+        return checked_replay(
+            graph.replay,
+            p.sync,
+            lambda: _nan_fill(captured),
+            lambda: p.output_of(captured),
+            expected,
+            k,
+            reps,
+            against="eager",
+        )
+    finally:
+        # A capture that fails in `capture_end` leaves the side stream
+        # current (torch.cuda.graph skips restoring it): every later torch
+        # call of the sweep would queue there.
+        cuda.set_stream(before)
+        captured = None
+        try:  # frees the graph now, not when the collector gets to it
+            graph.reset()
+        except Exception:
+            pass
+        graph = None
+
+
 def timed_row(
     p: Provider, timed: Timed, base: Row, k: int, nbytes: int, args: argparse.Namespace
 ) -> Row:
     """`base` (a checked provider's row) with every figure it gets: the
     headline from the wall-clock `timed`, then for a MAX graph its replay
     and device figures, for a peer under `--timer device` its GPU busy time
-    in place of wall clock. A figure that cannot be had gets a note."""
+    in place of wall clock, and for a torch peer on the GPU its replay in a
+    torch CUDA graph. A figure that cannot be had gets a note."""
 
     def rate(secs: float) -> float:
         return p.transfers * nbytes / secs / 1e9
@@ -206,18 +333,27 @@ def timed_row(
     elif p.graph:
         row.notes["device"] = "device n/a: CUPTI busy time needs a GPU and torch with CUDA"
     else:
-        row.notes["device"] = "peer: one figure, wall clock (--timer wall)"
+        row.notes["device"] = "peer: timed by wall clock (--timer wall), no device figure"
     if not p.graph:
-        row.notes["replay"] = "peer: no MAX graph to replay; one figure"
         if args.timer == "device" and row.device_us is not None:
             row.extra.update(timer="device", wall_us=row.us, wall_gbps=row.gbps)
             row.us, row.gbps, row.ok, row.note = row.device_us, row.device_gbps, True, ""
         elif args.timer == "device":
             why = "the device timer saw no GPU work: wall clock"
             row.note = f"{row.note}; {why}" if row.note else why
+    if isinstance(p, MaxGraphProvider):
+        replay = measure_replay
+    elif isinstance(p, TorchProvider):  # on the CPU it returns why not at once
+        replay = measure_torch_replay
+        if p.kind == "gpu":  # tried: the table gives the peer a replay column
+            row.extra["replay"] = TORCH_REPLAY
+    else:
+        row.notes["replay"] = "peer: no graph to replay (only torch peers on a CUDA device are)"
         return row
-    assert isinstance(p, MaxGraphProvider)
-    secs, why = measure_replay(p, k, args.reps)
+    try:
+        secs, why = replay(p, k, args.reps)
+    except Exception as err:  # a figure lost, not the row
+        secs, why = None, f"replay n/a: {type(err).__name__}: {err}"
     if secs is None:
         row.notes["replay"] = why[:240]
     else:
@@ -235,11 +371,14 @@ def flag_impossible(rows: list[Row], moves_less: float = 1.0) -> None:
     `extra["rough"]` (plotted hollow). The headline is held against the
     copy's headline; replay and device figures against the copy's GPU time
     when it was timed on the device (a wall-clock copy at a tiny shape is
-    launch-bound, and a replay can legitimately beat it)."""
+    launch-bound, and a replay can legitimately beat it), replays else
+    against the copy's own replay (a torch CUDA graph of its copies). Peers'
+    replays are held like ours."""
     copy = next((r for r in rows if r.provider == "copy" and r.gbps), None)
     if copy is None:
         return
-    roofs = {"exec": copy.gbps, "replay": copy.device_gbps, "device": copy.device_gbps}
+    replay_roof = copy.device_gbps or copy.replay_gbps
+    roofs = {"exec": copy.gbps, "replay": replay_roof, "device": copy.device_gbps}
     nbytes = copy.rows * copy.n * DTYPE_NAMES[copy.dtype].itemsize
     bound = copy.device == "gpu" and nbytes >= BANDWIDTH_BOUND_BYTES
     limit = (IMPOSSIBLE_VS_BANDWIDTH_COPY if bound else IMPOSSIBLE_VS_COPY) * moves_less
@@ -271,8 +410,10 @@ def summary(row: Row) -> str:
     if row.ok is False or (row.gbps is None and row.note and not row.is_graph):
         return row.note
     parts = []
-    for which in FIGURES if row.is_graph else ("exec",):
+    # A peer: its one timed figure, and its torch CUDA graph replay where tried.
+    peer = ("exec", "replay") if row.extra.get("replay") else ("exec",)
+    for which in FIGURES if row.is_graph else peer:
         gbps = row.figure(which)[1]
-        label = which if row.is_graph else row.extra.get("timer", "wall")
+        label = which if row.is_graph or which != "exec" else row.extra.get("timer", "wall")
         parts.append(f"{label} {gbps_text(gbps)} GB/s" if gbps else f"{label} n/a")
     return ", ".join(parts)

@@ -6,7 +6,9 @@ cross_entropy_loss the same forwards alone, without a gradient).
 
 A provider is prepared with K input tuples, then `run(k)` computes the
 workload for the first k of them and waits for the results. MAX providers
-also expose their K-op graph and its input buffers, for graph replay.
+also expose their K-op graph and its input buffers, for graph replay; torch
+peers expose the body of `run` without its wait (`calls(k)`), which the
+bench captures into a torch CUDA graph and replays.
 """
 
 from __future__ import annotations
@@ -219,6 +221,18 @@ class TorchProvider(Provider):
 
     def run(self, k: int) -> None:
         """Compute the first k cases and wait."""
+        self.calls(k)
+        self.sync()
+
+    def sync(self) -> None:
+        """Wait for the GPU (no-op on the CPU)."""
+        if self.kind == "gpu":
+            self.torch.cuda.synchronize()
+
+    def calls(self, k: int) -> None:
+        """Queue the first k cases' work without waiting: the one body that
+        `run` times and that a torch CUDA graph captures (subclasses
+        override this, not `run`). Results land in `self.ys[:k]`."""
         t = self.torch
         for i, case in enumerate(self.xs[:k]):
             if self.copy:
@@ -237,12 +251,15 @@ class TorchProvider(Provider):
                 x = case[0].detach().requires_grad_()
                 self.softmax(x).backward(case[1])
                 self.ys[i] = x.grad
-        if self.kind == "gpu":
-            t.cuda.synchronize()
 
-    def output0(self) -> np.ndarray:
+    def output0(self) -> Any:
         """The result of case 0, as numpy."""
-        return from_torch(self.ys[0])
+        return self.output_of(self.ys[0])
+
+    def output_of(self, y: Any) -> Any:
+        """A result as `output0` gives it, as numpy (a replay reads the
+        output its capture allocated this way)."""
+        return from_torch(y)
 
 
 class BridgeProvider(TorchProvider):
@@ -287,11 +304,10 @@ class TritonProvider(TorchProvider):
         self.fn = triton_softmax
         self.name = "triton"
 
-    def run(self, k: int) -> None:
-        """Launch the kernel on the first k cases and wait."""
+    def calls(self, k: int) -> None:
+        """Launch the kernel on the first k cases (no wait)."""
         for (x,), y in zip(self.xs[:k], self.ys[:k]):
             self.fn(x, y)
-        self.torch.cuda.synchronize()
 
 
 class QuackProvider(TorchProvider):
@@ -305,15 +321,14 @@ class QuackProvider(TorchProvider):
         self.q = importlib.import_module("quack.softmax")
         self.name = "quack"
 
-    def run(self, k: int) -> None:
-        """Launch QuACK's kernel on the first k cases and wait."""
+    def calls(self, k: int) -> None:
+        """Launch QuACK's kernel on the first k cases (no wait)."""
         for case, out in zip(self.xs[:k], self.ys[:k]):
             if self.op == "softmax":
                 self.q._softmax_fwd(case[0], out)
             else:
                 y, dy = case
                 self.q._softmax_backward(dy, y, out)
-        self.torch.cuda.synchronize()
 
 
 class CrossEntropyProvider(TorchProvider):
@@ -339,13 +354,11 @@ class CrossEntropyProvider(TorchProvider):
         self.xs = [tuple(to_torch(self.torch, a, self.dev) for a in case) for case in xs]
         self.ys: list[Any] = [None] * len(xs)
 
-    def run(self, k: int) -> None:
-        """Loss and gradient (or the loss alone) of the first k cases, then wait."""
+    def calls(self, k: int) -> None:
+        """Loss and gradient (or the loss alone) of the first k cases (no wait)."""
         with self.torch.set_grad_enabled(self.grad):
             for i, (logits, targets) in enumerate(self.xs[:k]):
                 self.ys[i] = self.call(logits, targets)
-        if self.kind == "gpu":
-            self.torch.cuda.synchronize()
 
     def call(self, logits: Any, targets: Any) -> tuple[Any, Any]:
         """One call: (loss, dlogits) through `.backward()`, or (loss, None)."""
@@ -356,10 +369,10 @@ class CrossEntropyProvider(TorchProvider):
         loss.backward()
         return loss.detach(), x.grad
 
-    def output0(self) -> Any:
-        """(loss, the first CHECK_ROWS rows of dlogits) of case 0, as numpy;
-        the loss alone for cross_entropy_loss."""
-        loss, grad = self.ys[0]
+    def output_of(self, y: Any) -> Any:
+        """(loss, the first CHECK_ROWS rows of dlogits) of a (loss, dlogits)
+        result, as numpy; the loss alone for cross_entropy_loss."""
+        loss, grad = y
         if grad is None:
             return from_torch(loss)
         return from_torch(loss), from_torch(grad[:CHECK_ROWS])

@@ -42,14 +42,24 @@ def comparable(row: Row, timer: str) -> float | None:
     return row.gbps
 
 
+def peer_replayed(row: Row) -> bool:
+    """Whether peer `row` got (or tried) a replay figure: a torch peer on a
+    GPU, its K calls captured in a torch CUDA graph (`extra["replay"]`)."""
+    return not row.is_graph and (bool(row.extra.get("replay")) or row.replay_gbps is not None)
+
+
 def _columns(results: list[Row]) -> list[tuple[str, str | None]]:
-    """(provider, figure) per column: three for a MAX graph, one for a peer."""
+    """(provider, figure) per column: three for a MAX graph, one for a peer
+    (its timed figure) and a second where it was replayed."""
     cols: list[tuple[str, str | None]] = []
     for p in dict.fromkeys(r.provider for r in results):
-        if any(r.is_graph for r in results if r.provider == p):
+        mine = [r for r in results if r.provider == p]
+        if any(r.is_graph for r in mine):
             cols += [(p, f) for f in FIGURES]
         else:
             cols.append((p, None))
+            if any(peer_replayed(r) for r in mine):
+                cols.append((p, "replay"))
     return cols
 
 
@@ -86,17 +96,23 @@ def _time_vs_copy(op: str) -> tuple[str, float] | None:
 
 def table(results: list[Row], op: str = "softmax") -> str:
     """Markdown table: GB/s per provider (a MAX graph's three figures side
-    by side), ours % of the copy roof and ours / best peer (and, where
-    `op`'s workload has a target against the copy's time, ours' time over
-    the copy's), and below it a footnote for every value that is missing
-    or in doubt."""
+    by side; a peer's timed figure, and its replay where it was replayed),
+    then ours % of the copy roof, ours / best peer (ours' figure comparable
+    to the peers' timed one), ours' replay / the best peer's replay (where
+    peers were replayed), ours' time over the copy's (where `op`'s workload
+    has a target for it); below it a footnote for every value that is
+    missing or in doubt."""
     cols = _columns(results)
     providers = list(dict.fromkeys(p for p, _ in cols))
     peers = [p for p in providers if not p.startswith("ours") and p != "copy"]
     timer = peer_timer(results)
     vs_copy = _time_vs_copy(op)
+    replays = any(peer_replayed(r) for r in results)  # replay vs replay, like for like
     head = [p if f is None else f"{p} {f}" for p, f in cols]
-    head += ["ours % of copy", "ours / best peer"] + ([vs_copy[0]] if vs_copy else [])
+    ours_fig = "device" if timer == "device" else "exec"
+    head += ["ours % of copy", f"ours {ours_fig} / best peer {timer}"]
+    head += ["ours replay / best peer replay"] if replays else []
+    head += [vs_copy[0]] if vs_copy else []
     lines = ["| dtype | rows x N | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
     notes = Footnotes()
     for key in dict.fromkeys(r.shape_key for r in results):
@@ -110,6 +126,10 @@ def table(results: list[Row], op: str = "softmax") -> str:
         pct = f"{100 * mine / roof:.0f}%" if mine and roof else "—"
         ratio = f"{mine / best:.2f}x" if mine and best else "—"
         cells = [_cell(by.get(p), f, notes) for p, f in cols] + [pct, ratio]
+        if replays:
+            mine_r = ours.replay_gbps if ours else None
+            best_r = max((by[p].replay_gbps or 0 for p in peers if p in by), default=0)
+            cells.append(f"{mine_r / best_r:.2f}x" if mine_r and best_r else "—")
         if vs_copy:  # time ratio = (bytes ours moves / the copy's) x copy GB/s / ours' GB/s
             cells.append(f"{vs_copy[1] * roof / mine:.2f}x" if mine and roof else "—")
         lines.append(f"| {key[0]} | {key[1]} x {key[2]} | " + " | ".join(cells) + " |")
@@ -129,13 +149,23 @@ def legend(results: list[Row], op: str) -> str:
         what = f"{workload.bytes_note} Copy: 2 x tensor bytes / time."
     else:
         what = f"GB/s = {transfers} x tensor bytes / time (copy: 2 x)."
-    return (
+    replayed = any(peer_replayed(r) for r in results)
+    text = (
         f"{what} MAX graphs (ours, "
         "ours:<variant>, max.ops.softmax) have three figures: **exec**, the K-op graph "
         "executed (marginal wall time per op, the headline); **replay**, the same graph "
         "captured once and replayed (wall / K); **device**, GPU busy time (CUPTI). "
-        f"Peers have one figure: {peer}. The columns after the providers use ours' {ours} figure."
+        f"Peers have one timed figure: {peer}"
     )
+    if replayed:
+        text += (
+            "; torch peers on a GPU also have a **replay**: their K calls captured once in a torch "
+            "CUDA graph and replayed (wall / K), as ours is"
+        )
+    text += f". 'ours % of copy' and 'ours {ours} / best peer {timer}' use ours' {ours} figure"
+    if replayed:
+        text += "; 'ours replay / best peer replay' sets replay against replay"
+    return text + "."
 
 
 def document(results: list[Row], meta: dict[str, Any]) -> str:

@@ -313,9 +313,11 @@ class Row:
     """One provider at one shape and dtype.
 
     `us`/`gbps` is the headline: for a MAX provider its K-op graph executed
-    (wall clock, marginal); for a peer its one figure (see `extra["timer"]`).
+    (wall clock, marginal); for a peer its timed figure (see `extra["timer"]`).
     `replay_*` and `device_*` are the other two figures, None where not
-    measured, with the reason in `notes["replay"]` / `notes["device"]`.
+    measured, with the reason in `notes["replay"]` / `notes["device"]`: a
+    MAX graph captured and replayed, or a torch peer's K calls in a torch
+    CUDA graph (`extra["replay"]`); GPU busy time.
     `ok`: True checked and timed, False a wrong answer, None not timed
     (an error, or a timing judged unreliable: `note` says which).
     """
