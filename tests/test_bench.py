@@ -374,6 +374,7 @@ class _FakeModel:
         self.to_buffer, self.expected, self.mode = to_buffer, expected, mode
         self.released: list[int] = []
         self.replays = 0
+        self.on_replay = lambda: None  # e.g. moves a fake clock
 
     def execute(self, *bufs):
         return [self.to_buffer(self.expected.copy())]
@@ -386,6 +387,7 @@ class _FakeModel:
 
     def replay(self, key, *bufs):
         self.replays += 1
+        self.on_replay()
         got = self.expected + (1 if self.mode == "differs" else 0)
         self.outs[0].inplace_copy_from(self.to_buffer(got.astype(self.expected.dtype)))
 
@@ -410,34 +412,6 @@ class _FakeGraph:
         self.syncs += 1
 
 
-@pytest.mark.parametrize("mode", ["works", "no capture", "differs"])
-def test_replay_is_timed_only_when_it_reproduces_execute_bit_for_bit(mode):
-    expected = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
-    model = _FakeModel(expected, mode)
-    secs, why = measure_replay(_FakeGraph(model), 4, 3)
-    if mode == "works":
-        assert secs is not None and secs > 0 and why == ""
-    else:
-        assert secs is None and why.startswith("replay n/a")
-        assert ("No graph-capture" if mode == "no capture" else "differs") in why
-    assert len(model.released) == (0 if mode == "no capture" else 1)  # always released
-
-
-def test_replays_are_timed_back_to_back_one_sync_a_sample():
-    """A sample runs ceil(REPLAY_OPS / K) replays, then syncs once: the
-    per-replay host sync does not weigh on a graph of few long ops."""
-    from max_softmax.bench.measure import REPLAY_OPS, REPLAY_WARMUP
-
-    model = _FakeModel(np.ones((2, 3), np.float32), "works")
-    graph = _FakeGraph(model)
-    k, reps = 3, 5
-    secs, why = measure_replay(graph, k, reps)
-    assert secs is not None and why == ""
-    per_sample = -(-REPLAY_OPS // k)
-    assert model.replays == 1 + REPLAY_WARMUP + reps * per_sample
-    assert graph.syncs == 3 + reps  # scribble, the checked replay, warm-up; one a sample
-
-
 class _Clock:
     """A perf_counter that moves only when the fakes say."""
 
@@ -448,36 +422,140 @@ class _Clock:
         return self.now
 
 
-@pytest.mark.parametrize("k", [1, 3, 16, 48, 100])
-def test_the_replay_timer_runs_ceil_ops_over_k_replays_then_one_sync_a_sample(k, monkeypatch):
-    """The one replay timer (MAX's graphs and torch's): REPLAY_WARMUP
-    replays and a sync, then per sample ceil(REPLAY_OPS / K) replays back
-    to back and one sync; seconds per op = a sample's wall / (replays x K),
-    the median sample (not the mean) counting."""
+@pytest.fixture
+def clock(monkeypatch):
+    """`measure`'s perf_counter replaced by a `_Clock` (the replay timer's
+    only clock): replays that move it get an exact figure, no noise."""
     from max_softmax.bench import measure
 
-    clock = _Clock()
-    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=clock))
-    log = []
-    sync_costs = iter([0.0, 9e-3, 1e-3, 2e-3])  # the warm-up's sync, then each sample's
+    fake = _Clock()
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=fake))
+    return fake
 
-    def replay():  # a replay of K ops of 1 ms each
-        log.append("replay")
-        clock.now += k * 1e-3
 
-    def sync():
-        log.append("sync")
-        clock.now += next(sync_costs)
+def _replays_per_sample(k):
+    """R of the long sample: max(2, ceil(REPLAY_OPS / K))."""
+    return max(2, -(-REPLAY_OPS // k))
 
-    secs = measure.time_replays(replay, sync, k, 3)
-    per = -(-REPLAY_OPS // k)
-    assert log == ["replay"] * REPLAY_WARMUP + ["sync"] + (["replay"] * per + ["sync"]) * 3
-    assert secs == pytest.approx(1e-3 + 2e-3 / (per * k))
+
+@pytest.mark.parametrize("mode", ["works", "no capture", "differs"])
+def test_replay_is_timed_only_when_it_reproduces_execute_bit_for_bit(mode, clock):
+    expected = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    model = _FakeModel(expected, mode)
+
+    def tick():
+        clock.now += 4 * 1e-3  # 4 ops of 1 ms
+
+    model.on_replay = tick
+    secs, why = measure_replay(_FakeGraph(model), 4, 3)
+    if mode == "works":
+        assert secs == pytest.approx(1e-3, rel=1e-9) and why == ""
+    else:
+        assert secs is None and why.startswith("replay n/a")
+        assert ("No graph-capture" if mode == "no capture" else "differs") in why
+    assert len(model.released) == (0 if mode == "no capture" else 1)  # always released
+
+
+def test_max_graph_replays_go_through_the_one_replay_timer(clock):
+    """`measure_replay` (MAX's graphs): after the checked replay, the warm-up
+    and per sample 1 replay + sync, then R replays back to back + one sync."""
+    model = _FakeModel(np.ones((2, 3), np.float32), "works")
+    graph = _FakeGraph(model)
+    k, reps = 3, 5
+
+    def tick():
+        clock.now += 2e-3
+
+    model.on_replay = tick
+    secs, why = measure_replay(graph, k, reps)
+    assert secs == pytest.approx(2e-3 / k, rel=1e-9) and why == ""
+    assert model.replays == 1 + REPLAY_WARMUP + reps * (1 + _replays_per_sample(k))
+    assert graph.syncs == 3 + 2 * reps  # scribble, the checked replay, warm-up; two a sample
+
+
+class _FakeGpu:
+    """A GPU behind a host on the fake clock: `replay()` spends `host`
+    seconds of host time, then queues K ops of `op` seconds that start
+    `launch` seconds later (or when the GPU is free); `sync()` waits for the
+    GPU, then `ret` seconds to return, plus `noise[(sample, part)]` where a
+    sample's part is "a" (1 replay) or "b" (R replays). A sample's fixed
+    cost, host + launch + ret, is what a marginal figure must cancel. Every
+    call goes to `log`."""
+
+    def __init__(self, clock, k, op, host=10e-6, launch=5e-6, ret=10e-6, noise=None):
+        self.clock, self.k, self.op = clock, k, op
+        self.host, self.launch, self.ret = host, launch, ret
+        self.noise, self.free_at, self.syncs, self.log = noise or {}, 0.0, 0, []
+
+    def replay(self):
+        self.log.append("replay")
+        self.clock.now += self.host
+        start = max(self.free_at, self.clock.now + self.launch)
+        self.free_at = start + self.k * self.op
+
+    def sync(self):
+        self.log.append("sync")
+        timed = self.syncs - 1  # the first sync ends the warm-up
+        self.syncs += 1
+        extra = self.noise.get((timed // 2, "ab"[timed % 2]), 0.0) if timed >= 0 else 0.0
+        self.clock.now = max(self.clock.now, self.free_at) + self.ret + extra
+
+
+def test_replay_ops_is_96():
+    """A difference of two medians is noisier than one: 96 ops a sample."""
+    assert REPLAY_OPS == 96
+
+
+@pytest.mark.parametrize(
+    ("k", "r"),
+    [(1, 96), (3, 32), (7, 14), (16, 6), (48, 2), (95, 2), (96, 2), (97, 2), (200, 2)],
+)
+def test_the_replay_timer_is_marginal_over_1_and_r_replays(k, r, clock):
+    """The one replay timer (MAX's graphs and torch's): REPLAY_WARMUP
+    replays and a sync, then per sample (a) 1 replay + sync and (b) R =
+    max(2, ceil(REPLAY_OPS / K)) replays back to back + one sync,
+    alternated; seconds per op = (median b - median a) / ((R - 1) K). The
+    fixed cost of a sample (25 µs here; it would add 25 / (R K) µs an op
+    to wall / (R K)) cancels exactly, and medians (not means) count: one
+    sample's (b) and another's (a) take a 1 ms hiccup."""
+    from max_softmax.bench import measure
+
+    assert _replays_per_sample(k) == r
+    op = 20e-6  # > host: the GPU is the bottleneck, as for a real graph
+    gpu = _FakeGpu(clock, k, op, noise={(0, "b"): 1e-3, (1, "a"): 1e-3})
+    secs = measure.time_replays(gpu.replay, gpu.sync, k, 3)
+    sample = ["replay", "sync"] + ["replay"] * r + ["sync"]
+    assert gpu.log == ["replay"] * REPLAY_WARMUP + ["sync"] + sample * 3
+    assert secs == pytest.approx(op, rel=1e-9)
+
+
+@pytest.mark.parametrize("case", ["T(R) == T(1)", "T(R) < T(1)", "mean says yes, median no"])
+def test_an_unreliable_replay_figure_is_a_note_not_a_crash(case, clock):
+    """median T(R) <= median T(1) (noise, or replays too cheap to see):
+    no figure, and `checked_replay` says why, (None, "replay n/a:
+    unreliable: ...; raise --reps"). By medians: one slow (b) that lifts
+    the mean of T(R) above T(1) does not make a figure."""
+    noise = {
+        "T(R) == T(1)": {},
+        "T(R) < T(1)": {(i, "a"): 1e-3 for i in range(3)},
+        "mean says yes, median no": {**{(i, "a"): 1e-6 for i in range(3)}, (2, "b"): 1.0},
+    }[case]
+    # replays cost nothing; a sync's return is a power of 2, so sums are exact
+    gpu = _FakeGpu(clock, 4, 0.0, host=0.0, launch=0.0, ret=2.0**-16, noise=noise)
+    expected = np.zeros(3)
+    # the checked replay's two syncs come first: shift the noise past them
+    gpu.syncs = -2
+    secs, why = checked_replay(
+        gpu.replay, gpu.sync, lambda: None, lambda: expected.copy(), expected, 4, 3
+    )
+    assert secs is None
+    assert why == "replay n/a: unreliable: T(R) <= T(1); raise --reps"
+    assert gpu.log.count("replay") == 1 + REPLAY_WARMUP + 3 * (1 + _replays_per_sample(4))
 
 
 @pytest.mark.parametrize("output", ["array", "loss and dlogits"])
 @pytest.mark.parametrize("mode", ["works", "differs", "same bytes as int32", "stale", "raises"])
-def test_a_replay_is_timed_only_when_it_rewrites_the_reference_bit_for_bit(mode, output):
+def test_a_replay_is_timed_only_when_it_rewrites_the_reference_bit_for_bit(mode, output, clock):
     """The shared gate: the captured output 0 is filled with NaN, then one
     replay must give the reference (eager) output 0 bit for bit, a loss and
     its gradient alike. A replay that writes other values (or the same
@@ -493,6 +571,7 @@ def test_a_replay_is_timed_only_when_it_rewrites_the_reference_bit_for_bit(mode,
 
     def replay():
         replays.append(1)
+        clock.now += 1e-3  # 4 ops
         if mode == "raises":
             raise RuntimeError("boom")
         if mode == "same bytes as int32":
@@ -507,8 +586,8 @@ def test_a_replay_is_timed_only_when_it_rewrites_the_reference_bit_for_bit(mode,
         replay, lambda: None, scribble, lambda: out["y"], expected, 4, 2, against="eager"
     )
     if mode == "works":
-        assert secs is not None and secs > 0 and why == ""
-        assert len(replays) == 1 + REPLAY_WARMUP + 2 * -(-REPLAY_OPS // 4)
+        assert secs == pytest.approx(1e-3 / 4, rel=1e-9) and why == ""
+        assert len(replays) == 1 + REPLAY_WARMUP + 2 * (1 + _replays_per_sample(4))
     else:
         assert secs is None and why.startswith("replay n/a"), why
         want = "RuntimeError: boom" if mode == "raises" else "differs from eager output 0"
@@ -577,7 +656,7 @@ class _FakeCuda:
 
 
 @pytest.mark.parametrize("mode", ["works", "capture fails", "stale"])
-def test_a_torch_peer_is_captured_checked_timed_and_released(mode):
+def test_a_torch_peer_is_captured_checked_timed_and_released(mode, clock):
     """A torch peer's row on a fake CUDA (`timed_row`, then
     `measure_torch_replay`): the body is warmed up eagerly (its output 0
     the reference), captured, its captured output filled with NaN and
@@ -597,7 +676,12 @@ def test_a_torch_peer_is_captured_checked_timed_and_released(mode):
     cuda = _FakeCuda(mode)
     p.kind, p.torch = "gpu", types.SimpleNamespace(cuda=cuda)
     if mode == "works":
-        cuda.on_replay = lambda: p.calls(2)
+
+        def on_replay():
+            p.calls(2)
+            clock.now += 1e-3  # 2 calls of 0.5 ms
+
+        cuda.on_replay = on_replay
     args = types.SimpleNamespace(timer="wall", device_timer=False, reps=2)
     base = Row("copy", 4, 8, "float32", "gpu")
     row = timed_row(p, Timed(1e-3, True, "", 1e-3), base, 2, 4 * 8 * 4, args)
@@ -605,7 +689,8 @@ def test_a_torch_peer_is_captured_checked_timed_and_released(mode):
         2 * 128 / 1e-3 / 1e9
     )
     if mode == "works":
-        assert row.replay_us > 0 and row.replay_gbps > 0 and "replay" not in row.notes
+        assert row.replay_us == pytest.approx(500, rel=1e-9) and "replay" not in row.notes
+        assert row.replay_gbps == pytest.approx(2 * 128 / 500e-6 / 1e9, rel=1e-9)
         assert np.array_equal(p.output0(), xs[0][0])
     else:
         why = row.notes["replay"]

@@ -26,10 +26,15 @@ by side in the table and in each JSON row:
   this counts: it is what a user calling `model.execute` gets.
 - replay (`replay_us`, `replay_gbps`): the same K-op graph captured once as a
   device graph (`model.capture`) and replayed (`model.replay`, same buffers),
-  wall(replay + sync) / K, median. No per-op host work: what a user who
-  captures gets. First, replayed output 0 must equal executed output 0 bit
-  for bit, else the figure is skipped with a note. On the CPU capture is
-  unsupported: the figure is None with MAX's reason in `notes["replay"]`.
+  marginal like exec: (T(R replays + sync) - T(1 replay + sync)) / ((R - 1)
+  K), R = max(2, ceil(96 / K)), each T a median, the two timed alternately.
+  This removes a sample's fixed cost (the first replay's host time and
+  launch, the sync's return: ~15-25 µs, not the same for MAX's replay and
+  torch's), and there is no per-op host work: what a user who captures
+  gets. Where T(R) <= T(1) the figure is None with a note (raise --reps).
+  First, replayed output 0 must equal executed output 0 bit for bit, else
+  the figure is skipped with a note. On the CPU capture is unsupported:
+  the figure is None with MAX's reason in `notes["replay"]`.
 - device (`device_us`, `device_gbps`): the GPU's own busy time, the union of
   every kernel, memcpy and memset span CUPTI records during the K ops, / K
   (device_timer.py; GPU with torch only, else None with a note).

@@ -34,11 +34,23 @@ DEVICE_REPS = 5
 
 REPLAY_WARMUP = 3
 
-REPLAY_OPS = 48
-"""Ops a replay sample covers: ceil(REPLAY_OPS / K) replays back to back,
-then one device sync, as a loop of replays runs; the sync's ~10-20 µs
-then weighs ~0.3 µs an op, not 20 / K (a 3-op graph of 130 µs ops read
-81-84% of a copy for that alone, H100 2026-11-24)."""
+REPLAY_OPS = 96
+"""Ops the long sample of a replay figure covers: R = max(2, ceil(REPLAY_OPS
+/ K)) replays back to back, then one device sync; the short sample is 1
+replay + sync, and seconds per op = (T(R) - T(1)) / ((R - 1) K) from the
+medians (`time_replays`). Marginal, like exec: a sample's fixed cost (the
+first replay call's host time and launch latency before the GPU starts,
+and the final sync's return, ~15-25 µs) cancels. wall / (R K) counted it,
+0.5-1 µs an op at small shapes, and not alike for every provider: MAX's
+`model.replay` takes ~10 µs of host a call, a torch CUDA graph's
+`replay()` its own. 96 rather than 48: a difference of two medians is
+noisier than one median. Why replays run back to back (history): with a
+sync after each replay, its ~10-20 µs weighed 20 / K µs an op (a 3-op
+graph of 130 µs ops read 81-84% of a copy for that alone, H100
+2026-11-24)."""
+
+REPLAY_UNRELIABLE = "replay n/a: unreliable: T(R) <= T(1); raise --reps"
+"""`checked_replay`'s note where `time_replays` finds no marginal figure."""
 
 
 class Timed(NamedTuple):
@@ -148,23 +160,38 @@ def _scribble(buf: object, dtype: str) -> None:
         pass
 
 
-def time_replays(replay: Callable[[], None], sync: Callable[[], None], k: int, reps: int) -> float:
-    """Seconds per op of a captured K-op graph: REPLAY_WARMUP replays, then
-    per sample R = ceil(REPLAY_OPS / K) replays back to back and one `sync`,
-    wall / (R K); the median over `reps` samples. The one place replays
-    are timed, for MAX's graphs and torch's alike."""
+def time_replays(
+    replay: Callable[[], None], sync: Callable[[], None], k: int, reps: int
+) -> float | None:
+    """Marginal seconds per op of a captured K-op graph: REPLAY_WARMUP
+    replays and a `sync`, then `reps` samples, each timing (a) 1 replay +
+    `sync` and then (b) R = max(2, ceil(REPLAY_OPS / K)) replays back to
+    back + `sync` (alternated, as `measure_interleaved` does, so noise hits
+    both); (median(b) - median(a)) / ((R - 1) K), so a sample's fixed cost
+    cancels (REPLAY_OPS says why). None if median(b) <= median(a): no
+    reliable figure. The one place replays are timed, for MAX's graphs and
+    torch's alike."""
     for _ in range(REPLAY_WARMUP):
         replay()
     sync()
-    times = []
-    replays = -(-REPLAY_OPS // k)
-    for _ in range(reps):
+    many = max(2, -(-REPLAY_OPS // k))
+
+    def sample(replays: int) -> float:
         t0 = time.perf_counter()
         for _ in range(replays):
             replay()
         sync()
-        times.append((time.perf_counter() - t0) / (replays * k))
-    return statistics.median(times)
+        return time.perf_counter() - t0
+
+    t1: list[float] = []
+    tr: list[float] = []
+    for _ in range(reps):
+        t1.append(sample(1))
+        tr.append(sample(many))
+    one, lots = statistics.median(t1), statistics.median(tr)
+    if lots <= one:
+        return None
+    return (lots - one) / ((many - 1) * k)
 
 
 def checked_replay(
@@ -181,8 +208,9 @@ def checked_replay(
     right: `scribble` fills the captured output 0 with NaN (so what the
     capture left there cannot pass), one replay, then `read()` (output 0,
     as numpy) must equal `expected` (the `against` run's output 0) bit for
-    bit. (seconds per op, "") or (None, why): a wrong replay or an
-    exception is a note, never a crash."""
+    bit. (seconds per op, "") or (None, why): a wrong replay, an
+    unreliable figure (REPLAY_UNRELIABLE) or an exception is a note, never
+    a crash."""
     try:
         scribble()
         sync()
@@ -190,7 +218,8 @@ def checked_replay(
         sync()
         if not _same_bits(read(), expected):
             return None, f"replay n/a: replayed output 0 differs from {against} output 0"
-        return time_replays(replay, sync, k, reps), ""
+        secs = time_replays(replay, sync, k, reps)
+        return (None, REPLAY_UNRELIABLE) if secs is None else (secs, "")
     except Exception as err:
         return None, f"replay n/a: replay failed: {type(err).__name__}: {err}"
 

@@ -154,13 +154,14 @@ def legend(results: list[Row], op: str) -> str:
         f"{what} MAX graphs (ours, "
         "ours:<variant>, max.ops.softmax) have three figures: **exec**, the K-op graph "
         "executed (marginal wall time per op, the headline); **replay**, the same graph "
-        "captured once and replayed (wall / K); **device**, GPU busy time (CUPTI). "
+        "captured once and replayed (marginal wall time per op, as exec); **device**, GPU "
+        "busy time (CUPTI). "
         f"Peers have one timed figure: {peer}"
     )
     if replayed:
         text += (
             "; torch peers on a GPU also have a **replay**: their K calls captured once in a torch "
-            "CUDA graph and replayed (wall / K), as ours is"
+            "CUDA graph and replayed (marginal wall time per call), as ours is"
         )
     text += f". 'ours % of copy' and 'ours {ours} / best peer {timer}' use ours' {ours} figure"
     if replayed:
