@@ -5,6 +5,7 @@
 #   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
 #   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
 #   ./sweep long       # 32 x 1M and 64 x 512K, more block shapes
+#   ./sweep cluster    # gpu_smem_rows a row a block or a cluster of 2 or 4
 #   ./sweep smem       # gpu_smem_rows against a copy at its shapes (a kernel
 #                      # A/B: build once with -I . and once with an older tree)
 # GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches
@@ -18,7 +19,7 @@ from std.sys import argv
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
 from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
-from op.gpu_smem_rows import launch_smem_rows
+from op.gpu_smem_rows import launch_smem_parts, launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
 from sweep_timing import median_launch_us
 
@@ -59,6 +60,10 @@ def launch[
         ctx.enqueue_copy(dst, src)
     elif K == -1:
         launch_smem_rows[dtype, False](ctx, ptr(dst), ptr(src), rows, n, True)
+    elif K == -2:
+        launch_smem_parts[dtype, False, B](
+            ctx, ptr(dst), ptr(src), rows, n, True
+        )
     elif K == 0:
         launch_split_smem_rows[dtype, False](
             ctx, ptr(dst), ptr(src), rows, n, True
@@ -140,6 +145,7 @@ def sweep_shape[
     once: Bool = False,
     smem: Bool = False,
     more: Bool = False,
+    cluster: Bool = False,
 ) raises:
     var dsts = List[DeviceBuffer[dtype]]()
     var srcs = List[DeviceBuffer[dtype]]()
@@ -162,6 +168,12 @@ def sweep_shape[
     time_config[dtype, 0, 0, 0](ctx, "copy", d, s, host0, rows, n, once)
     if smem:
         time_config[dtype, 1, -1, 0](ctx, "smem", d, s, host0, rows, n, once)
+        return
+    if cluster:
+        comptime for C in [1, 2, 4]:
+            time_config[dtype, 1, -2, C](
+                ctx, "smem C=" + String(C), d, s, host0, rows, n, once
+            )
         return
     time_config[dtype, 512, 0, 0](ctx, "split_smem", d, s, host0, rows, n, once)
     # The table's configs first (see split_stream_threads/_vectors/_blocks),
@@ -189,6 +201,14 @@ def main() raises:
             sweep_shape[dtype](ctx, 32, 1 << 20, more=True)
             sweep_shape[dtype](ctx, 64, 1 << 19, more=True)
             sweep_shape[dtype](ctx, 32, 1 << 20, more=True)
+        return
+    if len(argv()) > 1 and argv()[1] == "cluster":
+        comptime for _ in range(2):
+            sweep_shape[DType.float32](ctx, 4096, 65536, cluster=True)
+            sweep_shape[DType.float32](ctx, 8192, 50257, cluster=True)
+            sweep_shape[DType.float32](ctx, 4096, 40000, cluster=True)
+            sweep_shape[DType.bfloat16](ctx, 4096, 131072, cluster=True)
+            sweep_shape[DType.bfloat16](ctx, 4096, 100000, cluster=True)
         return
     if len(argv()) > 1 and argv()[1] == "smem":
         comptime for dtype in [DType.bfloat16, DType.float32]:

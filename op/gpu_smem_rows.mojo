@@ -9,6 +9,14 @@ dynamic shared memory (up to 227 KB). Then max and sum are reduced over the on-c
 result written, so the row crosses HBM once each way, as in the register
 kernels, instead of twice on the way in as in the online kernel.
 
+A float32 or float64 row that needs a whole SM (1024 threads: past ~37K
+float32 values) is split over a thread-block cluster of two 512-thread
+blocks, a half each (`smem_parts_for`, `cluster_split`): an SM then holds
+two halves and one block's sweeps overlap the other's loads. The halves
+fold their pairs (max, sum of exp(x - max)) through a line of global
+memory at a cluster barrier (`cluster_row_pair`), as the backward's
+cluster kernel does its sums.
+
 Rows need not start 16-byte aligned (GPT-2's 50257-long rows mostly do
 not): each row is a scalar head up to its first aligned element, an aligned
 vector body, and a scalar tail; head and tail (under V elements each) stay
@@ -20,7 +28,7 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import (
     AddressSpace,
     async_copy,
@@ -28,12 +36,22 @@ from max.gpu.memory import (
     async_copy_wait_all,
     external_memory,
 )
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_launch import aligned_flag_of
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, epilogue, exp_nan, row_scale, vector_width
+from .row_math import (
+    accum_dtype,
+    epilogue,
+    exp_nan,
+    fold_pair,
+    online_sum_guard,
+    row_scale,
+    sum_shift,
+    vector_width,
+)
 
 # Threads per row: 1024 for rows that need most of an SM's shared memory;
 # rows that leave room for two blocks an SM get 512, so one block's exp and
@@ -51,6 +69,12 @@ comptime STATIC_SMEM_BYTES = 1024
 comptime SMEM_MAX_BYTES = BLOCK_SMEM_BYTES - STATIC_SMEM_BYTES
 # What each of two blocks an SM may take.
 comptime SMEM_HALF_BYTES = BLOCK_SMEM_BYTES // 2 - STATIC_SMEM_BYTES
+# Blocks a float32 or float64 row too long for two blocks an SM is split
+# over, a part each, in a thread-block cluster (`smem_parts_for`).
+comptime SMEM_CLUSTER = 2
+# Partials a row of the cluster kernel: C pairs, in a 128-byte line of
+# their own (float64: two).
+comptime CLUSTER_SLOTS = 32
 
 
 def smem_bytes_for(n: Int, V: Int, threads: Int, tensors: Int = 1) -> Int:
@@ -180,31 +204,75 @@ def load_row[
     return m
 
 
+@always_inline
+def cluster_row_pair[
+    acc: DType, C: Int
+](
+    slots: Pointer[Scalar[acc], MutAnyOrigin],
+    rank: Int,
+    t: Int,
+    part_max: Scalar[acc],
+    part_sum: Scalar[acc],
+) -> Tuple[Scalar[acc], Scalar[acc]]:
+    """The row's (max, sum of exp(x - max)) from the C blocks' part pairs
+    of a cluster: thread 0 publishes this block's pair into `slots[2 *
+    rank]`, and after a cluster barrier (release / acquire: the others'
+    stores are visible; a cluster's blocks are co-scheduled, so waiting
+    cannot deadlock) every thread folds all C, in the same order in every
+    block, so all parts use the same row terms. `slots` has a 128-byte
+    line to itself, read only after the barrier: no stale L1 copy."""
+    if t == 0:
+        slots[unsafe_offset=2 * rank] = part_max
+        slots[unsafe_offset=2 * rank + 1] = part_sum
+    cluster_sync()
+    var m = slots[unsafe_offset=0]
+    var s = slots[unsafe_offset=1]
+    comptime for r in range(1, C):
+        (m, s) = fold_pair[acc](
+            m, s, slots[unsafe_offset=2 * r], slots[unsafe_offset=2 * r + 1]
+        )
+    return (m, s)
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
 )
 def smem_rows_kernel[
-    dtype: DType, log_out: Bool, V: Int, T: Int
+    dtype: DType, log_out: Bool, V: Int, T: Int, C: Int
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
     n: Int64,
     aligned_flag: Int32,
 ):
-    """Softmax (log-softmax with `log_out`) of `grid_dim.x` rows of `n <=
-    smem_capacity(V)` from `src` into `dst`, a row per block of `T` threads
-    (`smem_threads_for`), V elements a 16-byte vector; `aligned_flag` is
-    nonzero when both buffers start 16-byte aligned."""
+    """Softmax (log-softmax with `log_out`) of rows of `n <=
+    cluster_capacity(V, 1, C)` (`smem_capacity(V)` for C = 1) from `src`
+    into `dst`, a row per cluster of C blocks of `T` threads
+    (`smem_threads_for` of a part), each holding its part of the row on
+    chip (`cluster_split`); V elements a 16-byte vector; `aligned_flag` is
+    nonzero when both buffers start 16-byte aligned. With C > 1 the parts
+    meet through `partials` (`CLUSTER_SLOTS` a row, `cluster_row_pair`);
+    `grid_dim.x` = C x rows."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
+    comptime assert 2 * C <= CLUSTER_SLOTS
     var t = Int(thread_idx.x)
-    var len = Int(n)
-    var start = Int(block_idx.x) * len
+    var rank = 0
+    comptime if C > 1:
+        rank = Int(block_rank_in_cluster())
+    var row = Int(block_idx.x) // C
+    var len_row = Int(n)
+    var lo = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank)
+    var hi = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank + 1)
+    var len = hi - lo
+    var start = row * len_row + lo
     var x = src.unsafe_offset(start)
     var y = dst.unsafe_offset(start)
-    # head: elements before the row's first 16-byte boundary (all of them
-    # when the buffers themselves are unaligned: scalar throughout).
+    # head: elements before the part's first 16-byte boundary (all of them
+    # when the buffers themselves are unaligned: scalar throughout). Every
+    # part but the first starts aligned (`cluster_split`).
     var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
     var nvec = (len - head) // V
     var tail_begin = head + nvec * V
@@ -223,24 +291,43 @@ def smem_rows_kernel[
     m = max(m, edge.reduce_max())
     for e in range(t + (T if head < V else 0), head, T):
         m = max(m, x[unsafe_offset=e].cast[acc]())
-    var row_max = block_max[acc, T](m)
+    var part_max = block_max[acc, T](m)
+    # A cluster's part sums exp around its own max, shifted off -inf so that
+    # a part of only -inf gives the pair (-inf, 0) (`sum_shift`); one block
+    # holds the whole row and keeps the three-pass algorithm's NaN for it.
+    var shift = part_max
+    comptime if C > 1:
+        shift = sum_shift[acc](part_max)
 
     # Sweep 2: the sum of exp over the on-chip copy.
     var s = Scalar[acc](0)
     comptime for k in range(REG_CHUNKS):
         if k * T + t < nvec:
             s += exp_nan[acc, V](
-                regs.slice[V, offset=k * V]().cast[acc]() - row_max
+                regs.slice[V, offset=k * V]().cast[acc]() - shift
             ).reduce_add()
     for i in range(REG_CHUNKS * T + t, nvec, T):
         var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
             width=V, alignment=16
         ]()
-        s += exp_nan[acc, V](v.cast[acc]() - row_max).reduce_add()
-    s += exp_nan[acc, 2](edge - row_max).reduce_add()
+        s += exp_nan[acc, V](v.cast[acc]() - shift).reduce_add()
+    s += exp_nan[acc, 2](edge - shift).reduce_add()
     for e in range(t + (T if head < V else 0), head, T):
-        s += exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - row_max)
-    var scale = row_scale[log_out, acc](block_sum[acc, T](s))
+        s += exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - shift)
+    var row_max = part_max
+    var scale: Scalar[acc]
+    comptime if C > 1:
+        var pair = cluster_row_pair[acc, C](
+            partials.unsafe_offset(row * CLUSTER_SLOTS),
+            rank,
+            t,
+            part_max,
+            block_sum[acc, T](s),
+        )
+        row_max = pair[0]
+        scale = row_scale[log_out, acc](online_sum_guard[acc](pair[0], pair[1]))
+    else:
+        scale = row_scale[log_out, acc](block_sum[acc, T](s))
 
     # Sweep 3: write the result.
     comptime for k in range(REG_CHUNKS):
@@ -271,6 +358,77 @@ def smem_rows_kernel[
         ).cast[dtype]()
 
 
+def smem_parts_for(n: Int, V: Int) -> Int:
+    """Blocks a row of `n` (up to `smem_capacity(V)`) is split over: one
+    while two blocks of the row fit an SM, else, for float32 and float64
+    (V <= 4), a cluster of `SMEM_CLUSTER` blocks, a part each, so that an
+    SM holds two parts and one block's sweeps overlap the other's loads
+    (one 1024-thread block an SM leaves HBM idle while it computes).
+
+    H100 (benchmarks/split_stream_sweep.mojo cluster): float32 4096 x 65536
+    2937 -> 2978 GB/s, 8192 x 50257 2948 -> 2952, 4096 x 40000 2935 ->
+    2951; four blocks ran 2-14% slower than one. 16-bit rows keep one
+    block: bfloat16 4096 x 100000 ran 3% slower in two (4096 x 131072 0.7%
+    faster)."""
+    if V > 4 or smem_threads_for(n, V) == SMEM_HALF_THREADS:
+        return 1
+    return SMEM_CLUSTER
+
+
+def launch_smem_parts[
+    dtype: DType, log_out: Bool, C: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch `smem_rows_kernel` on `rows` rows of `n`, a row per cluster
+    of C blocks (C = 1: a block a row), each with the shared memory its
+    part needs (parts of at most (n + C - 1) / C + 2V elements; all of `n`
+    for C = 1). Raises past the capacity."""
+    comptime V = vector_width[dtype]()
+    comptime acc = accum_dtype[dtype]()
+    var capacity = smem_capacity(V) if C == 1 else cluster_capacity(V, 1, C)
+    if n > capacity:
+        raise Error(
+            "max_softmax: variant 'smem' handles rows up to "
+            + String(capacity)
+            + " elements, got "
+            + String(n)
+        )
+    var part = n if C == 1 else (n + C - 1) // C + 2 * V
+    var threads = smem_threads_for(part, V)
+    var smem_bytes = smem_bytes_for(part, V, threads)
+    var partials = ctx.enqueue_create_buffer[acc](
+        rows * CLUSTER_SLOTS if C > 1 else 1
+    )
+    var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        partials.unsafe_ptr()
+    )
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = smem_rows_kernel[dtype, log_out, V, T, C]
+            ctx.enqueue_function[kernel](
+                dst,
+                src,
+                partials_ptr,
+                Int64(n),
+                aligned_flag_of(aligned),
+                grid_dim=C * rows,
+                block_dim=T,
+                cluster_dim=Dim(C),
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )
+    # Freed in stream order, after the kernel.
+    _ = partials^
+
+
 def launch_smem_rows[
     dtype: DType, log_out: Bool
 ](
@@ -281,8 +439,9 @@ def launch_smem_rows[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `smem_rows_kernel` on `rows` rows of `n`, a block a row with
-    the shared memory the row needs. Raises past `smem_capacity`."""
+    """Launch `smem_rows_kernel` on `rows` rows of `n <= smem_capacity`,
+    a row per block or per cluster (`smem_parts_for`). Raises past
+    `smem_capacity`."""
     comptime V = vector_width[dtype]()
     if n > smem_capacity(V):
         raise Error(
@@ -291,20 +450,9 @@ def launch_smem_rows[
             + " elements, got "
             + String(n)
         )
-    var threads = smem_threads_for(n, V)
-    var smem_bytes = smem_bytes_for(n, V, threads)
-    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if threads == T:
-            comptime kernel = smem_rows_kernel[dtype, log_out, V, T]
-            ctx.enqueue_function[kernel](
-                dst,
-                src,
-                Int64(n),
-                aligned_flag_of(aligned),
-                grid_dim=rows,
-                block_dim=T,
-                shared_mem_bytes=smem_bytes,
-                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                    UInt32(smem_bytes)
-                ),
-            )
+    if smem_parts_for(n, V) == 1:
+        launch_smem_parts[dtype, log_out, 1](ctx, dst, src, rows, n, aligned)
+    else:
+        launch_smem_parts[dtype, log_out, SMEM_CLUSTER](
+            ctx, dst, src, rows, n, aligned
+        )

@@ -28,7 +28,8 @@ _keys = itertools.count(1000)
 CASES = [
     ("softmax", "float32", (64, 256), -1),  # a few lanes a row, registers
     ("softmax", "float32", (8, 4096), -1),  # block rows in registers
-    ("softmax", "float32", (300, 40000), -1),  # row on chip (smem)
+    ("softmax", "float32", (300, 36000), -1),  # row on chip, a block a row (smem)
+    ("softmax", "float32", (300, 40000), -1),  # row on chip over a cluster of blocks
     ("softmax", "float32", (4, 300_000), -1),  # split_stream, workspace
     ("softmax", "bfloat16", (4, 300_000), -1),  # split_stream, 16-bit blocks
     ("softmax", "float32", (2, 2_200_000), -1),  # rows over 8 MB: split

@@ -173,6 +173,10 @@ GPU_CHUNKS = {
     "split_smem": {"float32": 18432, "bfloat16": 36864, "float64": 9216},
     "split_stream": {"float32": 14336, "bfloat16": 12288, "float64": 7168},
     "auto": {"float32": 14336, "bfloat16": 12288, "float64": 7168},
+    # Not chunks: rows of 3 x these + 5 need a whole SM, so "smem" splits
+    # float32 and float64 rows over a cluster of two blocks, a half each
+    # (row 1's odd "chunk" is two thirds of the first half).
+    "smem": {"float32": 20000, "bfloat16": 40000, "float64": 10000},
 }
 # Row 1 is one odd chunk and then `rest` throughout; "minus_inf_chunk_tiny_rest"
 # makes the row max -1e30, where a chunk of -inf must still give 0
