@@ -13,7 +13,12 @@
 #   bash benchmarks/gpu_session.sh ncu [--op OP] [--provider ours|quack] DTYPE ROWS N [VARIANT]
 #                                                      # Nsight Compute counters (quack: QuACK on
 #                                                      # PYTHONPATH, ../shared/gpu/prepare-peers)
-#   bash benchmarks/gpu_session.sh sweep [once]         # split_stream block shapes (A/B)
+#   bash benchmarks/gpu_session.sh sweep [once|long|cluster|smem]  # split_stream block shapes,
+#                                                      # on-chip rows a block or a cluster (A/B)
+#   bash benchmarks/gpu_session.sh ncu-source [SKIP]    # per-SASS-instruction counters of a split
+#                                                      # stream kernel of `sweep once` (SKIP: which
+#                                                      # launch): executions, stall samples by
+#                                                      # reason, excessive sectors, as CSV
 #   bash benchmarks/gpu_session.sh compile OLD_OP_DIR   # cold compile of an auto model: OLD_OP_DIR
 #                                                       # (an older op/, carried) vs op/, alternating
 # `sweep` runs ./split_stream_sweep, built on the machine without a GPU
@@ -67,4 +72,13 @@ case "$stage" in
           done 2>&1 | tee "$log" ;;
   sweep)  LD_LIBRARY_PATH=$HOME/site/modular/lib:${LD_LIBRARY_PATH:-} ./split_stream_sweep "$@" \
             2>&1 | tee "$log" ;;
+  ncu-source)  # the report, then its source page: one row a SASS instruction
+          LD_LIBRARY_PATH=$HOME/site/modular/lib:${LD_LIBRARY_PATH:-} /usr/local/cuda/bin/ncu \
+            --kernel-name regex:split_stream --launch-skip "${1:-1}" --launch-count 1 --set full \
+            -f -o "$OUT/split_stream" ./split_stream_sweep once > "$log" 2>&1
+          /usr/local/cuda/bin/ncu --import "$OUT/split_stream.ncu-rep" --page source --csv \
+            --print-source sass > "$OUT/split_stream_sass.csv" 2>> "$log"
+          /usr/local/cuda/bin/ncu --import "$OUT/split_stream.ncu-rep" --page details \
+            --print-details all > "$OUT/split_stream_details.txt" 2>> "$log"
+          grep -E "Duration|DRAM Throughput|Issue Slots Busy" "$OUT/split_stream_details.txt" | head -4 ;;
 esac
