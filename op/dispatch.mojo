@@ -8,7 +8,7 @@ of V = elements per 16-byte vector (4 for float32, 8 for 16-bit types):
 |---------------------------|------------------------------------------|
 | n <= 32*V*4 (32*V*8 for aligned fp32 rows) | 8-32 lanes a row, in registers (gpu_register_rows) |
 | n <= 512*64 values        | block rows, 64-512 threads a row, in registers |
-| rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory; fp32/fp64 rows that need a whole SM: a cluster of two blocks, half each (gpu_smem_rows) |
+| rows >= 264, n <= ~74K fp32 / ~149K 16-bit | block per row, on chip in registers + shared memory; fp32/fp64 rows that need a whole SM, to ~74K less a few hundred: a cluster of two 512-thread blocks, half each (gpu_smem_rows) |
 | fewer rows, or longer, to 8 MB a row | rows split across resident blocks that stream chunks (56 KB fp32, 24 KB 16-bit) through two shared-memory buffers, read once (gpu_split_stream_rows) |
 | rows over 8 MB            | rows split across blocks, one launch, re-read from L2 (gpu_split_rows) |
 | inner > 1 (any n)         | a thread per column (gpu_strided_rows)   |

@@ -34,6 +34,7 @@ from std.utils import StaticTuple
 from .gpu_launch import aligned_flag_of
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
+    CLUSTER_SLOTS,
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
@@ -50,9 +51,6 @@ from .row_math import accum_dtype, backward_out, backward_term, vector_width
 comptime SMEM_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime BACKWARD_REG_CHUNKS = REG_CHUNKS // SMEM_TENSORS
-# `backward_cluster_kernel`'s partials a row: the blocks' sums, in a
-# 128-byte line of their own (float64: two).
-comptime BACKWARD_CLUSTER_SLOTS = 32
 
 
 @always_inline
@@ -498,7 +496,7 @@ def backward_cluster_kernel[
         dx: Output gradient rows.
         a: Forward output rows (y or log p).
         dy: Incoming gradient rows.
-        partials: `BACKWARD_CLUSTER_SLOTS` a row, for the exchange.
+        partials: `CLUSTER_SLOTS` a row, for the exchange.
         n: Row length.
         aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
 
@@ -506,7 +504,7 @@ def backward_cluster_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime assert C <= BACKWARD_CLUSTER_SLOTS
+    comptime assert C <= CLUSTER_SLOTS
     comptime R = BACKWARD_REG_CHUNKS
     var t = Int(thread_idx.x)
     var rank = Int(block_rank_in_cluster())
@@ -545,7 +543,7 @@ def backward_cluster_kernel[
         edge_g,
     )
     var total = _cluster_total[acc, C](
-        partials.unsafe_offset(row * BACKWARD_CLUSTER_SLOTS), rank, t, s
+        partials.unsafe_offset(row * CLUSTER_SLOTS), rank, t, s
     )
     _write_on_chip[dtype, log_in, V, T](
         dx.unsafe_offset(start),
@@ -579,7 +577,7 @@ def launch_backward_cluster[
     """Launch `backward_cluster_kernel` on `rows` rows of `n`: clusters of
     C blocks a row, each with the shared memory its part of both tensors
     needs (parts of at most (n + C - 1) / C + 2V elements), and
-    `BACKWARD_CLUSTER_SLOTS` partials a row. Raises past
+    `CLUSTER_SLOTS` partials a row. Raises past
     `cluster_capacity(V, 2, C)`."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
@@ -595,7 +593,7 @@ def launch_backward_cluster[
     var part = (n + C - 1) // C + 2 * V
     var threads = smem_threads_for(part, V, SMEM_TENSORS)
     var smem_bytes = smem_bytes_for(part, V, threads, SMEM_TENSORS)
-    var partials = ctx.enqueue_create_buffer[acc](rows * BACKWARD_CLUSTER_SLOTS)
+    var partials = ctx.enqueue_create_buffer[acc](rows * CLUSTER_SLOTS)
     var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
         partials.unsafe_ptr()
     )

@@ -2,7 +2,8 @@
 
 Rows too long for the register kernels (over 32K values) but short enough
 for one SM (up to ~74K float32 or ~149K 16-bit values) get a block of
-512 or 1024 threads each (`smem_threads_for`). The first sweep streams the
+512 or 1024 threads each (`smem_threads_for`), or a cluster of two blocks
+(below). The first sweep streams the
 row from global memory once, in 16-byte vectors: each thread keeps its
 first `REG_CHUNKS` vectors in registers, the rest of the row goes to
 dynamic shared memory (up to 227 KB). Then max and sum are reduced over the on-chip copy and the
@@ -10,7 +11,8 @@ result written, so the row crosses HBM once each way, as in the register
 kernels, instead of twice on the way in as in the online kernel.
 
 A float32 or float64 row that needs a whole SM (1024 threads: past ~37K
-float32 values) is split over a thread-block cluster of two 512-thread
+float32 values) but whose halves fit 512-thread blocks (to ~74K less a
+few hundred values) is split over a thread-block cluster of two such
 blocks, a half each (`smem_parts_for`, `cluster_split`): an SM then holds
 two halves and one block's sweeps overlap the other's loads. The halves
 fold their pairs (max, sum of exp(x - max)) through a line of global
@@ -53,8 +55,9 @@ from .row_math import (
     vector_width,
 )
 
-# Threads per row: 1024 for rows that need most of an SM's shared memory;
-# rows that leave room for two blocks an SM get 512, so one block's exp and
+# Threads per row (or per part of a row, `smem_parts_for`): 1024 for rows
+# that need most of an SM's shared memory; rows that leave room for two
+# blocks an SM get 512, so one block's exp and
 # reduction sweeps overlap the other's loads (with one block an SM, HBM
 # idles while the block computes, and 16-bit rows have twice the compute
 # per byte).
@@ -72,8 +75,9 @@ comptime SMEM_HALF_BYTES = BLOCK_SMEM_BYTES // 2 - STATIC_SMEM_BYTES
 # Blocks a float32 or float64 row too long for two blocks an SM is split
 # over, a part each, in a thread-block cluster (`smem_parts_for`).
 comptime SMEM_CLUSTER = 2
-# Partials a row of the cluster kernel: C pairs, in a 128-byte line of
-# their own (float64: two).
+# Accumulators a row of the cluster kernels (this forward's pairs, the
+# backward's sums) exchange through: a 128-byte line of their own (float64:
+# two).
 comptime CLUSTER_SLOTS = 32
 
 
@@ -372,6 +376,11 @@ def smem_parts_for(n: Int, V: Int) -> Int:
     faster)."""
     if V > 4 or smem_threads_for(n, V) == SMEM_HALF_THREADS:
         return 1
+    # Halves that would still need 1024 threads (the last few hundred
+    # values below the capacity) would sit one an SM: no overlap to gain.
+    var half = (n + SMEM_CLUSTER - 1) // SMEM_CLUSTER + 2 * V
+    if smem_threads_for(half, V) != SMEM_HALF_THREADS:
+        return 1
     return SMEM_CLUSTER
 
 
@@ -394,7 +403,9 @@ def launch_smem_parts[
     var capacity = smem_capacity(V) if C == 1 else cluster_capacity(V, 1, C)
     if n > capacity:
         raise Error(
-            "max_softmax: variant 'smem' handles rows up to "
+            "max_softmax: the on-chip rows kernel "
+            + ("of one block" if C == 1 else "of a cluster of " + String(C))
+            + " handles rows up to "
             + String(capacity)
             + " elements, got "
             + String(n)

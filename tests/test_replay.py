@@ -30,6 +30,7 @@ CASES = [
     ("softmax", "float32", (8, 4096), -1),  # block rows in registers
     ("softmax", "float32", (300, 36000), -1),  # row on chip, a block a row (smem)
     ("softmax", "float32", (300, 40000), -1),  # row on chip over a cluster of blocks
+    ("log_softmax", "float32", (300, 40000), -1),
     ("softmax", "float32", (4, 300_000), -1),  # split_stream, workspace
     ("softmax", "bfloat16", (4, 300_000), -1),  # split_stream, 16-bit blocks
     ("softmax", "float32", (2, 2_200_000), -1),  # rows over 8 MB: split

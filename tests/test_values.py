@@ -132,6 +132,10 @@ VARIANT_CASES = [
     ("smem", (2, 36993)),
     ("smem", (2, 73984)),  # the same boundary for 16-bit types
     ("smem", (2, 73985)),
+    ("smem", (2, 36995)),  # float32: the last row one 512-thread block holds
+    ("smem", (2, 36996)),  # ... the first over a cluster of two (smem_parts_for)
+    ("smem", (2, 73974)),  # float32: the last over two, halves of 512 threads
+    ("smem", (2, 73975)),  # ... one 1024-thread block again
     ("online", (5, 1000)),
     ("online", (3, 100003)),
     ("split", (3, 1000)),
@@ -224,6 +228,31 @@ def test_gpu_split_chunk_patterns(rng, variant, pattern, dtype):
         assert_matches_scipy(op, y, x, -1)
 
 
+# Rows "smem" splits over a cluster of two blocks, a half each (float32 and
+# float64 rows that need a whole SM, smem_parts_for).
+CLUSTER_ROWS = {"float32": [40001, 73000], "float64": [20001, 36000]}
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("pattern", list(CHUNK_PATTERNS))
+def test_gpu_cluster_half_patterns(rng, pattern, dtype):
+    """A whole half of a row special (row 0 the first half, row 1 the
+    second, its tail included): each half's own pair must fold into the
+    row's (a half of only -inf is the pair (-inf, 0))."""
+    first, rest = CHUNK_PATTERNS[pattern]
+    for n in CLUSTER_ROWS[dtype]:
+        x = random_logits(rng, (2, n), dtype)
+        half = n // 2
+        x[0, : half + 8] = first
+        x[0, half + 8 :] = rest
+        x[1, : half - 8] = rest
+        x[1, half - 8 :] = first
+        for op in OPS:
+            y = getattr(max_softmax, op)(x, device="gpu", variant="smem")
+            assert_matches_scipy(op, y, x, -1)
+
+
 @GPU_SKIP
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -238,8 +267,9 @@ def test_gpu_variants(rng, variant, shape, dtype, op):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", [32769, 50257, 74240, 74241, 148480, 148481])
 def test_gpu_many_long_rows(rng, n, dtype):
-    """Enough rows (>= 264) that "auto" picks the one-block-a-row on-chip
-    kernel up to its capacity and the split kernel past it."""
+    """Enough rows (>= 264) that "auto" picks the on-chip rows kernel up
+    to its capacity (a block a row, or for float32 rows that need a whole
+    SM a cluster of two) and the split kernel past it."""
     x = random_logits(rng, (264, n), dtype)
     assert_matches_scipy("softmax", max_softmax.softmax(x, device="gpu"), x, -1)
 
