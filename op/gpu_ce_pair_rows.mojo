@@ -11,7 +11,7 @@ fp32, ~296K 16-bit classes).
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import AddressSpace, external_memory
-from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
+from max.gpu.primitives.cluster import block_rank_in_cluster
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -29,6 +29,7 @@ from .gpu_smem_rows import (
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
+    cluster_exchange,
     pair_capacity,
     pair_split,
     smem_bytes_for,
@@ -40,31 +41,6 @@ from .row_math import accum_dtype, vector_width
 # `ce_pair_kernel`'s partials a row: two exchanges of (rank 0, rank 1)
 # pairs, each in a 128-byte line of its own (float64: two).
 comptime CE_PAIR_SLOTS = 64
-
-
-@always_inline
-def _pair_exchange[
-    acc: DType
-](
-    slots: Pointer[Scalar[acc], MutAnyOrigin],
-    rank: Int,
-    t: Int,
-    a: Scalar[acc],
-    b: Scalar[acc],
-) -> Tuple[SIMD[acc, 2], SIMD[acc, 2]]:
-    """Both blocks of a `ce_pair_kernel` cluster publish (a, b) (thread 0,
-    into `slots[2 * rank]`, `slots[2 * rank + 1]`) and get both blocks'
-    pairs back, (a0, a1) and (b0, b1), after a cluster barrier (release /
-    acquire: the other block's stores are visible). `slots` has a 128-byte
-    line to itself, read only after the barrier: no stale L1 copy."""
-    if t == 0:
-        slots[unsafe_offset=2 * rank] = a
-        slots[unsafe_offset=2 * rank + 1] = b
-    cluster_sync()
-    return (
-        SIMD[acc, 2](slots[unsafe_offset=0], slots[unsafe_offset=2]),
-        SIMD[acc, 2](slots[unsafe_offset=1], slots[unsafe_offset=3]),
-    )
 
 
 @always_inline
@@ -90,11 +66,13 @@ def _pair_row_stats[
     (label smoothing) sum of x."""
     comptime acc = accum_dtype[dtype]()
     var m = smem_row_max[dtype, V, T](xp, smem, p, regs, edge)
-    var row_max = _pair_exchange[acc](slots, rank, p.t, m, 0)[0].reduce_max()
+    var row_max = cluster_exchange[acc, 2](slots, rank, p.t, m, 0)[
+        0
+    ].reduce_max()
     var sums = smem_row_stats[dtype, with_grad, V, T](
         xp, smem, p, regs, edge, row_max, eps
     )
-    var both = _pair_exchange[acc](
+    var both = cluster_exchange[acc, 2](
         slots.unsafe_offset(CE_PAIR_SLOTS // 2), rank, p.t, sums[0], sums[1]
     )
     return (row_max, both[0].reduce_add(), both[1].reduce_add())

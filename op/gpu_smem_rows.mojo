@@ -209,6 +209,35 @@ def load_row[
 
 
 @always_inline
+def cluster_exchange[
+    acc: DType, C: Int
+](
+    slots: Pointer[Scalar[acc], MutAnyOrigin],
+    rank: Int,
+    t: Int,
+    a: Scalar[acc],
+    b: Scalar[acc],
+) -> Tuple[SIMD[acc, C], SIMD[acc, C]]:
+    """Every block of a C-block cluster publishes (a, b) (thread 0, into
+    `slots[2 * rank]`, `slots[2 * rank + 1]`) and gets all blocks' back,
+    (a_0 .. a_C-1) and (b_0 .. b_C-1), after a cluster barrier (release /
+    acquire: the others' stores are visible; a cluster's blocks are
+    co-scheduled, so waiting cannot deadlock). `slots` has a 128-byte line
+    to itself, read only after the barrier: no stale L1 copy."""
+    if t == 0:
+        slots[unsafe_offset=2 * rank] = a
+        slots[unsafe_offset=2 * rank + 1] = b
+    cluster_sync()
+    var all_a = SIMD[acc, C]()
+    var all_b = SIMD[acc, C]()
+    comptime for r in range(C):
+        all_a[r] = slots[unsafe_offset=2 * r]
+    comptime for r in range(C):
+        all_b[r] = slots[unsafe_offset=2 * r + 1]
+    return (all_a, all_b)
+
+
+@always_inline
 def cluster_row_pair[
     acc: DType, C: Int
 ](
@@ -219,22 +248,13 @@ def cluster_row_pair[
     part_sum: Scalar[acc],
 ) -> Tuple[Scalar[acc], Scalar[acc]]:
     """The row's (max, sum of exp(x - max)) from the C blocks' part pairs
-    of a cluster: thread 0 publishes this block's pair into `slots[2 *
-    rank]`, and after a cluster barrier (release / acquire: the others'
-    stores are visible; a cluster's blocks are co-scheduled, so waiting
-    cannot deadlock) every thread folds all C, in the same order in every
-    block, so all parts use the same row terms. `slots` has a 128-byte
-    line to itself, read only after the barrier: no stale L1 copy."""
-    if t == 0:
-        slots[unsafe_offset=2 * rank] = part_max
-        slots[unsafe_offset=2 * rank + 1] = part_sum
-    cluster_sync()
-    var m = slots[unsafe_offset=0]
-    var s = slots[unsafe_offset=1]
+    of a cluster (`cluster_exchange`), folded in the same order in every
+    block, so all parts use the same row terms."""
+    var both = cluster_exchange[acc, C](slots, rank, t, part_max, part_sum)
+    var m = both[0][0]
+    var s = both[1][0]
     comptime for r in range(1, C):
-        (m, s) = fold_pair[acc](
-            m, s, slots[unsafe_offset=2 * r], slots[unsafe_offset=2 * r + 1]
-        )
+        (m, s) = fold_pair[acc](m, s, both[0][r], both[1][r])
     return (m, s)
 
 
