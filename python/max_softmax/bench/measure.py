@@ -100,13 +100,23 @@ def measure_interleaved(providers: list[Provider], k: int, reps: int) -> list[Ti
             tk[i].append(_elapsed(lambda p=p: p.run(k)))
     out = []
     for a, b in zip(t1, tk, strict=True):
-        one, many = statistics.median(a), statistics.median(b)
-        if many <= one:
+        secs, rough = marginal(a, b, k - 1), statistics.median(b) / k
+        if secs is None:
             note = "unreliable: T(K) <= T(1); raise --reps"
-            out.append(Timed(float("nan"), False, note, many / k))
+            out.append(Timed(float("nan"), False, note, rough))
         else:
-            out.append(Timed((many - one) / (k - 1), True, "", many / k))
+            out.append(Timed(secs, True, "", rough))
     return out
+
+
+def marginal(one: list[float], many: list[float], extra: int) -> float | None:
+    """Seconds per unit of the `extra` more units that each `many` sample
+    ran beyond each `one` sample: (median(many) - median(one)) / extra, so
+    what every sample pays once cancels; None where median(many) <=
+    median(one) (no reliable figure). The bench's marginal rule, for exec
+    and replay alike."""
+    lo, hi = statistics.median(one), statistics.median(many)
+    return (hi - lo) / extra if hi > lo else None
 
 
 def measure_device(provider: Provider, k: int, reps: int) -> float | None:
@@ -188,10 +198,7 @@ def time_replays(
     for _ in range(reps):
         t1.append(sample(1))
         tr.append(sample(many))
-    one, lots = statistics.median(t1), statistics.median(tr)
-    if lots <= one:
-        return None
-    return (lots - one) / ((many - 1) * k)
+    return marginal(t1, tr, (many - 1) * k)
 
 
 def checked_replay(
