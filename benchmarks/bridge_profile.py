@@ -21,7 +21,7 @@ import time
 import torch
 
 import max_softmax.torch as mst
-from max_softmax import torch_launch
+from max_softmax.torch import _launch as torch_launch
 
 
 def _round_us(fn, reps: int) -> tuple[float, float]:

@@ -67,7 +67,7 @@ def test_repeated_calls_follow_new_values_and_layouts(device, name, layout):
 def test_launch_plans_stay_bounded(monkeypatch):
     """Shapes that never repeat keep at most PLAN_LIMIT plans, and calls
     past the limit still compute the right values."""
-    from max_softmax import torch_launch
+    from max_softmax.torch import _launch as torch_launch
 
     if not torch_launch.available():
         pytest.skip("the launch extension is off or not built")
@@ -159,7 +159,7 @@ def graph_path(monkeypatch):
     """The bridge's graph path (Model.execute on buffer views, replay when
     enabled), as MAX_SOFTMAX_TORCH_LAUNCH=graph chooses, instead of the
     launch extension."""
-    from max_softmax import torch_launch
+    from max_softmax.torch import _launch as torch_launch
 
     monkeypatch.setattr(torch_launch, "available", lambda cuda=False: False)
 
@@ -168,7 +168,7 @@ def graph_path(monkeypatch):
 def replay_cache(monkeypatch, graph_path):
     """Replay turned on, with a fresh cache (the process's one may have
     stopped capturing after other tests' churn)."""
-    from max_softmax import torch_replay
+    from max_softmax.torch import _replay as torch_replay
 
     cache = torch_replay.ReplayCache()
     monkeypatch.setattr(torch_replay, "CACHE", cache)
@@ -194,7 +194,8 @@ def _take_cuda_path(monkeypatch, path: str) -> None:
     """Send CUDA calls through the launch extension ("launch", built now, not
     in the background) or through MAX graphs (any other path), with no
     launch plans cached by an earlier test (a plan skips the choice)."""
-    from max_softmax import launch, torch_launch
+    from max_softmax import launch
+    from max_softmax.torch import _launch as torch_launch
 
     monkeypatch.setattr(mst, "_plans", {})
     if path == "launch":
@@ -209,7 +210,7 @@ def _take_cuda_path(monkeypatch, path: str) -> None:
 def test_cuda_bridge_waits_for_torch_stream(monkeypatch, path):
     """A call right after long torch work that writes its input: MAX's queue
     must wait for torch's stream, launched, executed or replayed."""
-    from max_softmax import torch_replay
+    from max_softmax.torch import _replay as torch_replay
 
     replay = path == "replay"
     _take_cuda_path(monkeypatch, path)
@@ -236,7 +237,7 @@ def test_cuda_torch_waits_for_the_bridge(monkeypatch, path):
     """Torch work queued right after a call reads the finished output, even
     when MAX's queue is held up (the output is torch's memory, written on
     MAX's queue)."""
-    from max_softmax import torch_buffers
+    from max_softmax.torch import _buffers as torch_buffers
 
     _take_cuda_path(monkeypatch, path)
     x = torch.randn(2048, 4096, device="cuda")
@@ -266,7 +267,7 @@ def test_cuda_buffer_views_keep_no_memory_alive():
 def test_bridge_reuses_buffer_views_and_rewrites_in_place_results(graph_path):
     """The same memory comes back with new values: a reused view must read
     the new values, and results land in the tensor returned."""
-    from max_softmax import torch_buffers
+    from max_softmax.torch import _buffers as torch_buffers
 
     x = torch.randn(16, 300, dtype=torch.float64)
     for _ in range(4):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
-tl = pytest.importorskip("max_softmax.torch_launch")
+tl = pytest.importorskip("max_softmax.torch._launch")
 from max_softmax import launch  # noqa: E402
 from max_softmax.reference import (  # noqa: E402
     backward_error_scale,

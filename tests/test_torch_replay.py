@@ -1,4 +1,4 @@
-"""The torch bridge's replay policy (python/max_softmax/torch_replay.py)
+"""The torch bridge's replay policy (python/max_softmax/torch/_replay.py)
 with a stand-in model: runs without a GPU."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
 
-from max_softmax.torch_replay import ReplayCache  # noqa: E402
+from max_softmax.torch._replay import ReplayCache  # noqa: E402
 
 
 class FakeTensor:

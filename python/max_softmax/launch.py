@@ -5,7 +5,7 @@
 builds and loads a small Mojo extension module (`launch_ext/launch_ext.mojo`)
 that calls the same row functions MAX's ops call (`op/dispatch.mojo`) on raw
 addresses, on MAX's own DeviceContext: ~1 µs of host work a call on the
-CPU. The torch bridge (`torch_launch.py`) launches torch tensors through it,
+CPU. The torch bridge (`torch/_launch.py`) launches torch tensors through it,
 CPU and CUDA; the array functions (`arrays.py`) launch numpy arrays on the
 CPU.
 

@@ -10,7 +10,7 @@ launcher), with no graph, no `Model.execute` and no buffer objects between:
 Each function takes the DeviceContext MAX made for the device (the address
 `max.driver.Device._device_context_ptr()` gives, as MAX's own
 `kv_cache_ops.mojo` wraps it), and the torch stream to order against
-(the torch bridge, `torch_launch.py`; numpy arrays on the CPU pass None):
+(the torch bridge, `torch/_launch.py`; numpy arrays on the CPU pass None):
 
 - `None`: a CPU context; the kernel runs on the calling thread (and MAX's
   CPU thread pool) before the function returns.

@@ -32,11 +32,11 @@ from functools import partial
 
 import torch
 
-from . import launch
-from .launch import LaunchError
-from .launch import available as available  # re-exported: the bridge asks here
-from .launch import extension as extension  # re-exported
-from .validation import EMPTY_LOSS
+from .. import launch
+from ..launch import LaunchError
+from ..launch import available as available  # re-exported: the bridge asks here
+from ..launch import extension as extension  # re-exported
+from ..validation import EMPTY_LOSS
 
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float32: launch.DTYPE_CODES["float32"],

@@ -26,11 +26,13 @@ from typing import Any
 
 import torch
 
-from . import torch_buffers, torch_launch, torch_replay
-from .models import cross_entropy_into_model, into_model, masked_into_model
-from .registry import OPS, op_spec
-from .torch_buffers import DTYPES
-from .validation import (
+from . import _buffers as torch_buffers
+from . import _launch as torch_launch
+from . import _replay as torch_replay
+from ..models import cross_entropy_into_model, into_model, masked_into_model
+from ..registry import OPS, op_spec
+from ._buffers import DTYPES
+from ..validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
     check_mask_dtype,

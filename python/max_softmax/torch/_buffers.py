@@ -30,7 +30,7 @@ from max._core.dlpack import make_dlpack_capsule
 from max.driver import Buffer
 from max.dtype import DType
 
-from .devices import device
+from ..devices import device
 
 DTYPES: dict[torch.dtype, DType] = {
     torch.float32: DType.float32,
