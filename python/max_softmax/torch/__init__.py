@@ -26,12 +26,8 @@ from typing import Any
 
 import torch
 
-from . import _buffers as torch_buffers
-from . import _launch as torch_launch
-from . import _replay as torch_replay
 from ..models import cross_entropy_into_model, into_model, masked_into_model
 from ..registry import OPS, op_spec
-from ._buffers import DTYPES
 from ..validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
@@ -43,6 +39,10 @@ from ..validation import (
     masked_view,
     normalize_axis,
 )
+from . import _buffers as torch_buffers
+from . import _launch as torch_launch
+from . import _replay as torch_replay
+from ._buffers import DTYPES
 
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
