@@ -4,7 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
-EXTRAS="${MAX_SOFTMAX_EXTRAS:-test}"
+EXTRAS="${VENV_EXTRAS:-test}"  # the extras to install: scripts/bench adds bench
 PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "Creating $VENV (first run: installs max, numpy, scipy, pytest from PyPI)..." >&2

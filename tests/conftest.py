@@ -14,6 +14,121 @@ import pytest
 
 import max_softmax
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The test-only knobs (the user settings are environment variables:
+    max_softmax.settings)."""
+    group = parser.getgroup("max-softmax")
+    group.addoption(
+        "--quick",
+        action="store_true",
+        help="run only the quick subset (tests marked `quick`, QUICK below): ~2 min on 2 cores",
+    )
+    group.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=None,
+        help="hypothesis examples per fuzz test, drawn anew (default: 15, the same every run)",
+    )
+    group.addoption("--big", action="store_true", help="run the tests marked `big` (~20 GB of RAM)")
+
+
+QUICK: dict[str, tuple[str, ...]] = {
+    "test_values.py": (
+        "test_matches_scipy",
+        "test_properties",
+        "test_16bit_softmax_within_one_ulp",
+        "test_non_contiguous_input",
+        "test_other_shape_does_not_recompile",
+    ),
+    "test_backward.py": (
+        "test_matches_formula",
+        "test_properties",
+        "test_special_rows",
+        "test_dy_mismatch_is_a_clear_error",
+    ),
+    "test_cross_entropy.py": (
+        "test_special_rows",
+        "test_argument_errors",
+        "test_out_of_range_target_is_a_clear_error",
+        "test_empty_batch",
+        "test_torch_matches_f_cross_entropy",
+    ),
+    "test_masked_softmax.py": (
+        "test_errors",
+        "test_fully_masked_rows",
+        "test_torch_autograd_matches_torch",
+    ),
+    "test_edge_cases.py": ("test_empty", "test_dtype_extremes"),
+    "test_errors.py": (
+        "test_axis_not_int",
+        "test_axis_out_of_range",
+        "test_big_endian_input",
+        "test_gpu_requested_without_gpu",
+        "test_non_float_dtype",
+        "test_rank_zero",
+        "test_unknown_device",
+        "test_unknown_variant",
+    ),
+    "test_eager.py": ("test_eager_errors", "test_eager_empty"),
+    "test_graph.py": ("test_matmul_softmax_matmul",),
+    "test_torch.py": ("test_values_and_gradients_match_torch", "test_bad_dtype"),
+    "test_torch_launch.py": (
+        "test_forward_matches_torch",
+        "test_backward_matches_torch",
+        "test_errors_surface_as_exceptions",
+        "test_empty_does_nothing",
+    ),
+    "test_array_launch.py": ("test_launch_matches_the_models_bit_for_bit",),
+    "test_fuzz.py": ("test_fuzz_against_scipy",),
+    "test_cli.py": ("test_bad_input_exit_status", "test_help_lists_subcommands"),
+    "test_bench.py": (
+        "test_markdown_starts_with_a_title_and_the_run_as_bullets",
+        "test_table_footnotes_say_why_a_cell_is_empty",
+        "test_rows_of_older_files_still_load",
+        "test_record_appends_one_json_line_per_row_with_the_run",
+    ),
+    "test_registry.py": ("test_unknown_op", "test_every_op_and_its_twin_is_registered_in_mojo"),
+    "test_readme.py": ("test_the_readme_has_examples",),
+    "test_replay.py": ("test_cpu_has_no_device_graphs",),
+    "test_torch_replay.py": ("test_declines_twice_captures_third_replays_after",),
+}
+"""The quick subset: test file -> the test functions (every parametrization)
+that `--quick` runs. One or a few per file, covering every op and front door
+on the CPU, chosen among the fast ones (no test that compiles many models)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the fuzz tests' hypothesis profile (from --fuzz-examples)."""
+    from hypothesis import settings
+
+    examples = config.getoption("fuzz_examples")
+    settings.register_profile(
+        "max_softmax", max_examples=examples or 15, derandomize=examples is None
+    )
+    settings.load_profile("max_softmax")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the QUICK tests `quick` (and keep only them under --quick); skip
+    the `big` tests unless --big."""
+    quick = pytest.mark.quick
+    for item in items:
+        if getattr(item, "originalname", None) in QUICK.get(item.path.name, ()):
+            item.add_marker(quick)
+    if config.getoption("quick"):
+        keep, drop = [], []
+        for item in items:
+            (keep if item.get_closest_marker("quick") else drop).append(item)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    if not config.getoption("big"):
+        skip = pytest.mark.skip(reason="needs ~20 GB of RAM: pytest --big")
+        for item in items:
+            if item.get_closest_marker("big"):
+                item.add_marker(skip)
+
+
 GPU_SKIP = pytest.mark.skipif(
     not max_softmax.gpu_available(),
     reason="no GPU: MAX finds no accelerator on this machine",

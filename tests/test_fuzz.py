@@ -2,12 +2,10 @@
 against scipy.special in float64, plus invariants.
 
 The normal suite runs a few examples per device; `scripts/fuzz` runs
-thousands (MAX_SOFTMAX_FUZZ_EXAMPLES, default 2000).
+thousands (`pytest --fuzz-examples N`; the script passes 2000).
 """
 
 from __future__ import annotations
-
-import os
 
 import ml_dtypes
 import numpy as np
@@ -20,19 +18,11 @@ import max_softmax
 from max_softmax.dtypes import DTYPE_NAMES
 from max_softmax.reference import compare_backward, reference
 
-EXAMPLES = int(os.environ.get("MAX_SOFTMAX_FUZZ_EXAMPLES", "15"))
 SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 32, 33, 64, 127, 128, 129, 255, 257, 1000, 1023, 1025]
 VALUE_KINDS = ["normal", "huge", "tiny", "all_equal", "specials", "dtype_max"]
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-    # The suite's few examples are the same every run, so a CI run cannot go
-    # red on a fresh draw; `scripts/fuzz` (which sets the variable) draws anew.
-    derandomize="MAX_SOFTMAX_FUZZ_EXAMPLES" not in os.environ,
-)
-"""Every fuzz test's hypothesis settings (EXAMPLES examples, no deadline)."""
+FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
+"""Every fuzz test's hypothesis settings (no deadline); the number of examples
+and whether they are drawn anew come from `--fuzz-examples` (conftest)."""
 
 
 @st.composite

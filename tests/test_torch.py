@@ -172,7 +172,7 @@ def replay_cache(monkeypatch, graph_path):
 
     cache = torch_replay.ReplayCache()
     monkeypatch.setattr(torch_replay, "CACHE", cache)
-    monkeypatch.setattr(torch_replay, "ENABLED", True)  # opt-in (MAX_SOFTMAX_TORCH_REPLAY=1)
+    monkeypatch.setenv("MAX_SOFTMAX_TORCH_REPLAY", "1")  # opt-in
     yield cache
     cache.clear()
 
@@ -216,7 +216,7 @@ def test_cuda_bridge_waits_for_torch_stream(monkeypatch, path):
     _take_cuda_path(monkeypatch, path)
     cache = torch_replay.ReplayCache()
     monkeypatch.setattr(torch_replay, "CACHE", cache)
-    monkeypatch.setattr(torch_replay, "ENABLED", replay)
+    monkeypatch.setenv("MAX_SOFTMAX_TORCH_REPLAY", "1" if replay else "0")
     a = torch.randn(4096, 4096, device="cuda")
     x = torch.empty(64, 4096, device="cuda")
     for i in range(10):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from conftest import DEVICES, DTYPES, GPU_SKIP, assert_matches_scipy, random_logits
@@ -298,18 +296,10 @@ def test_gpu_dispatch_boundaries(rng, n, dtype):
     assert_matches_scipy("softmax", gpu, x, -1)
 
 
-BIG = os.environ.get("MAX_SOFTMAX_BIG_TESTS") == "1"
-
-
 @pytest.mark.parametrize(
     "device",
     [
-        pytest.param(
-            "cpu",
-            marks=pytest.mark.skipif(
-                not BIG, reason="needs ~20 GB of RAM: set MAX_SOFTMAX_BIG_TESTS=1"
-            ),
-        ),
+        pytest.param("cpu", marks=pytest.mark.big),  # ~20 GB of RAM: pytest --big
         pytest.param("gpu", marks=GPU_SKIP),
     ],
 )

@@ -26,12 +26,13 @@ DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 50257), (128,))
 
 
 def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d)
+    """A shape from "8,50257" or "8x50257": every dim a whole number >= 0."""
+    try:  # int() refuses an empty part, so "3,x" and "3," are errors, not shape 3
+        dims = tuple(int(d) for d in text.lower().replace("x", ",").split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad shape {text!r}; use e.g. 8,50257") from None
-    if not dims or any(d < 0 for d in dims):
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}; use e.g. 8,50257")
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}; dims must be >= 0")
     return dims
 
 
@@ -39,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `softmax` command."""
     p = argparse.ArgumentParser(
         prog="softmax",
-        description="Run max-softmax's Mojo kernels in a MAX graph and check "
-        "them against scipy.special.softmax (float64).",
+        description="Run max-softmax's Mojo kernels on random logits (on the CPU "
+        "through the launch extension, on a GPU in a MAX graph), check them against "
+        "scipy.special.softmax (float64) and time them.",
         epilog="subcommands: 'softmax bench --help' (speed against MAX, torch, Triton, "
         "JAX), 'softmax train --help' (a classifier trained with our ops). "
         "MAX_SOFTMAX_QUIET=1 silences the compile notices.",

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from . import settings
+
 
 def _find_sources() -> Path:
     here = Path(__file__).resolve().parent
@@ -42,7 +44,7 @@ _lock = threading.Lock()
 def cache_dir() -> Path:
     """Where max-softmax keeps what it builds: $MAX_SOFTMAX_CACHE, else
     $XDG_CACHE_HOME/max-softmax, else ~/.cache/max-softmax."""
-    explicit = os.environ.get("MAX_SOFTMAX_CACHE")
+    explicit = settings.get("MAX_SOFTMAX_CACHE")
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -52,7 +54,7 @@ def cache_dir() -> Path:
 def announce(message: str) -> None:
     """One line to stderr about a wait the user would otherwise not see;
     silenced by MAX_SOFTMAX_QUIET=1."""
-    if os.environ.get("MAX_SOFTMAX_QUIET", "") not in ("", "0"):
+    if settings.flag("MAX_SOFTMAX_QUIET"):
         return
     print(f"max-softmax: {message}", file=sys.stderr, flush=True)
 
@@ -78,7 +80,7 @@ def kernel_library() -> Path:
     the precompiled `.mojoc` (built on first use, ~3 s, then cached), or the
     source directory where precompiling is switched off
     (MAX_SOFTMAX_PRECOMPILE=0) or the Mojo compiler cannot be found."""
-    if os.environ.get("MAX_SOFTMAX_PRECOMPILE", "1") == "0":
+    if not settings.flag("MAX_SOFTMAX_PRECOMPILE"):
         return KERNEL_SOURCES
     target = cache_dir() / f"max_softmax_kernels_{sources_fingerprint()}.mojoc"
     if target.is_file():

@@ -39,18 +39,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import kernels
+from . import kernels, settings
 from .devices import device as max_device
 from .devices import gpu_available
 
-_VARIABLE = (
-    "MAX_SOFTMAX_LAUNCH" if os.environ.get("MAX_SOFTMAX_LAUNCH") else "MAX_SOFTMAX_TORCH_LAUNCH"
-)
-_MODE = os.environ.get(_VARIABLE, "auto") or "auto"
-if _MODE not in ("auto", "extension", "graph"):
-    raise ValueError(
-        f"max_softmax: {_VARIABLE} must be 'auto', 'extension' or 'graph', got {_MODE!r}"
-    )
+_MODE = settings.get("MAX_SOFTMAX_LAUNCH")  # read once: the per-call path is ~1 µs
 
 ENABLED: bool = _MODE != "graph"
 """Whether calls launch through the extension (MAX_SOFTMAX_LAUNCH "auto",
@@ -105,7 +98,7 @@ def target_accelerator() -> str | None:
     """The accelerator the extension is built for: $MAX_SOFTMAX_TARGET_ACCELERATOR
     (e.g. "sm_90"), else "auto" where MAX sees a GPU (the compiler targets the
     GPU present, as for MAX's own extensions), else None: a CPU-only build."""
-    explicit = os.environ.get("MAX_SOFTMAX_TARGET_ACCELERATOR")
+    explicit = settings.get("MAX_SOFTMAX_TARGET_ACCELERATOR")
     if explicit:
         return explicit
     return "auto" if gpu_available() else None

@@ -121,6 +121,8 @@ def check_cross_entropy_options(
         raise TypeError(f"max_softmax: ignore_index must be an int, got {ignore_index!r}")
     if not -(2**53) <= int(ignore_index) <= 2**53:
         raise ValueError(f"max_softmax: ignore_index {ignore_index} is out of range (|i| <= 2^53)")
+    if isinstance(label_smoothing, (str, bytes, bool)) or not np.isscalar(label_smoothing):
+        raise TypeError(f"max_softmax: label_smoothing must be a float, got {label_smoothing!r}")
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"max_softmax: label_smoothing must be in [0, 1], got {label_smoothing!r}")

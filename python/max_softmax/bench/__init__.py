@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="shapes",
         action="append",
         type=_shape,
-        help="ROWSxN (repeatable; default: the issue's shapes and a sweep)",
+        help="ROWSxN (repeatable; default: each op's standard shapes and a sweep)",
     )
     p.add_argument(
         "--variants",

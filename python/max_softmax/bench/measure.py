@@ -451,5 +451,8 @@ def summary(row: Row) -> str:
     for which in FIGURES if row.is_graph else peer:
         gbps = row.figure(which)[1]
         label = which if row.is_graph or which != "exec" else row.extra.get("timer", "wall")
-        parts.append(f"{label} {gbps_text(gbps)} GB/s" if gbps else f"{label} n/a")
+        if gbps:
+            parts.append(f"{label} {gbps_text(gbps)} GB/s")
+        else:  # never a bare n/a: the reason and its fix, on the same line
+            parts.append(f"{label} n/a ({row.why_missing(which).split('n/a: ', 1)[-1]})")
     return ", ".join(parts)

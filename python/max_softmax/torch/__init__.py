@@ -67,7 +67,7 @@ def _execute(model: Any, tensors: tuple[torch.Tensor, ...], replay_key: str | No
         return
     stream = torch.cuda.current_stream(first.device)
     torch_buffers.max_waits_for(stream)
-    replay = replay_key is not None and torch_replay.ENABLED and torch_replay.CACHE.active
+    replay = replay_key is not None and torch_replay.enabled() and torch_replay.CACHE.active
     if not (replay and torch_replay.CACHE.run(model, replay_key, tensors, torch_buffers.view)):
         model.execute(*(torch_buffers.view(t) for t in tensors))
     torch_buffers.waits_for_max(stream)

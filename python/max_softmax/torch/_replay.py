@@ -24,7 +24,6 @@ inputs), replay cannot pay.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -32,8 +31,12 @@ from typing import Any
 
 from max.engine import Model
 
-ENABLED = os.environ.get("MAX_SOFTMAX_TORCH_REPLAY", "0") == "1"
-"""Whether the bridge replays on CUDA (env MAX_SOFTMAX_TORCH_REPLAY=1; off by default)."""
+from .. import settings
+
+
+def enabled() -> bool:
+    """Whether the bridge replays on CUDA (MAX_SOFTMAX_TORCH_REPLAY=1; off by default)."""
+    return settings.flag("MAX_SOFTMAX_TORCH_REPLAY")
 
 
 class _Capture:

@@ -1,0 +1,91 @@
+"""The user settings (read when used, one table) and the small front-door
+checks of the command line: bad input is a clear error, never a silent
+other answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from max_softmax import settings
+from max_softmax.bench import Row
+from max_softmax.bench.measure import summary
+from max_softmax.cli import main
+from max_softmax.validation import check_cross_entropy_options
+
+
+def test_at_most_six_settings_each_documented():
+    assert len(settings.SETTINGS) <= 6
+    for name, s in settings.SETTINGS.items():
+        assert name.startswith("MAX_SOFTMAX_") and s.meaning
+        assert f"`{name}`" in settings.table()
+
+
+def test_read_when_used(monkeypatch):
+    monkeypatch.delenv("MAX_SOFTMAX_TORCH_REPLAY", raising=False)
+    assert not settings.flag("MAX_SOFTMAX_TORCH_REPLAY")
+    monkeypatch.setenv("MAX_SOFTMAX_TORCH_REPLAY", "1")
+    assert settings.flag("MAX_SOFTMAX_TORCH_REPLAY")
+    monkeypatch.setenv("MAX_SOFTMAX_QUIET", "yes")
+    assert settings.flag("MAX_SOFTMAX_QUIET")
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({}, "auto"),
+        ({"MAX_SOFTMAX_LAUNCH": ""}, "auto"),
+        ({"MAX_SOFTMAX_TORCH_LAUNCH": "extension"}, "extension"),
+        ({"MAX_SOFTMAX_TORCH_LAUNCH": "extension", "MAX_SOFTMAX_LAUNCH": "graph"}, "graph"),
+    ],
+)
+def test_launch_and_its_older_name(monkeypatch, env, expected):
+    for name in ("MAX_SOFTMAX_LAUNCH", "MAX_SOFTMAX_TORCH_LAUNCH"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert settings.get("MAX_SOFTMAX_LAUNCH") == expected
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("MAX_SOFTMAX_LAUNCH", "fast"),
+        ("MAX_SOFTMAX_TORCH_LAUNCH", "fast"),
+        ("MAX_SOFTMAX_TORCH_REPLAY", "yes"),
+        ("MAX_SOFTMAX_PRECOMPILE", "off"),
+    ],
+)
+def test_a_bad_value_names_the_variable(monkeypatch, name, value):
+    monkeypatch.delenv("MAX_SOFTMAX_LAUNCH", raising=False)
+    monkeypatch.setenv(name, value)
+    setting = "MAX_SOFTMAX_LAUNCH" if "LAUNCH" in name else name
+    with pytest.raises(ValueError, match=name):
+        settings.get(setting)
+
+
+@pytest.mark.parametrize("shape", ["3,x", "3,", ",3", "3x", "a", "", "3,-1"])
+def test_a_bad_shape_is_an_error_not_another_shape(capsys, shape):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", "--shape", shape])
+    assert exit_.value.code == 2
+    assert "bad shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("smoothing", ["0.1", b"0.1", True, None, [0.1]])
+def test_label_smoothing_must_be_a_number(smoothing):
+    with pytest.raises(TypeError, match="label_smoothing must be a float"):
+        check_cross_entropy_options("mean", -100, smoothing)
+
+
+@pytest.mark.parametrize("smoothing", [0, 0.1, np.float32(0.25), 1])
+def test_label_smoothing_numbers_pass(smoothing):
+    assert check_cross_entropy_options("mean", -100, smoothing)[2] == float(smoothing)
+
+
+def test_a_missing_headline_says_why_and_what_to_do():
+    note = "unreliable: T(K) <= T(1); raise --reps"
+    row = Row("ours", 64, 1000, "bfloat16", "cpu", None, None, True, note)
+    line = summary(row)
+    assert "exec n/a (unreliable: T(K) <= T(1); raise --reps)" in line
+    assert "n/a," not in line and not line.endswith("n/a")
