@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "tests" / "gpu_kernels_check.mojo"
-SWEEP = ROOT / "benchmarks" / "split_stream_sweep.mojo"
+SWEEP = ROOT / "benchmarks" / "tools" / "split_stream_sweep.mojo"
 REGISTERS_PER_SM = 65536
 MAX_SPILL_BYTES = 1024
 

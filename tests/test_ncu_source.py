@@ -1,4 +1,4 @@
-"""benchmarks/ncu_source.py: the summary of an Nsight Compute source page."""
+"""benchmarks/tools/ncu_source.py: the summary of an Nsight Compute source page."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("ncu_source", ROOT / "benchmarks" / "ncu_source.py")
+_spec = importlib.util.spec_from_file_location(
+    "ncu_source", ROOT / "benchmarks" / "tools" / "ncu_source.py"
+)
 ncu_source = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ncu_source)
 

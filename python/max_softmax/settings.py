@@ -35,8 +35,9 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "MAX_SOFTMAX_CACHE",
             "",
-            "Where built kernels, models and the launch extension are kept "
-            "(default $XDG_CACHE_HOME/max-softmax, else ~/.cache/max-softmax).",
+            "Where max-softmax keeps what it builds: the precompiled kernel library and "
+            "the launch extension (default $XDG_CACHE_HOME/max-softmax, else "
+            "~/.cache/max-softmax; MAX keeps compiled models in ~/.cache/modular).",
         ),
         Setting(
             "MAX_SOFTMAX_LAUNCH",

@@ -5,7 +5,7 @@ same bytes. A quick A/B tool for the kernels of op/gpu_cross_entropy.mojo
 and its op/gpu_ce_*.mojo families; `softmax bench --op cross_entropy` is
 the benchmark of record.
 
-    python benchmarks/cross_entropy_wall.py float32:16384x32000 bfloat16:8192x50257
+    python benchmarks/tools/cross_entropy_wall.py float32:16384x32000 bfloat16:8192x50257
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""How the kernel sweeps (backward_sweep, ce_loss_sweep, pdl_probe,
+"""How the kernel sweeps (backward_sweep, ce_loss_sweep,
 register_plan_sweep, split_stream_sweep) time a kernel: launches back to
 back between two device syncs, the median over repetitions."""
 

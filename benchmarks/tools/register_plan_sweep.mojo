@@ -3,7 +3,7 @@
 # for aligned rows only ("aligned") and in the one for any rows ("any"),
 # against a device copy, without MAX graphs: which plan and instance move
 # the bytes fastest? Builds without a GPU, runs in a minute on one.
-#   mojo build -I . --target-accelerator sm_90 benchmarks/register_plan_sweep.mojo -o register_plan_sweep
+#   mojo build -I . --target-accelerator sm_90 benchmarks/tools/register_plan_sweep.mojo -o register_plan_sweep
 #   ./register_plan_sweep      # on the GPU machine (MAX's libraries on
 #                              # LD_LIBRARY_PATH)
 # GB/s = 2 x tensor bytes / median wall time of ITERS back-to-back launches

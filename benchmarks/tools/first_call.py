@@ -1,6 +1,6 @@
 """Time what a new process pays before its first result, with the public API only.
 
-    python benchmarks/first_call.py --device cpu [--cold] [--op softmax] [--dtype float32]
+    python benchmarks/tools/first_call.py --device cpu [--cold] [--op softmax] [--dtype float32]
 
 Prints one JSON line: seconds to import max_softmax, to get the first result
 (which compiles or loads the model), and for a second call. `--cold` empties

@@ -1,7 +1,7 @@
 """Where a graph op's time goes on the host: our softmax against MAX's built-in
 and against custom ops that do no work, K ops in one graph.
 
-    python benchmarks/host_cost/host_cost.py [--device gpu] [--k 16] [--reps 50]
+    python benchmarks/tools/host_cost/host_cost.py [--device gpu] [--k 16] [--reps 50]
 
 For each provider and shape it prints (and writes as JSON lines with --out)
 three per-op figures, medians over `reps`:

@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
 # One sitting on the lent H100 (see README "GPU"): MAX must already be
 # installed under $HOME/site by ../shared/gpu/prepare's install step.
-#   bash benchmarks/gpu_session.sh test [pytest args]   # GPU + CPU test suite
-#   bash benchmarks/gpu_session.sh fuzz                 # scripts/fuzz, GPU cases
-#   bash benchmarks/gpu_session.sh report               # the softmax command on the GPU
-#   bash benchmarks/gpu_session.sh bench [bench args...]  # tables to $OUT, rows appended
+#   bash benchmarks/tools/gpu_session.sh test [pytest args]   # GPU + CPU test suite
+#   bash benchmarks/tools/gpu_session.sh fuzz                 # scripts/fuzz, GPU cases
+#   bash benchmarks/tools/gpu_session.sh report               # the softmax command on the GPU
+#   bash benchmarks/tools/gpu_session.sh bench [bench args...]  # tables to $OUT, rows appended
 #                                                      # to $OUT/results.jsonl (--record)
-#   bash benchmarks/gpu_session.sh bench-each SHAPES [bench args...]  # one process per shape
+#   bash benchmarks/tools/gpu_session.sh bench-each SHAPES [bench args...]  # one process per shape
 #                                                      # (MAX keeps its device memory pool, so a
 #                                                      # GB-sized shape after others runs out)
-#   bash benchmarks/gpu_session.sh host_cost [args]     # benchmarks/host_cost: per-op host cost
-#   bash benchmarks/gpu_session.sh ncu [--op OP] [--provider ours|quack] DTYPE ROWS N [VARIANT]
+#   bash benchmarks/tools/gpu_session.sh host_cost [args]     # benchmarks/tools/host_cost: per-op host cost
+#   bash benchmarks/tools/gpu_session.sh ncu [--op OP] [--provider ours|quack] DTYPE ROWS N [VARIANT]
 #                                                      # Nsight Compute counters (quack: QuACK on
 #                                                      # PYTHONPATH, ../shared/gpu/prepare-peers)
-#   bash benchmarks/gpu_session.sh sweep [once|long|cluster|smem]  # split_stream block shapes,
+#   bash benchmarks/tools/gpu_session.sh sweep [once|long|cluster|smem]  # split_stream block shapes,
 #                                                      # on-chip rows a block or a cluster (A/B)
-#   bash benchmarks/gpu_session.sh ncu-source [SKIP]    # per-SASS-instruction counters of a split
+#   bash benchmarks/tools/gpu_session.sh ncu-source [SKIP]    # per-SASS-instruction counters of a split
 #                                                      # stream kernel of `sweep once` (SKIP: which
 #                                                      # launch): executions, stall samples by
 #                                                      # reason, excessive sectors, as CSV
-#   bash benchmarks/gpu_session.sh compile OLD_OP_DIR   # cold compile of an auto model: OLD_OP_DIR
+#   bash benchmarks/tools/gpu_session.sh compile OLD_OP_DIR   # cold compile of an auto model: OLD_OP_DIR
 #                                                       # (an older op/, carried) vs op/, alternating
 # `sweep` runs ./split_stream_sweep, built on the machine without a GPU
-# (`mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo
+# (`mojo build -I . --target-accelerator sm_90 benchmarks/tools/split_stream_sweep.mojo
 # -o split_stream_sweep`, git-ignored) and sent along with `carry`.
 # Logs and results go to $OUT (the device tool brings them back); TAG names
 # the log files of a stage run more than once.
@@ -43,14 +43,14 @@ case "$stage" in
             | tee -a "$log" | tail -40
           python3 -m pytest -q -p no:cacheprovider -p no:xdist tests/test_replay.py 2>&1 \
             | tee -a "$log" | tail -5 ;;
-  fuzz)   MAX_SOFTMAX_FUZZ_EXAMPLES=${MAX_SOFTMAX_FUZZ_EXAMPLES:-2000} python3 -m pytest -q -n 4 \
-            -p no:cacheprovider tests/test_fuzz.py -k gpu "$@" 2>&1 | tee "$log" | tail -20 ;;
+  fuzz)   python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_fuzz.py -k gpu \
+            --fuzz-examples 2000 "$@" 2>&1 | tee "$log" | tail -20 ;;
   report) python3 -m max_softmax "$@" 2>&1 | tee "$log"
           python3 -m max_softmax --dtype bfloat16 2>&1 | tee -a "$log" ;;
   ncu)    /usr/local/cuda/bin/ncu --target-processes all --launch-skip 1 \
             --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
             --section Occupancy --section SchedulerStats --section WarpStateStats \
-            --section LaunchStats python3 benchmarks/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
+            --section LaunchStats python3 benchmarks/tools/ncu_profile.py "$@" 2>&1 | tee "$log" ;;
   bench)  python3 -m max_softmax bench --out "$OUT" --record "$OUT/results.jsonl" "$@" 2>&1 \
             | tee "$log" | grep -v "^bench:" ;;
   bench-each) shapes=$1; shift
@@ -63,11 +63,11 @@ case "$stage" in
             python3 -m max_softmax bench --shape "$s" --tag "$s" --out "$OUT" \
               --record "$OUT/results.jsonl" "$@" 2>&1 | grep -v "^bench:"
           done | tee "$log" ;;
-  host_cost) python3 benchmarks/host_cost/host_cost.py --device gpu --out "$OUT/host_cost.jsonl" \
+  host_cost) python3 benchmarks/tools/host_cost/host_cost.py --device gpu --out "$OUT/host_cost.jsonl" \
             "$@" 2>&1 | tee "$log" ;;
   compile) for i in 1 2; do
             for tree in "$1" op; do
-              python3 benchmarks/compile_time.py --kernels "$tree" --device gpu --label "$tree"
+              python3 benchmarks/tools/compile_time.py --kernels "$tree" --device gpu --label "$tree"
             done
           done 2>&1 | tee "$log" ;;
   sweep)  LD_LIBRARY_PATH=$HOME/site/modular/lib:${LD_LIBRARY_PATH:-} ./split_stream_sweep "$@" \

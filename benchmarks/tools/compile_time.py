@@ -1,7 +1,7 @@
 """Time the compile of one softmax model against a given kernel library.
 
-    python benchmarks/compile_time.py --kernels op --device gpu
-    python benchmarks/compile_time.py --kernels /tmp/old/op --device gpu   # another version
+    python benchmarks/tools/compile_time.py --kernels op --device gpu
+    python benchmarks/tools/compile_time.py --kernels /tmp/old/op --device gpu   # another version
 
 Builds the graph our `row_op_model` builds (one `softmax` custom op on a
 rank-3 tensor with symbolic dims, variant "auto") against the library at
@@ -33,7 +33,7 @@ def main() -> int:
         "--op",
         default="softmax",
         help="custom op to compile from --kernels (e.g. probe_launch from "
-        "benchmarks/host_cost/probe_ops: the floor of any custom op)",
+        "benchmarks/tools/host_cost/probe_ops: the floor of any custom op)",
     )
     p.add_argument(
         "--variant", default="auto", help='our op\'s variant ("warp": one family compiled)'

@@ -1,6 +1,6 @@
 """Two calls of one softmax kernel on random inputs, for Nsight Compute to count.
 
-Run through `bash benchmarks/gpu_session.sh ncu [--op OP] [--provider P] DTYPE ROWS N
+Run through `bash benchmarks/tools/gpu_session.sh ncu [--op OP] [--provider P] DTYPE ROWS N
 [VARIANT]`, which profiles the second call's kernel (the first compiles and
 warms up). Inputs are made on the host and copied over, so the only kernels
 launched are the profiled op's (ncu counts launches, and under MAX our

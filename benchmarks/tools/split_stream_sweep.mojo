@@ -1,7 +1,7 @@
 # Times gpu_split_stream_rows at several (threads T, vectors K, blocks an SM
 # B) against split_smem and a device copy, without MAX graphs: it builds on a
 # machine without a GPU and runs in seconds on one.
-#   mojo build -I . --target-accelerator sm_90 benchmarks/split_stream_sweep.mojo -o sweep
+#   mojo build -I . --target-accelerator sm_90 benchmarks/tools/split_stream_sweep.mojo -o sweep
 #   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
 #   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
 #   ./sweep long       # 32 x 1M and 64 x 512K, more block shapes

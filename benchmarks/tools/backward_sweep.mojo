@@ -1,7 +1,7 @@
 # Times the softmax backward's long-row families at large shapes against a
 # device copy, without MAX graphs: it builds on a machine without a GPU and
 # runs in under a minute on one.
-#   mojo build -I . --target-accelerator sm_90 benchmarks/backward_sweep.mojo -o backward_sweep
+#   mojo build -I . --target-accelerator sm_90 benchmarks/tools/backward_sweep.mojo -o backward_sweep
 #   ./backward_sweep           # on the GPU machine (MAX's libraries on
 #                              # LD_LIBRARY_PATH)
 #   ./backward_sweep once      # each config launched once, no timing or

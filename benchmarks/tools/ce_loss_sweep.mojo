@@ -2,7 +2,7 @@
 # each row-kernel family at large shapes against a device copy, without MAX
 # graphs: it builds on a machine without a GPU and runs in well under a
 # minute on one.
-#   mojo build -I . --target-accelerator sm_90 benchmarks/ce_loss_sweep.mojo -o ce_loss_sweep
+#   mojo build -I . --target-accelerator sm_90 benchmarks/tools/ce_loss_sweep.mojo -o ce_loss_sweep
 #   ./ce_loss_sweep            # on the GPU machine (MAX's libraries on
 #                              # LD_LIBRARY_PATH)
 #   ./ce_loss_sweep bf16       # one dtype only (or fp32)

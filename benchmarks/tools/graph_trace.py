@@ -1,7 +1,7 @@
 """Where a bench graph's time goes on the GPU: the timeline of one execute and
 of back-to-back replays of the bench's K-op graph, from CUPTI.
 
-    python benchmarks/graph_trace.py --op masked_softmax --dtype float32 \\
+    python benchmarks/tools/graph_trace.py --op masked_softmax --dtype float32 \\
         --shape 4096x4096 [--k 3] [--replays 4] [--builtin] [--show 40]
 
 For each phase it prints every GPU item (kernel, memcpy, memset) with its

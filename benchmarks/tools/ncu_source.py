@@ -1,9 +1,9 @@
 """Summarise an Nsight Compute source page (one row a SASS instruction):
 where a kernel's instructions and warp stalls go.
 
-    python benchmarks/ncu_source.py split_stream_sass.csv [--top 30]
+    python benchmarks/tools/ncu_source.py split_stream_sass.csv [--top 30]
 
-The CSV is what `bash benchmarks/gpu_session.sh ncu-source` writes
+The CSV is what `bash benchmarks/tools/gpu_session.sh ncu-source` writes
 (`ncu --import R --page source --csv --print-source sass`). Prints the
 instructions executed, the stall samples by reason, the excessive L2
 sectors, then the instructions with the most stall samples, each with its
