@@ -15,7 +15,7 @@ import pytest
 from conftest import GPU_SKIP, random_logits
 from max.dtype import DType
 
-from max_softmax.devices import device
+from max_softmax.devices import device, gpu_count
 from max_softmax.dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from max_softmax.models import ModelKey, row_op_model
 from max_softmax.reference import compare, compare_backward, reference
@@ -23,6 +23,9 @@ from max_softmax.registry import op_spec
 from max_softmax.validation import canonical_shape
 
 _keys = itertools.count(1000)
+
+GPUS = [f"gpu:{i}" for i in range(gpu_count())] or [pytest.param("gpu", marks=GPU_SKIP)]
+"""Every GPU MAX sees (one skipped case where there is none): replay on each."""
 
 # (op, dtype, shape, axis): one case per dispatch path of op/dispatch.mojo.
 CASES = [
@@ -59,13 +62,13 @@ def _check(op: str, got: np.ndarray, arrays: list[np.ndarray], axis: int) -> Non
     assert c.ok, f"{op}: max_abs_err={c.max_abs_err:.3g}"
 
 
-@GPU_SKIP
+@pytest.mark.parametrize("gpu", GPUS)
 @pytest.mark.parametrize("op,dtype,shape,axis", CASES)
-def test_replay_equals_execute(rng, op, dtype, shape, axis):
-    model = row_op_model(ModelKey(op, max_dtype(DTYPE_NAMES[dtype]), "gpu"))
+def test_replay_equals_execute(rng, op, dtype, shape, axis, gpu):
+    model = row_op_model(ModelKey(op, max_dtype(DTYPE_NAMES[dtype]), gpu))
     view = canonical_shape(shape, axis)
     arrays = _inputs(rng, op, dtype, shape, axis)
-    bufs = [to_buffer(np.ascontiguousarray(a).reshape(view)).to(device("gpu")) for a in arrays]
+    bufs = [to_buffer(np.ascontiguousarray(a).reshape(view)).to(device(gpu)) for a in arrays]
     (executed,) = model.execute(*bufs)
     want = to_numpy(executed)
     key = next(_keys)

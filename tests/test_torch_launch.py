@@ -19,7 +19,11 @@ from max_softmax.reference import (  # noqa: E402
 )
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+CUDAS = [f"cuda:{i}" for i in range(torch.cuda.device_count())] or [
+    pytest.param("cuda:0", marks=CUDA)
+]
+"""Every CUDA device torch sees (one skipped case where there is none)."""
+DEVICES = ["cpu", *CUDAS]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # (outer, n, inner): one element, odd rows, a vocabulary row, along a
 # non-last axis (inner > 1: the strided kernels).
@@ -287,15 +291,15 @@ def test_cross_entropy_empty(reduction):
         assert loss.item() == 0.0
 
 
-@CUDA
-def test_cuda_stream_ordering():
+@pytest.mark.parametrize("device", CUDAS)
+def test_cuda_stream_ordering(device):
     """A long torch op queued before the launch, and a consumer after it,
-    on a non-default torch stream: the launch sees the producer's result and
-    the consumer sees the launch's."""
-    side = torch.cuda.Stream()
+    on a non-default torch stream of each device: the launch sees the
+    producer's result and the consumer sees the launch's."""
+    side = torch.cuda.Stream(device=device)
     with torch.cuda.stream(side):
-        big = torch.randn(4096, 4096, device="cuda")
-        x = torch.empty(64, 4096, device="cuda")
+        big = torch.randn(4096, 4096, device=device)
+        x = torch.empty(64, 4096, device=device)
         out = torch.empty_like(x)
         for _ in range(3):
             big @ big  # keeps the stream busy
@@ -306,12 +310,22 @@ def test_cuda_stream_ordering():
     torch.testing.assert_close(got, torch.ones_like(got))
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="fewer than two CUDA devices")
-def test_second_cuda_device():
-    x, _ = _inputs((3, 1000, 1), torch.float32, "cuda:1")
-    out = torch.empty_like(x)
-    tl.run("softmax", out, x, outer=3, n=1000, inner=1)
+@pytest.mark.parametrize("device", CUDAS)
+def test_each_cuda_device_with_another_current(device):
+    """A launch on cuda:N runs on MAX's context of GPU N (one context per
+    device) and torch's stream there, whatever device is current."""
+    index = int(device[5:])
+    other = (index + 1) % torch.cuda.device_count()
+    x, dy = _inputs((3, 1000, 1), torch.float32, device, seed=index)
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+    with torch.cuda.device(other):
+        tl.run("softmax", out, x, outer=3, n=1000, inner=1)
+        tl.run("softmax_backward", dx, out, dy, outer=3, n=1000, inner=1)
     torch.testing.assert_close(out, torch.softmax(x, dim=1))
+    want = torch._softmax_backward_data(dy.double(), out.double(), 1, torch.float64)
+    torch.testing.assert_close(dx.double(), want, rtol=1e-4, atol=1e-6)
+    contexts = {launch.gpu_context(i) for i in range(torch.cuda.device_count())}
+    assert len(contexts) == torch.cuda.device_count()
 
 
 def test_loading_leaves_child_processes_environment_alone():

@@ -112,3 +112,38 @@ def test_a_failed_capture_falls_back_and_stops_capturing():
     ran = [cache.run(model, "softmax", call, buffer=lambda t: t.ptr) for _ in range(5)]
     assert ran == [False] * 5
     assert not cache.capturing and not cache.active and cache.captures == 0
+
+
+@pytest.fixture
+def fresh_caches(monkeypatch):
+    """Every device's replay cache, fresh for the test."""
+    from max_softmax.torch import _replay
+
+    monkeypatch.setattr(_replay, "CACHE", ReplayCache())
+    monkeypatch.setattr(_replay, "_caches", {})
+    return _replay
+
+
+def test_one_cache_a_device(fresh_caches):
+    """cuda:0 has the module's CACHE; every other device has its own."""
+    replay = fresh_caches
+    assert replay.cache(0) is replay.CACHE
+    one, two = replay.cache(1), replay.cache(2)
+    assert one is replay.cache(1) and two is replay.cache(2)
+    assert len({id(replay.CACHE), id(one), id(two)}) == 3
+
+
+def test_devices_capture_and_stop_apart(fresh_caches):
+    """A capture that fails on one device (its memory all taken) stops
+    capturing there only; clear_all releases every device's captures."""
+    replay = fresh_caches
+    model, failing = FakeModel(), FailingModel()
+    call = [FakeTensor(100), FakeTensor(200)]
+    for _ in range(3):
+        replay.cache(1).run(failing, "softmax", call, buffer=lambda t: t.ptr)
+        replay.cache(0).run(model, "softmax", call, buffer=lambda t: t.ptr)
+    assert not replay.cache(1).capturing and replay.cache(1).captures == 0
+    assert replay.cache(0).capturing and replay.cache(0).captures == 1
+    assert replay.cache(0).run(model, "softmax", call, buffer=lambda t: t.ptr)  # replayed
+    replay.clear_all()
+    assert not replay.cache(0).live and kinds(model)[-1] == "release"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import eager, launch
-from .devices import device, resolve_device
+from .devices import device, device_kind, resolve_device
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
 from .validation import (
@@ -52,7 +52,8 @@ def softmax(
         x: A numpy array or anything with `__dlpack__` / `__array__`, of
             dtype float32, float16, bfloat16 (ml_dtypes) or float64, rank >= 1.
         axis: Axis to normalise; negative counts from the end.
-        device: "auto" (a GPU if MAX finds one, else the CPU), "cpu" or "gpu".
+        device: "auto" (the first GPU if MAX finds one, else the CPU), "cpu",
+            "gpu" (the first GPU, "gpu:0") or "gpu:N" (GPU N, torch's cuda:N).
         variant: GPU kernel family, for benchmarks; "auto" picks by shape.
         scale: Multiply x by this first (temperature T: 1 / T); a finite
             float, a run-time value (no recompile per scale).
@@ -102,7 +103,7 @@ def softmax_backward(
         y: `softmax(x, axis)` (with any scale, mask, causal).
         dy: Gradient of the loss with respect to y (same shape and dtype).
         axis: The axis softmax was taken along.
-        device: "auto", "cpu" or "gpu".
+        device: "auto", "cpu", "gpu" or "gpu:N", as for `softmax`.
         scale: The forward's scale; dx is multiplied by it. Masked
             positions (y = 0) get 0.
     """
@@ -143,7 +144,8 @@ def cross_entropy(
         reduction: "mean" (over the rows kept: NaN if none is, as torch),
             "sum" or "none" (a loss a row, 0 for ignored rows).
         label_smoothing: eps in [0, 1], as torch's `label_smoothing`.
-        device: "auto" (a GPU if MAX finds one, else the CPU), "cpu" or "gpu".
+        device: "auto" (the first GPU if MAX finds one, else the CPU), "cpu",
+            "gpu" (the first GPU, "gpu:0") or "gpu:N" (GPU N, torch's cuda:N).
 
     Returns:
         The loss in the logits' dtype: a 0-d array for "mean"/"sum",
@@ -229,8 +231,8 @@ def _cross_entropy(
         return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape)
     model = cross_entropy_model(with_grad, dtype, kind, reduction)
     buffers = [to_buffer(a) for a in inputs]
-    if kind == "gpu":
-        buffers = [b.to(device("gpu")) for b in buffers]
+    if kind != "cpu":
+        buffers = [b.to(device(kind)) for b in buffers]
     outs = model.execute(*buffers)
     result = [to_numpy(outs[0]).reshape(loss_shape)]
     if with_grad:
@@ -263,7 +265,7 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
         arrays.append(as_array(dy))
         check_dy_like(op, array, arrays[1], lambda a: list(a.shape))
     kind = resolve_device(device_name)
-    check_variant(variant, kind)
+    check_variant(variant, device_kind(kind))
     if array.size == 0:
         return np.empty(array.shape, dtype=array.dtype)
     view = canonical_shape(array.shape, axis)
@@ -271,8 +273,8 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
         return _launch_rows(op, arrays, view)
     model = row_op_model(ModelKey(op, dtype, kind, variant))
     buffers = [to_buffer(np.ascontiguousarray(a).reshape(view)) for a in arrays]
-    if kind == "gpu":
-        buffers = [b.to(device("gpu")) for b in buffers]
+    if kind != "cpu":
+        buffers = [b.to(device(kind)) for b in buffers]
     (out,) = model.execute(*buffers)
     return to_numpy(out).reshape(array.shape)
 
@@ -407,8 +409,8 @@ def _run_masked(
         to_buffer(m),
         to_buffer(np.array([value], dtype=np.float64)),
     ]
-    if kind == "gpu":
-        buffers = [b.to(device("gpu")) for b in buffers]
+    if kind != "cpu":
+        buffers = [b.to(device(kind)) for b in buffers]
     (out,) = model.execute(*buffers)
     result = to_numpy(out).reshape(work.shape)
     return result if last else np.moveaxis(result, -1, axis).copy()

@@ -40,8 +40,8 @@ from types import ModuleType
 from typing import Any
 
 from . import kernels, settings
+from .devices import check_gpu_index, gpu_available, gpu_name
 from .devices import device as max_device
-from .devices import gpu_available
 
 _MODE = settings.get("MAX_SOFTMAX_LAUNCH")  # read once: the per-call path is ~1 µs
 
@@ -321,14 +321,15 @@ def cpu_context() -> int:
 
 
 def gpu_context(index: int) -> int:
-    """MAX's DeviceContext for CUDA device `index` (its default queue, the
-    one MAX's models run on), as an address, made once per device."""
+    """MAX's DeviceContext for GPU `index` (MAX's `Accelerator(index)`,
+    torch's `cuda:index`: its default queue, the one MAX's models on that
+    device run on), as an address, made once per device. NoGPUError where
+    MAX has no such GPU."""
     ctx = _gpu_contexts.get(index)
     if ctx is None:
-        from max import driver
-
+        check_gpu_index(index, f"GPU {index} (cuda:{index})")
         try:
-            dev = max_device("gpu") if index == 0 else driver.Accelerator(index)
+            dev = max_device(gpu_name(index))
         except Exception as err:
             raise LaunchError(f"max_softmax: MAX has no accelerator {index}: {err}") from err
         _devices.append(dev)

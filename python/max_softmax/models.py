@@ -4,7 +4,9 @@ Every front door comes here: the array functions (`row_op_model`), MAX
 eager (`declaration`), the torch bridge (`into_model`) and the
 benchmark (`build_graph` + `compiled`). A row-op model runs one op on a
 rank-3 (outer, n, inner) tensor with symbolic dims, so one model per
-(op, dtype, device, variant) serves every shape, rank and axis. Each key
+(op, dtype, device, variant) serves every shape, rank and axis. A device is
+a device name ("cpu", "gpu" = "gpu:0", "gpu:N": `devices`); each device has
+its own session and its own models. Each key
 compiles once, even when many threads ask at the same time, and its first
 compile is announced on stderr (see `kernels.announce`).
 """
@@ -24,7 +26,6 @@ from max.engine import InferenceSession, Model
 from max.graph import (
     BufferType,
     BufferValue,
-    DeviceRef,
     Graph,
     TensorType,
     TensorValue,
@@ -33,7 +34,8 @@ from max.graph import (
 )
 
 from . import ops as graph_ops
-from .devices import device
+from .devices import canonical_name, device, device_kind
+from .devices import device_ref as device_ref  # re-exported: graph builders take it here
 from .kernels import announce, cache_dir, kernel_library, sources_fingerprint
 from .registry import op_spec
 
@@ -44,19 +46,24 @@ ROW_DIMS = ["outer", "n", "inner"]
 _COLD_SECONDS = {"cpu": "15-30", "gpu": "20-40"}
 
 
-@cache
 def session(kind: str) -> InferenceSession:
-    """The one InferenceSession per device kind ("cpu" / "gpu") that loads every model."""
-    return InferenceSession(devices=[device(kind)])
+    """The one InferenceSession per device that loads every model of it;
+    `kind` is a device name ("cpu", "gpu" = "gpu:0", "gpu:N")."""
+    return _session(canonical_name(kind))
 
 
-def device_ref(kind: str) -> DeviceRef:
-    """The graph-side reference of device kind "cpu" or "gpu"."""
-    return DeviceRef.GPU() if kind == "gpu" else DeviceRef.CPU()
+@cache
+def _session(name: str) -> InferenceSession:
+    return InferenceSession(devices=[device(name)])
+
+
+def _tag(kind: str) -> str:
+    """Device name `kind` as it goes into a graph's name ("gpu:1" as "gpu1")."""
+    return kind.replace(":", "")
 
 
 def row_type(dtype: DType, kind: str) -> TensorType:
-    """The (outer, n, inner) tensor type with symbolic dims on `kind`."""
+    """The (outer, n, inner) tensor type with symbolic dims on device `kind`."""
     return TensorType(dtype, ROW_DIMS, device=device_ref(kind))
 
 
@@ -83,7 +90,7 @@ compile_count: dict[Hashable, int] = {}
 
 def compiled(key: Hashable, kind: str, build: Callable[[], Graph], what: str) -> Model:
     """The model cached under `key`, made on first use by loading `build()`
-    into the session of device kind `kind`; `what` names it for the
+    into the session of device `kind` (a device name); `what` names it for the
     announcement of a first compile."""
     model = _models.get(key)
     if model is not None:
@@ -106,7 +113,8 @@ def _load_announced(key: Hashable, kind: str, build: Callable[[], Graph], what: 
     marker = cache_dir() / "compiled" / f"{sources_fingerprint()}-{digest}"
     seen = marker.is_file()
     if not seen:
-        announce(f"compiling {what} for {kind} (first use, ~{_COLD_SECONDS[kind]} s; then cached)")
+        cold = _COLD_SECONDS[device_kind(kind)]
+        announce(f"compiling {what} for {kind} (first use, ~{cold} s; then cached)")
     start = time.perf_counter()
     model = session(kind).load(build())
     if not seen:
@@ -125,6 +133,10 @@ class ModelKey:
     device: str
     variant: str = "auto"
 
+    def __post_init__(self) -> None:
+        # "gpu:0" and "gpu" are one device: one model.
+        object.__setattr__(self, "device", canonical_name(self.device))
+
 
 def row_op_model(key: ModelKey) -> Model:
     """The compiled model running `key.op` on (outer, n, inner) tensors
@@ -137,7 +149,7 @@ def row_op_model(key: ModelKey) -> Model:
     def body(*inputs: TensorValue) -> list[TensorValue]:
         return [spec.graph(*inputs, **kwargs)]
 
-    name = f"max_softmax_{key.op}_{key.dtype.name}_{key.device}_{key.variant}"
+    name = f"max_softmax_{key.op}_{key.dtype.name}_{_tag(key.device)}_{key.variant}"
     what = key.op + (f" (variant {key.variant})" if key.variant != "auto" else "")
     return compiled(
         key,
@@ -166,7 +178,7 @@ def into_model(op: str, dtype: DType, kind: str) -> Model:
     def build() -> Graph:
         out_type = BufferType(dtype, ROW_DIMS, device=device_ref(kind))
         return build_graph(
-            f"max_softmax_{spec.into}_{dtype.name}_{kind}",
+            f"max_softmax_{spec.into}_{dtype.name}_{_tag(kind)}",
             [out_type] + [row_type(dtype, kind)] * spec.arity,
             body,
         )
@@ -203,7 +215,7 @@ def cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str
         key,
         kind,
         lambda: build_graph(
-            f"max_softmax_{op}_{dtype.name}_{kind}_{reduction}",
+            f"max_softmax_{op}_{dtype.name}_{_tag(kind)}_{reduction}",
             _cross_entropy_types(dtype, kind),
             body,
         ),
@@ -232,7 +244,7 @@ def cross_entropy_into_model(with_grad: bool, dtype: DType, kind: str, reduction
         kind,
         {"reduction": reduction},
         inputs,
-        f"{dtype.name}_{kind}_{reduction}",
+        f"{dtype.name}_{_tag(kind)}_{reduction}",
         f"{op} ({reduction}, into buffers) {dtype.name}",
     )
 
@@ -370,7 +382,7 @@ def masked_model(op: str, dtype: DType, kind: str, has_mask: bool, causal: bool)
         key,
         kind,
         lambda: build_graph(
-            f"max_softmax_{op}_{dtype.name}_{kind}{flags}", _masked_types(dtype, kind), body
+            f"max_softmax_{op}_{dtype.name}_{_tag(kind)}{flags}", _masked_types(dtype, kind), body
         ),
         f"{op}{flags.replace('_', ' ')} {dtype.name}",
     )
@@ -390,6 +402,6 @@ def masked_into_model(op: str, dtype: DType, kind: str, has_mask: bool, causal: 
             BufferType(dtype, MASKED_DIMS, device=device_ref(kind)),
             *_masked_types(dtype, kind),
         ],
-        f"{dtype.name}_{kind}{flags}",
+        f"{dtype.name}_{_tag(kind)}{flags}",
         f"{op}{flags.replace('_', ' ')} (into a buffer) {dtype.name}",
     )

@@ -12,11 +12,13 @@ A view never keeps memory alive and is only handed to MAX together with a
 live tensor over the same bytes, so a view left over from a freed tensor
 is harmless.
 
-On CUDA MAX runs on its own queue. The bridge orders it against torch's
-current stream on the device, with an event each way and no host wait:
-MAX's queue waits for the work torch queued before the call, and torch's
-stream waits for MAX's op before anything torch queues after it (so torch
-may reuse or free the memory at once).
+On CUDA MAX runs on its own queue of the tensor's device (MAX's
+`Accelerator(N)` for `cuda:N`: its own session, models and views). The
+bridge orders it against torch's current stream on that device, with an
+event each way and no host wait: MAX's queue waits for the work torch
+queued before the call, and torch's stream waits for MAX's op before
+anything torch queues after it (so torch may reuse or free the memory at
+once).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from max._core.dlpack import make_dlpack_capsule
 from max.driver import Buffer
 from max.dtype import DType
 
-from ..devices import device
+from ..devices import check_gpu_index, device, gpu_name
 
 DTYPES: dict[torch.dtype, DType] = {
     torch.float32: DType.float32,
@@ -96,48 +98,63 @@ def _make_view(t: torch.Tensor) -> Buffer:
         None,
     )
     if t.is_cuda:
-        queue = device("gpu").default_queue
-        return Buffer._from_dlpack(capsule, device("gpu"), queue.native_stream_handle)
+        gpu = device(gpu_name(where[1]))
+        return Buffer._from_dlpack(capsule, gpu, gpu.default_queue.native_stream_handle)
     return Buffer._from_dlpack(_Capsule(capsule, where))
 
 
+def device_name(t: torch.Tensor) -> str:
+    """The MAX device name of tensor `t`'s device: "cpu", or "gpu" / "gpu:N"
+    for cuda:0 / cuda:N (`devices.gpu_name`), what the bridge's models are
+    keyed by."""
+    return gpu_name(t.device.index or 0) if t.is_cuda else "cpu"
+
+
 @cache
-def _max_stream() -> torch.cuda.ExternalStream:
-    """MAX's GPU queue, as torch sees it."""
-    handle = device("gpu").default_queue.native_stream_handle
-    return torch.cuda.ExternalStream(handle, device=torch.device("cuda", 0))
+def _max_stream(index: int = 0) -> torch.cuda.ExternalStream:
+    """MAX's queue on GPU `index`, as torch sees it (on torch's cuda:`index`)."""
+    handle = device(gpu_name(index)).default_queue.native_stream_handle
+    return torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
 
 
 _events = threading.local()
 
 
-def _event(which: str) -> torch.cuda.Event:
-    """One reusable event per thread and direction (a wait copies the
-    event's state when it is queued, so the next record cannot disturb it)."""
-    event = getattr(_events, which, None)
+def _event(which: str, index: int) -> torch.cuda.Event:
+    """One reusable event per thread, direction and device (a wait copies
+    the event's state when it is queued, so the next record cannot disturb
+    it; an event records on streams of one device only)."""
+    events = getattr(_events, which, None)
+    if events is None:
+        events = {}
+        setattr(_events, which, events)
+    event = events.get(index)
     if event is None:
-        event = torch.cuda.Event()
-        setattr(_events, which, event)
+        event = events[index] = torch.cuda.Event()
     return event
 
 
 def max_waits_for(stream: torch.cuda.Stream) -> None:
-    """MAX's queue waits, on the device, for what torch's `stream` queued so far."""
-    event = _event("torch_done")
+    """MAX's queue on `stream`'s device waits, on the device, for what
+    torch's `stream` queued so far."""
+    index = stream.device.index or 0
+    event = _event("torch_done", index)
     event.record(stream)
-    _max_stream().wait_event(event)
+    _max_stream(index).wait_event(event)
 
 
 def waits_for_max(stream: torch.cuda.Stream) -> None:
-    """Torch's `stream` waits, on the device, for what MAX queued so far."""
-    event = _event("max_done")
-    event.record(_max_stream())
+    """Torch's `stream` waits, on the device, for what MAX queued so far on
+    its queue of `stream`'s device."""
+    index = stream.device.index or 0
+    event = _event("max_done", index)
+    event.record(_max_stream(index))
     stream.wait_event(event)
 
 
 def check_cuda_device(t: torch.Tensor) -> None:
-    """Raise unless `t` is on the CUDA device MAX runs on (the first)."""
-    if (t.device.index or 0) != 0:
-        raise ValueError(
-            f"max_softmax: the torch bridge runs on cuda:0 (MAX's GPU), got a tensor on {t.device}"
-        )
+    """Raise NoGPUError unless MAX has an accelerator for CUDA tensor `t`'s
+    device (MAX's `Accelerator(N)` is torch's `cuda:N`; both count the
+    devices CUDA_VISIBLE_DEVICES leaves visible)."""
+    index = t.device.index or 0
+    check_gpu_index(index, f"a tensor on {t.device}")

@@ -1,16 +1,18 @@
 """The torch bridge's launch path: our kernels on torch tensors without a graph.
 
-The bridge (`torch.py`) calls these with tensors it has checked; they pass
+The bridge (`max_softmax.torch`) calls these with tensors it has checked; they pass
 the tensors' addresses to the launch extension (`launch.py`), which runs the
 same row functions MAX's ops call: ~1 µs of host work a call on the CPU,
 where `Model.execute` costs 35-60 µs.
 
-On CUDA the extension launches on MAX's own queue for the device (the
-DeviceContext MAX made, so kernels, workspace allocator and compiled-function
-cache are MAX's), ordered against torch's current stream with an event each
-way: MAX's queue waits for what torch queued before the call, torch's stream
-waits for the kernel before anything it queues after. Nothing waits on the
-host. On the CPU the kernel runs before `run` returns.
+On CUDA the extension launches on MAX's own queue for the tensor's device
+(for `cuda:N`, the DeviceContext MAX made for its `Accelerator(N)`, so
+kernels, workspace allocator and compiled-function cache are MAX's, one set
+a device), ordered against torch's current stream on that device with an
+event each way: MAX's queue waits for what torch queued before the call,
+torch's stream waits for the kernel before anything it queues after.
+Nothing waits on the host, and the current device does not matter. On the
+CPU the kernel runs before `run` returns.
 
 What the caller guarantees (the bridge checks at its edge; nothing here
 checks again):

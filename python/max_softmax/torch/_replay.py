@@ -12,6 +12,9 @@ inputs in turn) the captures cost more than the replays win: a rotating
 4096 x 4096 forward fell from 1673 to 1012 GB/s, forward + backward to 0.30x
 torch (benchmarks/RESULTS.md, "The torch bridge on reused buffer views").
 
+Each CUDA device has its own cache (`cache(index)`): its own captures of
+its own models, and its own policy below.
+
 A capture costs far more than a call, so a call signature (op, dtype,
 shapes, addresses, the output's included) is captured only on its third
 sight; until then the bridge computes the call its usual way. At most
@@ -129,4 +132,27 @@ class ReplayCache:
 
 
 CACHE = ReplayCache()
-"""The bridge's one replay cache."""
+"""The replay cache of cuda:0 (`cache(0)`)."""
+
+_caches: dict[int, ReplayCache] = {}
+_caches_lock = threading.Lock()
+
+
+def cache(index: int) -> ReplayCache:
+    """The replay cache of cuda:`index`: one per device, since each device
+    has its own models and captures, and its own memory to capture into (a
+    capture that fails for want of it stops capturing on that device only)."""
+    if index == 0:
+        return CACHE  # looked up at call time: a test may swap it
+    found = _caches.get(index)
+    if found is None:
+        with _caches_lock:
+            found = _caches.setdefault(index, ReplayCache())
+    return found
+
+
+def clear_all() -> None:
+    """Release every capture on every device."""
+    CACHE.clear()
+    for other in list(_caches.values()):
+        other.clear()
