@@ -9,6 +9,8 @@ is recorded as such, the rest go on):
 
 - ours: chunked, in place, chunk i's cross-entropy beside chunk i+1's GEMM;
 - ours_serial: the same with MAX_SOFTMAX_LCE_OVERLAP off (one buffer);
+- ours:MiB, ours_serial:MiB: with CHUNK_BYTES = MiB (default 512: the
+  chunk trades memory for the dW GEMM's efficiency);
 - eager: F.linear + F.cross_entropy, the logits materialised;
 - compile: the same under torch.compile;
 - liger: liger_kernel's LigerFusedLinearCrossEntropyLoss;
@@ -43,7 +45,21 @@ import torch.nn.functional as F
 SHAPES = [(8192, 4096, 128256, None), (16384, 2304, 256000, 30.0), (8192, 4096, 32000, None)]
 """(rows, hidden, vocab, softcap): Llama-3-8B, Gemma-2-2B (softcap 30), a 32K head."""
 
-PROVIDERS = ["ours", "ours_serial", "eager", "compile", "liger", "cce", "quack", "gemm_floor"]
+PROVIDERS = [
+    "ours",
+    "ours_serial",
+    "ours:256",
+    "ours:1024",
+    "ours_serial:1024",
+    "eager",
+    "compile",
+    "liger",
+    "cce",
+    "quack",
+    "gemm_floor",
+]
+
+DEFAULT_CHUNK_BYTES = 512 * 2**20
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 """One fwd+bwd: (h, w, target), leaving h.grad and w.grad."""
@@ -64,10 +80,12 @@ def _eager_loss(h, w, t, softcap):
 
 def make_step(provider: str, softcap: float | None) -> tuple[Step, bool]:
     """The fwd+bwd of `provider`, and whether it applies `softcap`."""
-    if provider in ("ours", "ours_serial"):
+    name, _, mib = provider.partition(":")
+    if name in ("ours", "ours_serial"):
         from max_softmax.torch import linear as lce
 
-        lce.OVERLAP = provider == "ours"
+        lce.OVERLAP = name == "ours"
+        lce.CHUNK_BYTES = int(mib) * 2**20 if mib else DEFAULT_CHUNK_BYTES
 
         def ours(h, w, t):
             lce.linear_cross_entropy(h, w, t).backward()

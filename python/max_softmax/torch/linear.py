@@ -47,12 +47,15 @@ from . import _buffers as torch_buffers
 from . import _launch as torch_launch
 from ._buffers import DTYPES
 
-CHUNK_BYTES = int(os.environ.get("MAX_SOFTMAX_LCE_CHUNK_BYTES", 256 * 2**20))
+CHUNK_BYTES = int(os.environ.get("MAX_SOFTMAX_LCE_CHUNK_BYTES", 512 * 2**20))
 """Bytes of logits the chunk buffers of `linear_cross_entropy` hold in all
-(both buffers together where they take turns): 256 MiB, 1046 rows of a
-bf16 128256-class head (0.5 GFLOP-rows a GEMM, large enough for cuBLAS's
-full rate), against 4.2 GB for the whole bf16 logits and their gradient at
-8192 x 128256. `MAX_SOFTMAX_LCE_CHUNK_BYTES` overrides it."""
+(both buffers together where they take turns): 512 MiB, two buffers of
+1024 rows of a bf16 128256-class head, against 4.2 GB for the whole bf16
+logits and their gradient at 8192 x 128256. Why not less: each chunk's
+dW += dlogits_c^T h_c reads and writes all of dW (1 GB at 128256 x 4096
+bf16) for 2 x rows x H x V flops, so below ~1024 rows a chunk (bf16 on an
+H100: ~300 flops a byte) that GEMM turns memory-bound.
+`MAX_SOFTMAX_LCE_CHUNK_BYTES` overrides it."""
 
 OVERLAP = os.environ.get("MAX_SOFTMAX_LCE_OVERLAP", "1") != "0"
 """On CUDA, run chunk i's cross-entropy beside chunk i+1's logits GEMM
