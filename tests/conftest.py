@@ -22,7 +22,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--quick",
         action="store_true",
-        help="run only the quick subset (tests marked `quick`, QUICK below): ~2 min on 2 cores",
+        help="run only the quick subset (tests marked `quick`, QUICK below)",
     )
     group.addoption(
         "--fuzz-examples",
@@ -39,7 +39,6 @@ QUICK: dict[str, tuple[str, ...]] = {
         "test_properties",
         "test_16bit_softmax_within_one_ulp",
         "test_non_contiguous_input",
-        "test_other_shape_does_not_recompile",
     ),
     "test_backward.py": (
         "test_matches_formula",
@@ -54,11 +53,7 @@ QUICK: dict[str, tuple[str, ...]] = {
         "test_empty_batch",
         "test_torch_matches_f_cross_entropy",
     ),
-    "test_masked_softmax.py": (
-        "test_errors",
-        "test_fully_masked_rows",
-        "test_torch_autograd_matches_torch",
-    ),
+    "test_masked_softmax.py": ("test_errors", "test_fully_masked_rows"),
     "test_edge_cases.py": ("test_empty", "test_dtype_extremes"),
     "test_errors.py": (
         "test_axis_not_int",
@@ -70,7 +65,7 @@ QUICK: dict[str, tuple[str, ...]] = {
         "test_unknown_device",
         "test_unknown_variant",
     ),
-    "test_eager.py": ("test_eager_errors", "test_eager_empty"),
+    "test_eager.py": ("test_eager_errors",),
     "test_graph.py": ("test_matmul_softmax_matmul",),
     "test_torch.py": ("test_values_and_gradients_match_torch", "test_bad_dtype"),
     "test_torch_launch.py": (
@@ -79,7 +74,6 @@ QUICK: dict[str, tuple[str, ...]] = {
         "test_errors_surface_as_exceptions",
         "test_empty_does_nothing",
     ),
-    "test_array_launch.py": ("test_launch_matches_the_models_bit_for_bit",),
     "test_fuzz.py": ("test_fuzz_against_scipy",),
     "test_cli.py": ("test_bad_input_exit_status", "test_help_lists_subcommands"),
     "test_bench.py": (
@@ -94,8 +88,10 @@ QUICK: dict[str, tuple[str, ...]] = {
     "test_torch_replay.py": ("test_declines_twice_captures_third_replays_after",),
 }
 """The quick subset: test file -> the test functions (every parametrization)
-that `--quick` runs. One or a few per file, covering every op and front door
-on the CPU, chosen among the fast ones (no test that compiles many models)."""
+that `--quick` runs: every op and front door on the CPU, through the launch
+extension where it serves them, and only three graph compiles (a user's
+graph, the masked softmax and log-softmax models), since a change to op/
+makes every model compile again (~15 s each on 2 cores)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
