@@ -89,3 +89,5 @@
 #   cpu_masked_rows.mojo    the CPU kernel (rows as tasks, SIMD sweeps)
 #   gpu_masked_rows.mojo    the GPU kernels: register rows (the softmax
 #                           plans), a block per longer row, and the launcher
+#
+# Sharded rows (classes split over devices): sharded_ops.mojo (registrations), cpu_/gpu_sharded_rows.mojo

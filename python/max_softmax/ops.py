@@ -450,3 +450,6 @@ def _ensure_kernels_loaded() -> None:
             "max_softmax: could not add the kernel library to this graph; "
             "create it with Graph(..., custom_extensions=[max_softmax.KERNELS])"
         ) from err
+
+
+from .sharded import sharded_cross_entropy, sharded_log_softmax, sharded_softmax  # noqa: E402,F401

@@ -1,0 +1,181 @@
+"""Vocab-parallel softmax, log-softmax and cross-entropy over gloo: 2 and 3
+processes on 127.0.0.1, uneven slices of the class axis, values and
+gradients against a float64 torch reference of the whole row.
+
+One spawn per world size runs every case (a process start and a MAX model
+load cost seconds each); a failing case raises in its worker with its name.
+On 2 GPUs the same worker runs over NCCL: `MAX_SOFTMAX_TEST_NCCL=1`
+(see docs/drafts/many_gpus.md).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from max_softmax.reference import CROSS_ENTROPY_TOLERANCES  # noqa: E402
+
+TOL = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 1.6e-2}
+WIDTHS = {2: (5, 9), 3: (1, 16, 3)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    g, w = got.detach().to(torch.float64).cpu(), want.detach().to(torch.float64).cpu()
+    assert g.shape == w.shape, (what, g.shape, w.shape)
+    assert torch.equal(torch.isnan(g), torch.isnan(w)), (what, g, w)
+    finite = w[torch.isfinite(w)].abs()
+    size = max(float(finite.max()) if finite.numel() else 0.0, 1e-30)
+    same = torch.isnan(w) | (g == w)
+    diff = torch.where(same, torch.zeros_like(g), (g - w).abs())
+    tol = TOL[dtype]
+    bound = tol * size + tol * torch.where(same, torch.zeros_like(w), w).abs()
+    assert bool((diff <= bound).all()), (what, float(diff.max()), size)
+
+
+def _slice(full: torch.Tensor, widths, rank: int) -> torch.Tensor:
+    start = sum(widths[:rank])
+    return full[..., start : start + widths[rank]].contiguous()
+
+
+def _row_cases(rank, widths, device, dtype):
+    from max_softmax.torch.parallel import vocab_parallel_log_softmax, vocab_parallel_softmax
+
+    g = torch.Generator().manual_seed(1)
+    for shape in [(6,), (3, 4)]:
+        full = torch.randn(*shape, sum(widths), generator=g, dtype=torch.float64) * 3
+        full[..., 0, 1] = -float("inf")
+        dy = torch.randn(full.shape, generator=g, dtype=torch.float64)
+        for kind, fn, ref in [
+            ("softmax", vocab_parallel_softmax, torch.softmax),
+            ("log_softmax", vocab_parallel_log_softmax, torch.log_softmax),
+        ]:
+            x = _slice(full, widths, rank).to(device, dtype).requires_grad_()
+            y = fn(x)
+            y.backward(_slice(dy, widths, rank).to(device, dtype))
+            xr = full.clone().requires_grad_()
+            yr = ref(xr, -1)
+            yr.backward(dy)
+            _close(y, _slice(yr, widths, rank), dtype, f"{kind} {shape} {dtype}")
+            _close(x.grad, _slice(xr.grad, widths, rank), dtype, f"d{kind} {shape} {dtype}")
+    # The class axis first.
+    full = torch.randn(sum(widths), 5, generator=g, dtype=torch.float64)
+    start = sum(widths[:rank])
+    x = full[start : start + widths[rank]].to(device, dtype)
+    y = vocab_parallel_softmax(x, dim=0)
+    want = torch.softmax(full, 0)[start : start + widths[rank]]
+    _close(y, want, dtype, f"softmax dim=0 {dtype}")
+
+
+def _ce_cases(rank, widths, device, dtype):
+    from max_softmax.torch.parallel import vocab_parallel_cross_entropy
+
+    classes = sum(widths)
+    g = torch.Generator().manual_seed(2)
+    for shape in [(9,), (2, 5)]:
+        full = torch.randn(*shape, classes, generator=g, dtype=torch.float64) * 3
+        t = torch.randint(0, classes, shape, generator=g)
+        t.view(-1)[1] = -100
+        t.view(-1)[2] = classes - 1
+        t.view(-1)[3] = 0
+        for reduction in ["mean", "sum", "none"]:
+            for eps in [0.0, 0.1]:
+                what = f"ce {shape} {reduction} eps={eps} {dtype}"
+                x = _slice(full, widths, rank).to(device, dtype).requires_grad_()
+                loss = vocab_parallel_cross_entropy(
+                    x, t.to(device), reduction=reduction, label_smoothing=eps
+                )
+                dl = torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5
+                loss.backward(dl.to(device, dtype))
+                xr = full.clone().requires_grad_()
+                lr = F.cross_entropy(
+                    xr.movedim(-1, 1) if xr.dim() > 2 else xr,
+                    t,
+                    reduction=reduction,
+                    label_smoothing=eps,
+                )
+                lr.backward(dl)
+                _close(loss, lr, dtype, what)
+                _close(x.grad, _slice(xr.grad, widths, rank), dtype, "d" + what)
+                # The same loss on every rank.
+                everyone = [torch.empty_like(loss) for _ in range(len(widths))]
+                dist.all_gather(everyone, loss.detach().contiguous())
+                assert all(torch.equal(e, everyone[0]) for e in everyone), what
+    # ignore_index of another value, every row ignored, and a bad target.
+    full = torch.randn(4, classes, generator=g, dtype=torch.float64)
+    x = _slice(full, widths, rank).to(device, dtype)
+    t = torch.tensor([3, 7, 7, 0])
+    got = vocab_parallel_cross_entropy(x, t.to(device), ignore_index=7, reduction="none")
+    _close(got, F.cross_entropy(full, t, ignore_index=7, reduction="none"), dtype, "ignore 7")
+    x = x.clone().requires_grad_()
+    loss = vocab_parallel_cross_entropy(x, torch.full((4,), -100, device=device))
+    loss.backward()
+    assert torch.isnan(loss) and bool((x.grad == 0).all()), "every row ignored"
+    if device == "cpu":
+        with pytest.raises(ValueError, match="out of range"):
+            vocab_parallel_cross_entropy(x, torch.tensor([0, 1, classes, 2]))
+
+
+def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) -> None:
+    os.environ.setdefault("MAX_SOFTMAX_QUIET", "1")
+    use_cuda = backend == "nccl"
+    device = f"cuda:{rank}" if use_cuda else "cpu"
+    if use_cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        from max_softmax.torch import parallel
+
+        parallel._FORCED = forced
+        widths = WIDTHS[world]
+        dtypes = [torch.float32, torch.float64] + ([torch.bfloat16] if use_cuda else [])
+        for dtype in dtypes:
+            _row_cases(rank, widths, device, dtype)
+            _ce_cases(rank, widths, device, dtype)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, forced: str | None = "graph") -> None:
+    backend = "nccl" if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1" else "gloo"
+    if backend == "nccl":
+        forced = None
+        if torch.cuda.device_count() < world:
+            pytest.skip(f"needs {world} GPUs")
+    mp.spawn(_worker, args=(world, _free_port(), backend, forced), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_matches_whole_row(world):
+    _spawn(world)
+
+
+def test_torch_fallback_matches_whole_row():
+    if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1":
+        pytest.skip("the fallback runs on CPU here")
+    _spawn(2, forced="torch")
+
+
+def test_needs_an_initialised_group():
+    from max_softmax.torch.parallel import vocab_parallel_softmax
+
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        vocab_parallel_softmax(torch.zeros(2, 3))
+
+
+def test_cross_entropy_tolerances_are_the_packages():
+    assert TOL[torch.float32] == CROSS_ENTROPY_TOLERANCES["float32"]

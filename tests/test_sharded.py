@@ -1,0 +1,152 @@
+"""The sharded (vocab-parallel) MAX graph ops on the CPU: several slices of
+the class axis on one device, the statistics joined without collectives,
+against float64 references of the whole row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from max.dtype import DType
+from max.graph import DeviceRef, Graph, TensorType
+
+from max_softmax import ops as graph_ops
+from max_softmax.dtypes import to_buffer, to_numpy
+from max_softmax.kernels import kernel_library
+from max_softmax.models import session
+from max_softmax.reference import compare, compare_cross_entropy, cross_entropy_reference
+
+DTYPES = {"float32": DType.float32, "float64": DType.float64}
+
+
+def _split(x: np.ndarray, widths: tuple[int, ...]) -> list[np.ndarray]:
+    cuts = np.cumsum(widths)[:-1]
+    return [np.ascontiguousarray(p) for p in np.split(x, cuts, axis=-1)]
+
+
+def _run(build, inputs: list[np.ndarray], types: list[TensorType]) -> list[np.ndarray]:
+    with Graph("sharded_test", input_types=types, custom_extensions=[kernel_library()]) as g:
+        g.output(*build([v.tensor for v in g.inputs]))
+    model = session("cpu").load(g)
+    return [to_numpy(b) for b in model.execute(*[to_buffer(a) for a in inputs])]
+
+
+def _types(parts: list[np.ndarray], dtype: DType) -> list[TensorType]:
+    return [TensorType(dtype, p.shape, DeviceRef.CPU()) for p in parts]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_matches_whole_row(rng, dtype):
+    # Every split and both ops in one graph: one compile a dtype.
+    x = (rng.standard_normal((6, 20)) * 4).astype(dtype)
+    x[1, 2] = -np.inf
+    x[2, :] = -np.inf  # a row of only -inf: NaN, as the one-device op
+    x[3, 0] = np.nan
+    x[4, 5] = np.inf
+    splits = [(20,), (5, 15), (1, 16, 3), (4, 6, 2, 8)]
+    parts = [p for w in splits for p in _split(x, w)]
+
+    def build(vs):
+        outs, k = [], 0
+        for w in splits:
+            shards = vs[k : k + len(w)]
+            k += len(w)
+            outs += graph_ops.sharded_softmax(shards, None)
+            outs += graph_ops.sharded_log_softmax(shards, None)
+        return outs
+
+    out = _run(build, parts, _types(parts, DTYPES[dtype]))
+    k = 0
+    for w in splits:
+        n = len(w)
+        for op in ("softmax", "log_softmax"):
+            got = np.concatenate(out[k : k + n], axis=-1)
+            k += n
+            result = compare(op, got, x, axis=-1)
+            assert result.ok, (w, op, result)
+
+
+def test_softmax_3d_rows(rng):
+    x = rng.standard_normal((2, 3, 21)).astype(np.float32)
+    parts = _split(x, (10, 11))
+    got = _run(lambda vs: graph_ops.sharded_softmax(vs, None), parts, _types(parts, DType.float32))
+    assert got[0].shape == (2, 3, 10)
+    assert compare("softmax", np.concatenate(got, axis=-1), x, axis=-1).ok
+
+
+CE_CASES = [
+    (w, r, e) for w in [(5, 9), (1, 10, 3)] for r in ["mean", "sum", "none"] for e in [0.0, 0.1]
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_matches_whole_row(rng, dtype):
+    # Every case in one graph (the slices of both splits are inputs).
+    x = (rng.standard_normal((9, 14)) * 3).astype(dtype)
+    t = rng.integers(0, 14, size=9).astype(np.int64)
+    t[[1, 5]] = -100
+    t[2] = 13
+    t[3] = 0
+    splits = [(5, 9), (1, 10, 3)]
+    parts = [p for w in splits for p in _split(x, w)]
+    types = [*_types(parts, DTYPES[dtype]), TensorType(DType.int64, [9], DeviceRef.CPU())]
+    firsts = {(5, 9): 0, (1, 10, 3): 2}
+
+    def build(vs):
+        outs = []
+        for w, reduction, eps in CE_CASES:
+            shards = vs[firsts[w] : firsts[w] + len(w)]
+            losses, grads = graph_ops.sharded_cross_entropy(
+                shards, vs[-1], None, reduction=reduction, label_smoothing=eps, with_grad=True
+            )
+            outs += [losses[0], losses[-1], *grads]
+        return outs
+
+    out = _run(build, [*parts, t], types)
+    k = 0
+    for w, reduction, eps in CE_CASES:
+        loss, last, *grads = out[k : k + 2 + len(w)]
+        k += 2 + len(w)
+        want_loss, want_grad = cross_entropy_reference(
+            x, t, reduction=reduction, label_smoothing=eps
+        )
+        ok, loss_err, grad_err = compare_cross_entropy(
+            loss, np.concatenate(grads, axis=-1), want_loss, want_grad, dtype
+        )
+        assert ok, (w, reduction, eps, loss_err, grad_err)
+        np.testing.assert_array_equal(loss, last)
+
+
+def test_cross_entropy_bad_target_is_nan_and_ignore_index(rng):
+    x = rng.standard_normal((3, 12)).astype(np.float32)
+    t = np.array([3, 40, 7], dtype=np.int64)
+    parts = _split(x, (4, 8))
+    types = [*_types(parts, DType.float32), TensorType(DType.int64, [3], DeviceRef.CPU())]
+
+    def build(vs):
+        losses, grads = graph_ops.sharded_cross_entropy(
+            vs[:2], vs[2], None, reduction="none", ignore_index=7, with_grad=True
+        )
+        return [losses[0], *grads]
+
+    loss, *grads = _run(build, [*parts, t], types)
+    grad = np.concatenate(grads, axis=-1)
+    assert np.isnan(loss[1]) and np.isnan(grad[1]).all()
+    assert loss[2] == 0 and (grad[2] == 0).all()
+    want_loss, want_grad = cross_entropy_reference(x[:1], t[:1], reduction="none")
+    assert compare_cross_entropy(loss[:1], grad[:1], want_loss, want_grad, "float32")[0]
+
+
+def test_clear_errors(rng):
+    types = [TensorType(DType.float32, [4, 5], DeviceRef.CPU())] * 2
+    with Graph("bad", input_types=types) as g:
+        a, b = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match="last axis"):
+            graph_ops.sharded_softmax([a, b], None, axis=0)
+        with pytest.raises(ValueError, match="at least one"):
+            graph_ops.sharded_softmax([], None)
+    types = [TensorType(DType.float32, [4, 5], DeviceRef.CPU())] * 2
+    types[1] = TensorType(DType.float32, [3, 5], DeviceRef.CPU())
+    with Graph("bad2", input_types=types) as g:
+        a, b = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match="leading dims"):
+            graph_ops.sharded_softmax([a, b], None)
