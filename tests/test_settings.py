@@ -89,3 +89,16 @@ def test_a_missing_headline_says_why_and_what_to_do():
     line = summary(row)
     assert "exec n/a (unreliable: T(K) <= T(1); raise --reps)" in line
     assert "n/a," not in line and not line.endswith("n/a")
+
+
+def test_every_quick_test_exists():
+    """A renamed or deleted test must not drop out of `--quick` unseen."""
+    from pathlib import Path
+
+    from conftest import QUICK
+
+    here = Path(__file__).resolve().parent
+    for file, names in QUICK.items():
+        source = (here / file).read_text()
+        for name in names:
+            assert f"def {name}(" in source, f"{file}::{name} is in QUICK but not in {file}"
