@@ -45,7 +45,7 @@ def test_values_and_gradients_match_torch(device, dtype, shape, dim, name):
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "expanded_dy"])
 def test_repeated_calls_follow_new_values_and_layouts(device, name, layout):
     """The second and later calls of a shape take the bridge's cached plan
-    (torch._plans, no checks): they must still read each call's own values,
+    (_rows._plans, no checks): they must still read each call's own values,
     make a non-contiguous input or an expanded (stride 0) gradient dense, and
     match torch every time."""
     gen = torch.Generator().manual_seed(1)
@@ -71,12 +71,14 @@ def test_launch_plans_stay_bounded(monkeypatch):
 
     if not torch_launch.available():
         pytest.skip("the launch extension is off or not built")
-    monkeypatch.setattr(mst, "PLAN_LIMIT", 3)
-    monkeypatch.setattr(mst, "_plans", {})
+    from max_softmax.torch import _rows
+
+    monkeypatch.setattr(_rows, "PLAN_LIMIT", 3)
+    monkeypatch.setattr(_rows, "_plans", {})
     for n in range(1, 9):
         x = torch.randn(2, n, dtype=torch.float64)
         torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))
-        assert 1 <= len(mst._plans) <= 3
+        assert 1 <= len(_rows._plans) <= 3
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
@@ -196,8 +198,9 @@ def _take_cuda_path(monkeypatch, path: str) -> None:
     launch plans cached by an earlier test (a plan skips the choice)."""
     from max_softmax import launch
     from max_softmax.torch import _launch as torch_launch
+    from max_softmax.torch import _rows
 
-    monkeypatch.setattr(mst, "_plans", {})
+    monkeypatch.setattr(_rows, "_plans", {})
     if path == "launch":
         monkeypatch.setattr(launch, "CUDA_ENABLED", True)
         torch_launch.extension()
@@ -275,3 +278,119 @@ def test_bridge_reuses_buffer_views_and_rewrites_in_place_results(graph_path):
         torch.testing.assert_close(mst.softmax(x, dim=-1), torch.softmax(x, dim=-1))
     key = (x.data_ptr(), torch.Size([16, 300, 1]), x.dtype, x.device)
     assert key in torch_buffers._views
+
+
+# --- The drop-in surface: dtype=, 0-d inputs, modules, errors torch code catches ---
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dtype_casts_first_as_torch(name, dtype):
+    """`dtype=` casts the input before the op (values and gradient flow
+    through the cast), as torch; a non-float dtype is refused."""
+    x = torch.randn(3, 7, dtype=torch.float16, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    ours = getattr(mst, name)(x, 1, dtype=dtype)
+    ref = getattr(torch, name)(ref_x, 1, dtype=dtype)
+    assert ours.dtype == dtype
+    torch.testing.assert_close(ours, ref)
+    ours.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    with pytest.raises(TypeError, match="dtype= must be one of"):
+        getattr(mst, name)(x, 1, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("value", [2.0, float("inf"), float("nan")])
+def test_zero_dim_input_as_torch(name, value):
+    """A 0-d input: softmax 1, log_softmax 0 (NaN for inf and NaN), gradient 0,
+    dim 0 or -1; any other dim is an IndexError, as torch."""
+    x = torch.tensor(value, dtype=torch.float64, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    ours, ref = getattr(mst, name)(x, 0), getattr(torch, name)(ref_x, 0)
+    assert ours.shape == ()
+    torch.testing.assert_close(ours, ref, equal_nan=True)
+    ours.backward()
+    ref.backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, equal_nan=True)
+    torch.testing.assert_close(getattr(mst, name)(x.detach(), -1), ref.detach(), equal_nan=True)
+    with pytest.raises(IndexError, match="dim 0 or -1"):
+        getattr(mst, name)(x, 1)
+
+
+def test_out_of_range_target_is_index_and_value_error():
+    """Code that catches torch's IndexError catches ours, and so does code
+    that catches ValueError."""
+    x = torch.randn(3, 5)
+    for bad in (5, -1):
+        with pytest.raises(mst.TargetIndexError, match=f"target {bad} at index \\(1,\\)") as err:
+            mst.cross_entropy(x, torch.tensor([0, bad, 2]))
+        assert isinstance(err.value, IndexError) and isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("eps", [0.0, 0.2])
+@pytest.mark.parametrize("shape", [(4, 7), (7,), (2, 5, 3)])
+def test_probability_targets_match_torch(reduction, eps, shape):
+    """Class-probability targets (the input's shape), with label smoothing:
+    loss and gradients (to the logits and to the target) as F.cross_entropy."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    dim = 0 if len(shape) == 1 else 1
+    q = torch.softmax(torch.randn(shape, generator=gen, dtype=torch.float64), dim)
+    q.requires_grad_()
+    kw = {"reduction": reduction, "label_smoothing": eps}
+    ours = mst.cross_entropy(x, q, **kw)
+    ref = torch.nn.functional.cross_entropy(x, q, **kw)
+    torch.testing.assert_close(ours, ref)
+    g = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(ours, (x, q), g)
+    want = torch.autograd.grad(ref, (x, q), g)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="shaped as the input"):
+        mst.cross_entropy(x, q[..., :1].detach(), **kw)
+
+
+@pytest.mark.parametrize(
+    "ours,theirs,shape",
+    [
+        (lambda: mst.Softmax(1), lambda: torch.nn.Softmax(1), (3, 4, 5)),
+        (lambda: mst.LogSoftmax(-1), lambda: torch.nn.LogSoftmax(-1), (3, 4)),
+        (mst.Softmax2d, torch.nn.Softmax2d, (2, 3, 4, 5)),
+        (mst.Softmax2d, torch.nn.Softmax2d, (3, 4, 5)),
+    ],
+)
+def test_modules_match_torch(ours, theirs, shape):
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(ours()(x), theirs()(x))
+
+
+def test_module_errors():
+    with pytest.raises(ValueError, match="Softmax2d expects a 3-D or 4-D input"):
+        mst.Softmax2d()(torch.randn(4, 5))
+    with pytest.raises(NotImplementedError, match="no class weights"):
+        mst.CrossEntropyLoss(weight=torch.ones(3))
+    with pytest.raises(NotImplementedError, match="no class weights"):
+        mst.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), weight=torch.ones(3))
+
+
+@pytest.mark.parametrize("kw", [{}, {"ignore_index": 1, "label_smoothing": 0.1}])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_loss_module_matches_torch(kw, reduction):
+    x = torch.randn(6, 4, 3, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 4, (6, 3))
+    ours = mst.CrossEntropyLoss(reduction=reduction, **kw)(x, t)
+    ref = torch.nn.CrossEntropyLoss(reduction=reduction, **kw)(x, t)
+    torch.testing.assert_close(ours, ref)
+
+
+def test_floating_mask_that_wants_a_gradient_is_refused():
+    """The masked op gives no gradient to a floating mask: one that requires
+    grad raises rather than silently getting none; detached, it works."""
+    x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="no gradient to a floating mask"):
+        mst.softmax(x, mask=bias)
+    y = mst.softmax(x, mask=bias.detach())
+    torch.testing.assert_close(y, torch.softmax(x + bias.detach(), -1))

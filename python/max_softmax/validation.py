@@ -157,15 +157,20 @@ def check_cross_entropy_shapes(logits_shape: list, targets_shape: list) -> None:
         )
 
 
+class TargetIndexError(IndexError, ValueError):
+    """Raised for a cross-entropy target outside [0, classes): an IndexError
+    as torch raises, and a ValueError as the other input checks."""
+
+
 def check_targets_in_range(targets: np.ndarray, classes: int, ignore_index: int) -> None:
-    """Raise ValueError naming the first target outside [0, classes) that is
-    not ignore_index (host arrays only: checked before anything runs)."""
+    """Raise TargetIndexError naming the first target outside [0, classes)
+    that is not ignore_index (host arrays only: checked before anything runs)."""
     flat = targets.reshape(-1)
     bad = (flat != ignore_index) & ((flat < 0) | (flat >= classes))
     if bad.any():
         i = int(np.argmax(bad))
         where = tuple(int(k) for k in np.unravel_index(i, targets.shape)) if targets.ndim else ()
-        raise ValueError(
+        raise TargetIndexError(
             f"max_softmax: cross_entropy target {int(flat[i])} at index {where} "
             f"is out of range for {classes} classes (and is not ignore_index {ignore_index})"
         )

@@ -1,0 +1,227 @@
+"""Autograd for the row ops: softmax and log_softmax as `torch.autograd.Function`s
+in the `setup_context` style, so reverse mode, `create_graph=True` (any
+order), forward mode (`jvp`), and `torch.func` (`grad`, `jvp`, `vmap`) all
+work.
+
+First-order gradients run our backward ops (`softmax_backward`,
+`log_softmax_backward`) directly. When something records or transforms the
+backward itself (a gradient with `create_graph=True`, forward-over-reverse,
+`torch.func`), it runs as a second-level Function whose forward is the same
+backward op and whose own derivatives are torch ops; so the gradient's value
+is our kernel's either way, and its derivatives are exact.
+
+A `vmap`ped call becomes one call with the vmapped dim moved to the front:
+the ops are row-wise, so it is one more leading dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..validation import normalize_axis
+from ._rows import run
+
+_forward_ad = torch.autograd.forward_ad
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def needs_function(*tensors: torch.Tensor) -> bool:
+    """Whether a call must go through an autograd Function: autograd records
+    it, forward-mode AD is on, or a `torch.func` transform wraps a tensor.
+    Else the op runs as is (no ~10 µs of Function bookkeeping a call)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return _forward_ad._current_level >= 0 or any(_is_wrapped(t) for t in tensors)
+
+
+def leading(info: Any, in_dims: tuple, *tensors: torch.Tensor) -> tuple[list, int]:
+    """`vmap` helper: `tensors` with their vmapped dim (in_dims) moved to the
+    front (an unbatched one expanded to the batch), and the logical rank."""
+    rank = None
+    moved = []
+    for t, b in zip(tensors, in_dims):
+        if b is None:
+            moved.append(t.expand(info.batch_size, *t.shape))
+            rank = t.dim() if rank is None else rank
+        else:
+            moved.append(t.movedim(b, 0))
+            rank = t.dim() - 1
+    return moved, rank
+
+
+def for_compile(fn: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+    """Function `fn` without its `jvp` and `vmap`, for torch.compile: Dynamo
+    does not trace a Function with a custom jvp (forward-mode AD under
+    torch.compile then raises torch's "jvp is not implemented")."""
+    parts = {k: fn.__dict__[k] for k in ("forward", "setup_context", "backward")}
+    return type(f"{fn.__name__}Compiled", (torch.autograd.Function,), parts)
+
+
+def _keep(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t.sum(dim, keepdim=True)
+
+
+class SoftmaxBackward(torch.autograd.Function):
+    """dx = y * (dy - <dy, y>) by our softmax_backward op, differentiable in
+    y and dy (torch ops)."""
+
+    @staticmethod
+    def forward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:  # type: ignore[override]
+        return run("softmax_backward", dim, y, dy)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        y, dy, dim = inputs
+        ctx.save_for_backward(y, dy)
+        ctx.save_for_forward(y, dy)
+        ctx.dim = dim
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        y, dy = ctx.saved_tensors
+        d = ctx.dim
+        gy = _keep(g * y, d)
+        grad_y = g * (dy - _keep(dy * y, d)) - gy * dy if ctx.needs_input_grad[0] else None
+        grad_dy = y * (g - gy) if ctx.needs_input_grad[1] else None
+        return grad_y, grad_dy, None
+
+    @staticmethod
+    def jvp(ctx: Any, ty: torch.Tensor | None, tdy: torch.Tensor | None, _: None):  # type: ignore[override]
+        y, dy = ctx.saved_tensors
+        d = ctx.dim
+        out = torch.zeros_like(y)
+        if ty is not None:
+            out = out + ty * (dy - _keep(dy * y, d)) - y * _keep(dy * ty, d)
+        if tdy is not None:
+            out = out + y * (tdy - _keep(tdy * y, d))
+        return out
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, y: torch.Tensor, dy: torch.Tensor, dim: int):  # type: ignore[override]
+        (y, dy), rank = leading(info, in_dims[:2], y, dy)
+        return SoftmaxBackward.apply(y, dy, normalize_axis(dim, rank) + 1), 0
+
+
+class LogSoftmaxBackward(torch.autograd.Function):
+    """dx = dy - exp(z) * sum(dy) by our log_softmax_backward op,
+    differentiable in z and dy (torch ops)."""
+
+    @staticmethod
+    def forward(z: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:  # type: ignore[override]
+        return run("log_softmax_backward", dim, z, dy)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        z, dy, dim = inputs
+        ctx.save_for_backward(z, dy)
+        ctx.save_for_forward(z, dy)
+        ctx.dim = dim
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        z, dy = ctx.saved_tensors
+        d = ctx.dim
+        p = z.exp()
+        grad_z = -g * p * _keep(dy, d) if ctx.needs_input_grad[0] else None
+        grad_dy = g - _keep(g * p, d) if ctx.needs_input_grad[1] else None
+        return grad_z, grad_dy, None
+
+    @staticmethod
+    def jvp(ctx: Any, tz: torch.Tensor | None, tdy: torch.Tensor | None, _: None):  # type: ignore[override]
+        z, dy = ctx.saved_tensors
+        d = ctx.dim
+        p = z.exp()
+        out = torch.zeros_like(z)
+        if tz is not None:
+            out = out - p * tz * _keep(dy, d)
+        if tdy is not None:
+            out = out + tdy - p * _keep(tdy, d)
+        return out
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, z: torch.Tensor, dy: torch.Tensor, dim: int):  # type: ignore[override]
+        (z, dy), rank = leading(info, in_dims[:2], z, dy)
+        return LogSoftmaxBackward.apply(z, dy, normalize_axis(dim, rank) + 1), 0
+
+
+_BACKWARD = {"softmax_backward": SoftmaxBackward, "log_softmax_backward": LogSoftmaxBackward}
+_BACKWARD_COMPILED = {name: for_compile(fn) for name, fn in _BACKWARD.items()}
+
+
+def row_backward(name: str, out: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
+    """Backward op `name` of a forward's output `out` and gradient `dy`:
+    the op itself, or its differentiable Function when something records or
+    transforms the call (`needs_function`)."""
+    if needs_function(out, dy):
+        table = _BACKWARD_COMPILED if torch.compiler.is_compiling() else _BACKWARD
+        return table[name].apply(out, dy, dim)
+    return run(name, dim, out, dy)
+
+
+class SoftmaxFn(torch.autograd.Function):
+    """softmax(x) along `dim` by our kernel; its gradient is our
+    softmax_backward op, its jvp the same op applied to the tangent (the
+    Jacobian is symmetric)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, dim: int) -> torch.Tensor:  # type: ignore[override]
+        return run("softmax", dim, x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.dim = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return row_backward("softmax_backward", y, dy, ctx.dim), None
+
+    @staticmethod
+    def jvp(ctx: Any, t: torch.Tensor, _: None) -> torch.Tensor:  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return row_backward("softmax_backward", y, t, ctx.dim)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, dim: int):  # type: ignore[override]
+        (x,), rank = leading(info, in_dims[:1], x)
+        return SoftmaxFn.apply(x, normalize_axis(dim, rank) + 1), 0
+
+
+class LogSoftmaxFn(torch.autograd.Function):
+    """log_softmax(x) along `dim` by our kernel; its gradient is our
+    log_softmax_backward op, its jvp t - <t, softmax>."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, dim: int) -> torch.Tensor:  # type: ignore[override]
+        return run("log_softmax", dim, x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.dim = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
+        (z,) = ctx.saved_tensors
+        return row_backward("log_softmax_backward", z, dy, ctx.dim), None
+
+    @staticmethod
+    def jvp(ctx: Any, t: torch.Tensor, _: None) -> torch.Tensor:  # type: ignore[override]
+        (z,) = ctx.saved_tensors
+        return t - _keep(t * z.exp(), ctx.dim)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, dim: int):  # type: ignore[override]
+        (x,), rank = leading(info, in_dims[:1], x)
+        return LogSoftmaxFn.apply(x, normalize_axis(dim, rank) + 1), 0
+
+
+SoftmaxFnCompiled = for_compile(SoftmaxFn)
+LogSoftmaxFnCompiled = for_compile(LogSoftmaxFn)

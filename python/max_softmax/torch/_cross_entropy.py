@@ -1,0 +1,347 @@
+"""Cross-entropy on torch tensors, a drop-in for `F.cross_entropy`.
+
+Class-index targets run our fused loss op: two outputs (loss, dlogits),
+int64 targets and a float64 options tensor (ignore_index, label_smoothing),
+by the launch extension or the op's destination-passing models
+(models.cross_entropy_into_model). Its forward writes the gradient too, and
+the first-order backward only scales it. Higher-order, forward-mode and
+`torch.func` derivatives recompute the gradient with our softmax and torch
+ops. Class-probability targets use our log_softmax and torch ops (not fused).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..models import cross_entropy_into_model
+from ..validation import (
+    EMPTY_LOSS,
+    check_cross_entropy_options,
+    check_targets_in_range,
+)
+from . import _launch as torch_launch
+from ._autograd import for_compile, leading, needs_function
+from ._buffers import DTYPES
+from ._device import check_device, device_kind
+from ._functional import log_softmax, softmax
+from ._graph_path import cached, execute
+
+_functorch = torch._C._functorch
+
+
+def _call_cross_entropy(reduction: str, with_grad: bool, tensors: tuple[torch.Tensor, ...]) -> None:
+    """Write cross-entropy into `tensors`' outputs: (loss, [dlogits,] logits,
+    targets, options) (no replay: the op is one graph call either way)."""
+    if torch_launch.available(tensors[-3].is_cuda):
+        loss, *rest = tensors
+        dlogits = rest.pop(0) if with_grad else None
+        logits, targets, options = rest
+        torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
+        return
+    logits = tensors[-3]
+    model = cross_entropy_into_model(
+        with_grad, DTYPES[logits.dtype], device_kind(logits), reduction
+    )
+    execute(model, tensors)
+
+
+@torch.library.custom_op("max_softmax::cross_entropy", mutates_args=("loss", "dlogits"))
+def _cross_entropy_op(
+    loss: torch.Tensor,
+    dlogits: torch.Tensor,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    options: torch.Tensor,
+    reduction: str,
+    with_grad: bool,
+) -> None:
+    """Cross-entropy as a torch custom op, for torch.compile (whose tracer
+    cannot see into MAX); `dlogits` is not touched unless `with_grad`."""
+    head = (loss, dlogits) if with_grad else (loss,)
+    _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
+
+
+def _options(device: torch.device, ignore_index: int, eps: float) -> torch.Tensor:
+    """The (ignore_index, label_smoothing) float64 tensor the kernels read,
+    made once per (device, values)."""
+    return cached(
+        ("cross_entropy", device, ignore_index, eps),
+        lambda: torch.tensor([ignore_index, eps], dtype=torch.float64, device=device),
+    )
+
+
+def _cross_entropy_rows(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    eps: float,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(loss, dlogits or None) of contiguous (rows, classes) `logits` and
+    (rows,) int64 `targets`: the loss (1,) for "mean"/"sum", (rows,) for
+    "none"."""
+    rows, classes = logits.shape
+    loss = torch.empty(
+        (rows,) if reduction == "none" else (1,), dtype=logits.dtype, device=logits.device
+    )
+    dlogits = torch.empty_like(logits) if with_grad else None
+    if rows == 0 or classes == 0:
+        loss.fill_(EMPTY_LOSS[reduction])
+        if dlogits is not None:
+            dlogits.zero_()
+        return loss, dlogits
+    logits = logits.contiguous()
+    targets = targets.contiguous()
+    options = _options(logits.device, ignore_index, eps)
+    # Without the gradient the op ignores `dlogits`: any tensor will do.
+    grad_out = dlogits if dlogits is not None else loss
+    if torch.compiler.is_compiling():
+        _cross_entropy_op(loss, grad_out, logits, targets, options, reduction, with_grad)
+    else:
+        head = (loss, grad_out) if with_grad else (loss,)
+        _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
+    return loss, dlogits
+
+
+def _gradient(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str, eps: float
+) -> torch.Tensor:
+    """d loss / d logits (the mean's 1/count included) by our softmax and
+    torch ops, differentiable: softmax - (1 - eps) onehot - eps / C on kept
+    rows, 0 on ignored rows, NaN on out-of-range targets (as the kernel)."""
+    classes = logits.shape[-1]
+    kept = targets != ignore_index
+    bad = kept & ((targets < 0) | (targets >= classes))
+    safe = torch.where(kept & ~bad, targets, torch.zeros_like(targets))
+    onehot = torch.nn.functional.one_hot(safe, classes).to(logits.dtype)
+    g = softmax(logits, -1) - (1.0 - eps) * onehot - eps / classes
+    g = g * kept.unsqueeze(-1).to(logits.dtype)
+    if reduction == "mean":
+        g = g / kept.sum().to(logits.dtype)
+    return torch.where(bad.unsqueeze(-1), torch.full_like(g, float("nan")), g)
+
+
+class CrossEntropyFn(torch.autograd.Function):
+    """Cross-entropy of (rows, classes) logits whose forward also writes the
+    gradient (one fused pass over the logits); backward hands that gradient
+    on, scaled in place. `holder` (a fresh list) carries the gradient from
+    forward to setup_context."""
+
+    @staticmethod
+    def forward(logits, targets, ignore_index, reduction, eps, holder):  # type: ignore[override]
+        loss, dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)
+        holder.append(dlogits)
+        return loss
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        logits, targets, ignore_index, reduction, eps, holder = inputs
+        ctx.save_for_backward(logits, targets)
+        ctx.save_for_forward(logits, targets)
+        # Held outside save_for_backward: the first backward gives it away
+        # (scaled in place, or as it is), so torch's version check on saved
+        # tensors would refuse a second backward that never reads it.
+        ctx.dlogits = holder.pop() if holder else None
+        ctx.args = (ignore_index, reduction, eps)
+
+    @staticmethod
+    def backward(ctx, grad_loss):  # type: ignore[override]
+        logits, targets = ctx.saved_tensors
+        ignore_index, reduction, eps = ctx.args
+        none = (None, None, None, None, None)
+        if needs_function(logits, grad_loss):  # create_graph, torch.func: differentiable
+            ctx.dlogits = None
+            scale = grad_loss.unsqueeze(-1) if reduction == "none" else grad_loss
+            return (_gradient(logits, targets, ignore_index, reduction, eps) * scale, *none)
+        dlogits, ctx.dlogits = ctx.dlogits, None
+        if dlogits is None:  # a second backward (retain_graph): compute it again
+            dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)[1]
+        # A loss backpropagated as is (grad 1) passes dlogits on untouched;
+        # the check reads a CPU scalar only (on CUDA it would sync the host;
+        # under torch.compile it would break the graph).
+        if (
+            not grad_loss.is_cuda
+            and reduction != "none"
+            and not torch.compiler.is_compiling()
+            and float(grad_loss) == 1.0
+        ):
+            return (dlogits, *none)
+        # "none": a gradient a row; "mean"/"sum": one scalar (shape (1,)).
+        if (
+            dlogits.is_cuda
+            and torch_launch.available(cuda=True)
+            and not torch.compiler.is_compiling()
+        ):
+            # Rows whose factor is 1 (loss.backward()) are left unread.
+            factor = grad_loss.to(dlogits.dtype).contiguous()
+            torch_launch.scale_rows(dlogits, factor)
+            return (dlogits, *none)
+        scale = grad_loss[:, None] if reduction == "none" else grad_loss
+        return (dlogits.mul_(scale), *none)
+
+    @staticmethod
+    def jvp(ctx, t_logits, *_):  # type: ignore[override]
+        logits, targets = ctx.saved_tensors
+        ignore_index, reduction, eps = ctx.args
+        if t_logits is None:
+            shape = (logits.shape[0],) if reduction == "none" else (1,)
+            return torch.zeros(shape, dtype=logits.dtype, device=logits.device)
+        g = _gradient(logits, targets, ignore_index, reduction, eps)
+        tangent = (g * t_logits).sum(-1)
+        return tangent if reduction == "none" else tangent.sum().reshape(1)
+
+    @staticmethod
+    def vmap(info, in_dims, logits, targets, ignore_index, reduction, eps, holder):  # type: ignore[override]
+        # Each batch element's rows, flat, as one "none" call; then each
+        # element's reduction (the mean over its kept rows) by torch ops.
+        (logits, targets), _ = leading(info, in_dims[:2], logits, targets)
+        batch, rows, classes = logits.shape
+        loss = CrossEntropyFn.apply(
+            logits.reshape(-1, classes), targets.reshape(-1), ignore_index, "none", eps, []
+        ).reshape(batch, rows)
+        if reduction == "none":
+            return loss, 0
+        total = loss.sum(1, keepdim=True)
+        if reduction == "sum":
+            return total, 0
+        kept = (targets != ignore_index).sum(1, keepdim=True).to(loss.dtype)
+        return total / kept, 0
+
+
+CrossEntropyFnCompiled = for_compile(CrossEntropyFn)
+
+
+def _host_values(targets: torch.Tensor, shape: tuple) -> Any:
+    """CPU `targets` as a numpy array of `shape`; under torch.func, all the
+    values the transforms wrap (a vmapped tensor: every batch element's)."""
+    if not _functorch.is_functorch_wrapped_tensor(targets):
+        return targets.view(shape).numpy()
+    with torch._C._DisableFuncTorch():
+        while _functorch.is_functorch_wrapped_tensor(targets):
+            targets = _functorch.get_unwrapped(targets)
+        return targets.numpy()
+
+
+def _soft_cross_entropy(
+    input: torch.Tensor, target: torch.Tensor, reduction: str, eps: float
+) -> torch.Tensor:
+    """Cross-entropy with class-probability targets, as F.cross_entropy:
+    -(q * log_softmax(input)).sum over classes, q = target smoothed by eps.
+    Our log_softmax kernel and torch ops (not fused); autograd follows."""
+    if target.shape != input.shape:
+        raise ValueError(
+            f"max_softmax: cross_entropy with class-probability targets needs the target "
+            f"shaped as the input {tuple(input.shape)}, got {tuple(target.shape)}"
+        )
+    dim = 0 if input.dim() == 1 else 1
+    classes = input.shape[dim]
+    q = target if eps == 0.0 else target * (1.0 - eps) + eps / classes
+    loss = -(q * log_softmax(input, dim)).sum(dim)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
+
+
+def cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """`torch.nn.functional.cross_entropy(input, target, ...)` computed by
+    our kernels, differentiable to any order, in forward mode and under
+    `torch.func`. With class indices the loss is fused: the forward writes
+    d loss / d input too, and the first-order backward only scales it.
+
+    Args:
+        input: Logits (C,), (N, C) or (N, C, d1, ...): classes on dim 1 (or
+            0 for 1-D), as torch; float32/float16/bfloat16/float64, CPU or CUDA.
+        target: Integer class indices, () / (N,) / (N, d1, ...); or class
+            probabilities, a floating tensor shaped as `input` (computed by
+            our log_softmax kernel and torch ops, not fused; ignore_index
+            does not apply, as torch).
+        weight: Not supported: raises NotImplementedError.
+        size_average: Deprecated in torch; must be None.
+        ignore_index: Target value whose rows add nothing and count for
+            nothing in the mean.
+        reduce: Deprecated in torch; must be None.
+        reduction: "mean", "sum" or "none".
+        label_smoothing: eps in [0, 1].
+
+    Returns:
+        The loss in the input's dtype: 0-d for "mean"/"sum", the target's
+        shape for "none".
+
+    An out-of-range class index (not ignore_index) raises TargetIndexError
+    (an IndexError and a ValueError) for CPU tensors; on CUDA it is not
+    checked (that would sync with the host): its row's loss and gradient
+    come out NaN, and so does a reduced loss.
+    """
+    if weight is not None:
+        raise NotImplementedError(
+            "max_softmax: cross_entropy takes no class weights (weight=); use "
+            "torch.nn.functional.cross_entropy for weighted losses"
+        )
+    if size_average is not None or reduce is not None:
+        raise ValueError(
+            "max_softmax: size_average and reduce are deprecated in torch; use reduction="
+        )
+    reduction, ignore_index, eps = check_cross_entropy_options(
+        reduction, ignore_index, label_smoothing
+    )
+    if input.dtype not in DTYPES:
+        raise TypeError(
+            f"max_softmax: cross_entropy needs floating-point logits, got {input.dtype}"
+        )
+    if input.dim() == 0:
+        raise ValueError("max_softmax: cross_entropy needs logits of rank >= 1, got a 0-d tensor")
+    if target.device != input.device:
+        raise ValueError(
+            f"max_softmax: cross_entropy needs input and target on one device, "
+            f"got {input.device} and {target.device}"
+        )
+    launching = input.is_cuda and torch_launch.available(cuda=True)
+    check_device(input, "cross_entropy", launching)
+    if target.is_floating_point():
+        return _soft_cross_entropy(input, target, reduction, eps)
+    if target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(
+            f"max_softmax: cross_entropy needs integer class indices or floating class "
+            f"probabilities as the target, got {target.dtype}"
+        )
+    # Classes last, rows flat: the kernels' (rows, classes) view. Autograd
+    # follows the movedim/reshape (a copy only for (N, C, d1, ...)).
+    logits = input.unsqueeze(0) if input.dim() == 1 else input
+    if logits.dim() > 2:
+        logits = logits.movedim(1, -1)
+    expected = tuple(logits.shape[:-1])
+    targets = target.reshape(1) if input.dim() == 1 and target.dim() == 0 else target
+    if tuple(targets.shape) != expected:
+        raise ValueError(
+            f"max_softmax: cross_entropy target of shape {tuple(target.shape)} does not match "
+            f"input of shape {tuple(input.shape)}"
+        )
+    classes = logits.shape[-1]
+    logits = logits.reshape(-1, classes).contiguous()
+    targets = targets.reshape(-1).to(torch.int64).contiguous()
+    if not input.is_cuda and not torch.compiler.is_compiling():
+        # On the host numpy checks in a fraction of torch's time (65536
+        # targets: 41 vs 630 us); CUDA targets are not checked (a host sync).
+        check_targets_in_range(_host_values(targets, expected), classes, ignore_index)
+    if needs_function(logits, targets):
+        fn = CrossEntropyFnCompiled if torch.compiler.is_compiling() else CrossEntropyFn
+        loss = fn.apply(logits, targets, ignore_index, reduction, eps, [])
+    else:
+        loss, _ = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, False)
+    if reduction == "none":
+        return loss.reshape(target.shape)
+    return loss.reshape(())

@@ -1,0 +1,120 @@
+"""`softmax` and `log_softmax`, drop-ins for torch's: `dtype=`, 0-d inputs
+and torch's legacy implicit dim as torch, plain calls on our row ops
+(`_autograd`), and scale / mask / causal calls on the fused masked ops
+(`_masked`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..validation import is_masked_call
+from ._autograd import (
+    LogSoftmaxFn,
+    LogSoftmaxFnCompiled,
+    SoftmaxFn,
+    SoftmaxFnCompiled,
+    needs_function,
+)
+from ._buffers import DTYPES
+from ._masked import masked
+from ._rows import run
+
+
+def _implicit_dim(rank: int, name: str) -> int:
+    """torch's legacy choice for `dim=None` (with its warning)."""
+    warnings.warn(
+        f"Implicit dimension choice for {name} has been deprecated. "
+        "Change the call to include dim=X as an argument.",
+        stacklevel=4,
+    )
+    return 0 if rank in (0, 1, 3) else 1
+
+
+def _prepare(
+    name: str, x: torch.Tensor, dim: int | None, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, int]:
+    """(x cast to `dtype`, dim): torch casts before the op, so the gradient
+    flows back through the cast."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"max_softmax: {name} needs a torch.Tensor, got {type(x).__name__}")
+    if dim is None:
+        dim = _implicit_dim(x.dim(), name)
+    if dtype is not None:
+        if dtype not in DTYPES:
+            names = ", ".join(str(d) for d in DTYPES)
+            raise TypeError(f"max_softmax: {name} dtype= must be one of {names}, got {dtype}")
+        x = x.to(dtype)
+    return x, dim
+
+
+def _scalar(name: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """A 0-d input as torch: one row of one element (softmax 1, log_softmax
+    0; NaN for inf and NaN), dim 0 or -1."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (0, -1):
+        raise IndexError(
+            f"max_softmax: {name} of a 0-d tensor takes dim 0 or -1 "
+            f"(Dimension out of range (expected to be in range of [-1, 0], but got {dim}))"
+        )
+    fn = softmax if name == "softmax" else log_softmax
+    return fn(x.reshape(1), 0).reshape(())
+
+
+def softmax(
+    x: torch.Tensor,
+    dim: int | None = -1,
+    dtype: torch.dtype | None = None,
+    *,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """`torch.softmax(x, dim, dtype)` computed by our kernels, differentiable
+    to any order, in forward mode and under `torch.func` (grad, jvp, vmap).
+
+    `dtype` casts x first, as torch. A 0-d x gives 1 (dim 0 or -1).
+    `dim=None` picks torch's legacy implicit dim, with its warning.
+
+    With `scale`, `mask` (boolean, True keeps, or floating, added after
+    scaling; broadcastable to x) or `causal` (over the last two dims, row i
+    keeps columns j <= i): the softmax of `x * scale + mask`, fused in one
+    kernel; a row with nothing kept gives zeros. Gradients flow to x only
+    (masked positions get 0); a floating mask that requires grad raises
+    NotImplementedError.
+    """
+    x, dim = _prepare("softmax", x, dim, dtype)
+    if is_masked_call(scale, mask, causal):
+        return masked("softmax", x, dim, scale, mask, causal)
+    if x.dim() == 0:
+        return _scalar("softmax", x, dim)
+    if not needs_function(x):
+        return run("softmax", dim, x)
+    return (SoftmaxFnCompiled if torch.compiler.is_compiling() else SoftmaxFn).apply(x, dim)
+
+
+def log_softmax(
+    x: torch.Tensor,
+    dim: int | None = -1,
+    dtype: torch.dtype | None = None,
+    *,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """`torch.log_softmax(x, dim, dtype)` computed by our kernels,
+    differentiable as `softmax`. A 0-d x gives 0.
+
+    `scale`, `mask`, `causal` as for `softmax`; a row with nothing kept
+    gives -inf, and masked positions (output -inf) get gradient 0, as
+    `masked_fill(~mask, -inf)` followed by torch's log_softmax.
+    """
+    x, dim = _prepare("log_softmax", x, dim, dtype)
+    if is_masked_call(scale, mask, causal):
+        return masked("log_softmax", x, dim, scale, mask, causal)
+    if x.dim() == 0:
+        return _scalar("log_softmax", x, dim)
+    if not needs_function(x):
+        return run("log_softmax", dim, x)
+    fn = LogSoftmaxFnCompiled if torch.compiler.is_compiling() else LogSoftmaxFn
+    return fn.apply(x, dim)
