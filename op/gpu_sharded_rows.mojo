@@ -341,23 +341,45 @@ def epilogue_kernel[
             elif tgt >= offset and tgt < offset + Int64(len):
                 local = Int(tgt - offset)
         var end = min((c + 1) * CH, nvec)
-        for i in range(c * CH + t, end, T):
-            var e0 = head + i * V
-            var out = SIMD[dtype, V](fill)
-            if kept:
-                var v = x.unsafe_offset(e0).unsafe_load[width=V, alignment=16]()
-                var g = _finish[dtype, op, V](v, row_max, a, smooth, scale)
-                comptime if CE:
-                    var d = local - e0
-                    if d >= 0 and d < V:
-                        g[d] = target_grad[acc](
-                            exp_nan[acc, 1](v[d].cast[acc]() - row_max) * a,
-                            smooth,
-                            eps,
-                            scale,
-                        )
-                out = g.cast[dtype]()
-            y.unsafe_offset(e0).unsafe_store[alignment=16](out)
+        var first = c * CH + t
+        # The thread's (up to) U vectors of the chunk are all loaded before
+        # any store: U loads in flight, which stores to a buffer the
+        # compiler cannot tell apart from the input would otherwise stop.
+        var raw = SIMD[dtype, U * V](0)
+        if kept:
+            comptime for k in range(U):
+                if first + k * T < end:
+                    raw = raw.insert[offset=k * V](
+                        x.unsafe_offset(head + (first + k * T) * V).unsafe_load[
+                            width=V, alignment=16
+                        ]()
+                    )
+        comptime for k in range(U):
+            var i = first + k * T
+            if i < end:
+                var e0 = head + i * V
+                var out = SIMD[dtype, V](fill)
+                if kept:
+                    var v = raw.slice[V, offset=k * V]()
+                    var g = _finish[dtype, op, V](v, row_max, a, smooth, scale)
+                    comptime if CE:
+                        var d = local - e0
+                        if d >= 0 and d < V:
+                            # Lane by lane with constant indices: a dynamic
+                            # index into a vector goes through local memory.
+                            comptime for j in range(V):
+                                if j == d:
+                                    g[j] = target_grad[acc](
+                                        exp_nan[acc, 1](
+                                            v[j].cast[acc]() - row_max
+                                        )
+                                        * a,
+                                        smooth,
+                                        eps,
+                                        scale,
+                                    )
+                    out = g.cast[dtype]()
+                y.unsafe_offset(e0).unsafe_store[alignment=16](out)
         if c == 0:
             for k in range(t, head + len - tail_begin, T):
                 var e = k if k < head else tail_begin + (k - head)

@@ -181,23 +181,25 @@ def run_torch(args) -> None:
                         F.cross_entropy(dt, t).backward()
 
                 providers["loss_parallel"] = torch_loss_parallel
-            whole = None
+            whole_bytes = rows * classes * x.element_size()
             if not args.skip_single:
-                whole = torch.randn(rows, classes, device=device, dtype=dtype, generator=gen)
+                # Made just before its timing and freed after (see below):
+                # the whole row and its gradient are 2 x world x the shard.
+                holder: dict = {}
 
-                def single(whole=whole, t=t):
-                    xg = whole.detach().requires_grad_()
+                def single(t=t, holder=holder, shape=(rows, classes), dtype=dtype, gen=gen):
+                    if "whole" not in holder:
+                        holder["whole"] = torch.randn(
+                            shape, device=device, dtype=dtype, generator=gen
+                        )
+                    xg = holder["whole"].detach().requires_grad_()
                     mst.cross_entropy(xg, t).backward()
 
                 providers["single"] = single
             for provider, step in providers.items():
                 try:
                     ms = time_cuda(torch, step, args.warmup, args.iters)
-                    moved = 3 * (
-                        whole.numel() * whole.element_size()
-                        if provider == "single"
-                        else shard_bytes
-                    )
+                    moved = 3 * (whole_bytes if provider == "single" else shard_bytes)
                     row = {
                         "provider": provider,
                         "rows": rows,
@@ -218,7 +220,9 @@ def run_torch(args) -> None:
                 results.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
-            del whole, x
+                torch.cuda.empty_cache()
+            providers.clear()
+            del x
             torch.cuda.empty_cache()
     if rank == 0 and args.out:
         Path(args.out).write_text(json.dumps({"kind": "torch", "results": results}, indent=1))

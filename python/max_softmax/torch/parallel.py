@@ -203,6 +203,8 @@ def _local_stats(x: torch.Tensor, t: torch.Tensor, opts: torch.Tensor, kind: str
     how = backend(x)
     if how == "torch":
         return _torch_stats(x, t, opts, kind)
+    # log-softmax's statistics are softmax's: one kernel instance, one model.
+    kind = "cross_entropy" if kind == "cross_entropy" else "softmax"
     if how == "extension":
         _launch_entry(0, x, kind, out, [x, t, opts])
     else:
