@@ -24,6 +24,7 @@ from .arrays import (
 )
 from .devices import NoGPUError, gpu_available
 from .kernels import KERNEL_SOURCES, kernel_library
+from .linear import linear_cross_entropy, linear_cross_entropy_with_grad
 from .validation import SUPPORTED_DTYPES, SoftmaxInputError
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "eager",
     "gpu_available",
     "kernel_library",
+    "linear_cross_entropy",
+    "linear_cross_entropy_with_grad",
     "log_softmax",
     "log_softmax_backward",
     "ops",

@@ -452,4 +452,8 @@ def _ensure_kernels_loaded() -> None:
         ) from err
 
 
+from .linear_graph import (  # noqa: E402,F401
+    linear_cross_entropy,
+    linear_cross_entropy_with_grad,
+)
 from .sharded import sharded_cross_entropy, sharded_log_softmax, sharded_softmax  # noqa: E402,F401
