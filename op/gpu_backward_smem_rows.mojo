@@ -29,13 +29,9 @@ from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     ClusterPartials,
-    cluster_capacity,
     cluster_total,
-    onchip_part,
+    onchip_plan,
     onchip_rows,
-    smem_bytes_for,
-    smem_capacity,
-    smem_threads_for,
     start_row_copy,
 )
 from .gpu_split_chunks import SharedBuffer
@@ -395,28 +391,20 @@ def launch_backward_parts[
 ) raises:
     """Launch `backward_smem_kernel` on `rows` rows of `n`, C blocks a row,
     each with the shared memory its part of both tensors needs
-    (`onchip_part`), and `CLUSTER_SLOTS` partials a row for C > 1. Raises
+    (`onchip_plan`), and `CLUSTER_SLOTS` partials a row for C > 1. Raises
     past the capacity."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
-    var capacity = smem_capacity(
-        V, SMEM_TENSORS
-    ) if C == 1 else cluster_capacity(V, SMEM_TENSORS, C)
-    if n > capacity:
-        raise Error(
-            "max_softmax: the backward's "
-            + (
-                "'smem' kernel" if C
-                == 1 else "cluster kernel of " + String(C) + " blocks"
-            )
-            + " handles rows up to "
-            + String(capacity)
-            + " elements, got "
-            + String(n)
-        )
-    var part = onchip_part(n, V, C)
-    var threads = smem_threads_for(part, V, SMEM_TENSORS)
-    var smem_bytes = smem_bytes_for(part, V, threads, SMEM_TENSORS)
+    var plan = onchip_plan(
+        "the backward's on-chip kernel of " + String(C) + " block(s) a row",
+        n,
+        V,
+        SMEM_TENSORS,
+        C,
+        "elements",
+    )
+    var threads = plan[0]
+    var smem_bytes = plan[1]
     var partials = ClusterPartials[acc](ctx, rows, CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if threads == T:
@@ -439,33 +427,13 @@ def launch_backward_parts[
     _ = partials^
 
 
-def launch_backward_smem[
+# `launch_backward_parts` with a block a row (to `smem_capacity(V, 2)`).
+comptime launch_backward_smem[
     dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """`launch_backward_parts` with a block a row. Raises past
-    `smem_capacity(V, 2)`."""
-    launch_backward_parts[dtype, log_in, 1](ctx, dx, a, dy, rows, n, aligned)
+] = launch_backward_parts[dtype, log_in, 1]
 
-
-def launch_backward_cluster[
+# `launch_backward_parts` with a cluster of C blocks a row (to
+# `cluster_capacity(V, 2, C)`).
+comptime launch_backward_cluster[
     dtype: DType, log_in: Bool, C: Int
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """`launch_backward_parts` with a cluster of C blocks a row. Raises
-    past `cluster_capacity(V, 2, C)`."""
-    launch_backward_parts[dtype, log_in, C](ctx, dx, a, dy, rows, n, aligned)
+] = launch_backward_parts[dtype, log_in, C]

@@ -33,14 +33,10 @@ from .gpu_smem_rows import (
     HELD_EXP_SHIFT,
     ClusterPartials,
     HeldMap,
-    cluster_capacity,
     cluster_exchange,
     load_part_max,
-    onchip_part,
+    onchip_plan,
     onchip_rows,
-    smem_bytes_for,
-    smem_capacity,
-    smem_threads_for,
     sum_exp_held,
     write_held,
 )
@@ -454,24 +450,21 @@ def launch_ce_parts[
     aligned: Bool,
 ) raises:
     """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
-    with the shared memory its part needs (`onchip_part`), and
+    with the shared memory its part needs (`onchip_plan`), and
     `CE_CLUSTER_SLOTS` partials a row for C > 1. Raises past the
     capacity."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
-    var capacity = smem_capacity(V) if C == 1 else cluster_capacity(V, 1, C)
-    if n > capacity:
-        raise Error(
-            "max_softmax: the cross-entropy "
-            + ("'smem'" if C == 1 else "'pair'" if C == 2 else String(C))
-            + " kernel handles rows up to "
-            + String(capacity)
-            + " classes, got "
-            + String(n)
-        )
-    var part = onchip_part(n, V, C)
-    var threads = smem_threads_for(part, V)
-    var smem_bytes = smem_bytes_for(part, V, threads)
+    var plan = onchip_plan(
+        "the cross-entropy on-chip kernel of " + String(C) + " block(s) a row",
+        n,
+        V,
+        1,
+        C,
+        "classes",
+    )
+    var threads = plan[0]
+    var smem_bytes = plan[1]
     var partials = ClusterPartials[acc](ctx, rows, CE_CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if threads == T:
@@ -500,33 +493,7 @@ def launch_ce_parts[
     _ = partials^
 
 
-def launch_ce_smem[
+# `launch_ce_parts` with a block a row (to `smem_capacity(V)`).
+comptime launch_ce_smem[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
-](
-    ctx: DeviceContext,
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """`launch_ce_parts` with a block a row. Raises past
-    `smem_capacity(V)`."""
-    launch_ce_parts[dtype, with_grad, mean, reduce, 1](
-        ctx,
-        dlogits,
-        logits,
-        targets,
-        options,
-        count,
-        row_losses,
-        loss,
-        rows,
-        n,
-        aligned,
-    )
+] = launch_ce_parts[dtype, with_grad, mean, reduce, 1]

@@ -465,6 +465,32 @@ def onchip_part(n: Int, V: Int, C: Int) -> Int:
     return n if C == 1 else (n + C - 1) // C + 2 * V
 
 
+def onchip_plan(
+    kernel: String, n: Int, V: Int, tensors: Int, C: Int, unit: String
+) raises -> Tuple[Int, Int]:
+    """(threads, dynamic shared memory bytes) of each block of an on-chip
+    launch on rows of `n` of `tensors` tensors, C blocks a row (each with
+    the shared memory its part needs, `onchip_part`). Raises, naming
+    `kernel` and counting in `unit`, past the capacity."""
+    var capacity = smem_capacity(V, tensors) if C == 1 else cluster_capacity(
+        V, tensors, C
+    )
+    if n > capacity:
+        raise Error(
+            "max_softmax: "
+            + kernel
+            + " handles rows up to "
+            + String(capacity)
+            + " "
+            + unit
+            + ", got "
+            + String(n)
+        )
+    var part = onchip_part(n, V, C)
+    var threads = smem_threads_for(part, V, tensors)
+    return (threads, smem_bytes_for(part, V, threads, tensors))
+
+
 struct ClusterPartials[acc: DType](Movable):
     """The rows' `slots` accumulators each for a kernel of C > 1 blocks a
     row (none for C = 1), freed in stream order after the kernel."""
@@ -701,22 +727,19 @@ def launch_smem_parts[
 ) raises:
     """Launch `smem_rows_kernel` on `rows` rows of `n`, a row per cluster
     of C blocks (C = 1: a block a row), each with the shared memory its
-    part needs (`onchip_part`). Raises past the capacity."""
+    part needs (`onchip_plan`). Raises past the capacity."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
-    var capacity = smem_capacity(V) if C == 1 else cluster_capacity(V, 1, C)
-    if n > capacity:
-        raise Error(
-            "max_softmax: the on-chip rows kernel "
-            + ("of one block" if C == 1 else "of a cluster of " + String(C))
-            + " handles rows up to "
-            + String(capacity)
-            + " elements, got "
-            + String(n)
-        )
-    var part = onchip_part(n, V, C)
-    var threads = smem_threads_for(part, V)
-    var smem_bytes = smem_bytes_for(part, V, threads)
+    var plan = onchip_plan(
+        "the on-chip rows kernel of " + String(C) + " block(s) a row",
+        n,
+        V,
+        1,
+        C,
+        "elements",
+    )
+    var threads = plan[0]
+    var smem_bytes = plan[1]
     var partials = ClusterPartials[acc](ctx, rows, CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if threads == T:
