@@ -19,7 +19,6 @@ value; on the GPU the kernels read it on the device (no host sync).
 """
 
 from std.math import log
-from std.utils.numerics import nan
 
 # What a row's target means (`target_kind`).
 comptime KEPT = 0
@@ -95,10 +94,3 @@ def target_grad[
 ) -> Scalar[acc]:
     """The target class's gradient from its probability `p_t`."""
     return (p_t - smooth - (1 - eps)) * scale
-
-
-@always_inline
-def bad_row_loss[acc: DType]() -> Scalar[acc]:
-    """What the GPU kernels write for a row whose target is out of range
-    (loss and every gradient entry): NaN, so a reduced loss is NaN too."""
-    return nan[acc]()

@@ -1,51 +1,43 @@
-"""Backward rows kept on chip, both tensors: a block a row reads y (or
-log p) and dy once.
+"""The backward's op on chip: `BackwardRow`, the softmax (log-softmax)
+backward as a `RowOp` of the on-chip strategy (gpu_smem_rows'
+`onchip_rows`), a row per block or per cluster of C blocks, y (or log p)
+and dy read once, dx written once from chip: 3 transfers instead of the
+block-per-row kernel's 5.
 
 Rows too long for the backward's register plans (over 16K float32 or 32K
 16-bit values) whose two tensors fit one SM together (to ~37K float32 or
 ~74K 16-bit values, e.g. bfloat16 50257: 201 KB of both) get a block of
-512 or 1024 threads each, as the forward's gpu_smem_rows: each thread
-keeps its first `REG_CHUNKS / 2` vectors of each tensor in registers (the
-forward's 16 registers of row values), the rest of both rows goes to
-dynamic shared memory by cp.async (`start_row_copy`), a's part then dy's.
-The row sum of `backward_term` is reduced over the on-chip copy and dx
-written from it: 3 transfers instead of the block-per-row kernel's 5.
-
-Rows past one SM get `backward_cluster_kernel`, the cross-entropy's
-`ce_pair_kernel` design widened to C blocks: a thread-block cluster of such
-blocks a row, each holding its part of both rows on chip (to
-`cluster_capacity(V, 2, C)`: float32 to ~148K and float64 to ~74K with
-C = 4, 16-bit to ~148K with C = 2, as dispatch.mojo's `backward_kernel_for`
-picks); the parts' sums meet through a line of global memory at a cluster
-barrier, and each block writes its part of dx from chip. Still 3 transfers.
-
-Rows need not start 16-byte aligned: as in the forward, each row is a
-scalar head up to its first aligned element, an aligned vector body, and a
-scalar tail, the head and tail (under V elements each) kept in the
-registers of the threads that load them.
+512 or 1024 threads each; each thread keeps its first `REG_CHUNKS / 2`
+vectors of each tensor in registers, the rest of both rows goes to
+dynamic shared memory by cp.async, a's part then dy's. Rows past one SM
+get a cluster of C such blocks a row (to `cluster_capacity(V, 2, C)`:
+float32 to ~148K and float64 to ~74K with C = 4, 16-bit to ~148K with
+C = 2, as dispatch.mojo's `backward_kernel_for` picks); the parts' sums
+meet at a cluster barrier (`cluster_total`).
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext, Dim, FuncAttribute
-from max.gpu.memory import AddressSpace, async_copy_wait_all, external_memory
-from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
+from max.gpu.memory import async_copy_wait_all
 from std.utils import StaticTuple
 
-from .gpu_launch import aligned_flag_of
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
-    cluster_capacity,
-    cluster_split,
-    smem_bytes_for,
-    smem_capacity,
-    smem_threads_for,
+    ClusterPartials,
+    cluster_total,
+    onchip_plan,
+    onchip_rows,
     start_row_copy,
 )
+from .gpu_split_chunks import SharedBuffer
 from .row_math import accum_dtype, backward_out, backward_term, vector_width
+from .row_op import RowOp
+from .row_part import RowPart
 
 # y (or log p) and dy share the forward's registers and shared memory.
 comptime SMEM_TENSORS = 2
@@ -67,12 +59,8 @@ def _sum_aligned_part[
 ](
     ra: Pointer[Scalar[dtype], MutAnyOrigin],
     rg: Pointer[Scalar[dtype], MutAnyOrigin],
-    smem_a: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    smem_g: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
+    smem_a: SharedBuffer[dtype],
+    smem_g: SharedBuffer[dtype],
     t: Int,
     head: Int,
     nvec: Int,
@@ -115,51 +103,25 @@ def _sum_aligned_part[
 
 @always_inline
 def _load_edges[
-    dtype: DType, V: Int
+    dtype: DType
 ](
     ra: Pointer[Scalar[dtype], MutAnyOrigin],
     rg: Pointer[Scalar[dtype], MutAnyOrigin],
-    t: Int,
-    len: Int,
-    head: Int,
-    tail_begin: Int,
+    p: RowPart,
     mut edge_a: SIMD[accum_dtype[dtype](), 2],
     mut edge_g: SIMD[accum_dtype[dtype](), 2],
 ):
-    """Thread `t`'s element of each row's head (before its first 16-byte
-    boundary, when that is under V elements) into `[0]` of `edge_a` and
-    `edge_g`, and of its tail (after the last whole vector) into `[1]`;
-    where it has none they keep their 0, which adds 0 to either sum (dy *
-    y, or dy)."""
+    """Thread `p.t`'s element of each row's head (a head under V elements)
+    into `[0]` of `edge_a` and `edge_g`, and of its tail into `[1]`; where
+    it has none they keep their 0, which adds 0 to either sum (dy * y, or
+    dy)."""
     comptime acc = accum_dtype[dtype]()
-    if t < head and head < V:
-        edge_a[0] = ra[unsafe_offset=t].cast[acc]()
-        edge_g[0] = rg[unsafe_offset=t].cast[acc]()
-    if tail_begin + t < len:
-        edge_a[1] = ra[unsafe_offset=tail_begin + t].cast[acc]()
-        edge_g[1] = rg[unsafe_offset=tail_begin + t].cast[acc]()
-
-
-@always_inline
-def _add_scalar_head[
-    dtype: DType, log_in: Bool, V: Int, T: Int
-](
-    ra: Pointer[Scalar[dtype], MutAnyOrigin],
-    rg: Pointer[Scalar[dtype], MutAnyOrigin],
-    t: Int,
-    head: Int,
-    s: Scalar[accum_dtype[dtype]()],
-) -> Scalar[accum_dtype[dtype]()]:
-    """`s` plus thread `t`'s `backward_term` over a head of V elements or
-    more (the whole row when the buffers are unaligned), element by
-    element past the first, which `_load_edges` holds."""
-    comptime acc = accum_dtype[dtype]()
-    var sum = s
-    for e in range(t + (T if head < V else 0), head, T):
-        sum += backward_term[log_in, acc, 1](
-            ra[unsafe_offset=e].cast[acc](), rg[unsafe_offset=e].cast[acc]()
-        )
-    return sum
+    if p.has_head:
+        edge_a[0] = ra[unsafe_offset=p.t].cast[acc]()
+        edge_g[0] = rg[unsafe_offset=p.t].cast[acc]()
+    if p.has_tail:
+        edge_a[1] = ra[unsafe_offset=p.tail_begin + p.t].cast[acc]()
+        edge_g[1] = rg[unsafe_offset=p.tail_begin + p.t].cast[acc]()
 
 
 @always_inline
@@ -169,12 +131,8 @@ def _write_aligned_part[
     rdx: Pointer[Scalar[dtype], MutAnyOrigin],
     regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
     regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
-    smem_a: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    smem_g: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
+    smem_a: SharedBuffer[dtype],
+    smem_g: SharedBuffer[dtype],
     t: Int,
     head: Int,
     nvec: Int,
@@ -212,32 +170,29 @@ def _write_aligned_part[
 
 @always_inline
 def _write_scalar_parts[
-    dtype: DType, log_in: Bool, V: Int, T: Int
+    dtype: DType, log_in: Bool, T: Int
 ](
     rdx: Pointer[Scalar[dtype], MutAnyOrigin],
     ra: Pointer[Scalar[dtype], MutAnyOrigin],
     rg: Pointer[Scalar[dtype], MutAnyOrigin],
     edge_a: SIMD[accum_dtype[dtype](), 2],
     edge_g: SIMD[accum_dtype[dtype](), 2],
-    t: Int,
-    len: Int,
-    head: Int,
-    tail_begin: Int,
+    p: RowPart,
     total: Scalar[accum_dtype[dtype]()],
 ):
-    """Sweep 2 outside the aligned part: thread `t`'s elements of dx in the
-    head and tail (from the edges `_load_edges` got) and, for a head of V
-    elements or more, re-read element by element as `_add_scalar_head`
-    read them."""
+    """Sweep 2 outside the aligned part: thread `p.t`'s elements of dx in
+    the head and tail (from the edges `_load_edges` got) and, for a head of
+    V elements or more, re-read element by element as `_sum_on_chip` read
+    them."""
     comptime acc = accum_dtype[dtype]()
     var edges = backward_out[log_in, acc, 2](edge_a, edge_g, total).cast[
         dtype
     ]()
-    if t < head and head < V:
-        rdx[unsafe_offset=t] = edges[0]
-    if tail_begin + t < len:
-        rdx[unsafe_offset=tail_begin + t] = edges[1]
-    for e in range(t + (T if head < V else 0), head, T):
+    if p.has_head:
+        rdx[unsafe_offset=p.t] = edges[0]
+    if p.has_tail:
+        rdx[unsafe_offset=p.tail_begin + p.t] = edges[1]
+    for e in range(p.lead, p.head, T):
         rdx[unsafe_offset=e] = backward_out[log_in, acc, 1](
             ra[unsafe_offset=e].cast[acc](),
             rg[unsafe_offset=e].cast[acc](),
@@ -245,73 +200,145 @@ def _write_scalar_parts[
         ).cast[dtype]()
 
 
-@always_inline
-def _sum_on_chip[
-    dtype: DType, log_in: Bool, V: Int, T: Int
-](
-    ra: Pointer[Scalar[dtype], MutAnyOrigin],
-    rg: Pointer[Scalar[dtype], MutAnyOrigin],
-    smem_a: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    smem_g: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    t: Int,
-    len: Int,
-    head: Int,
-    nvec: Int,
-    mut regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
-    mut regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
-    mut edge_a: SIMD[accum_dtype[dtype](), 2],
-    mut edge_g: SIMD[accum_dtype[dtype](), 2],
-) -> Scalar[accum_dtype[dtype]()]:
-    """Sweep 1 over a row (or a cluster kernel's part of one) of `len` from
-    `ra` and `rg`: load it on chip (registers, shared memory, edges) and
-    return the block's sum of its `backward_term`."""
-    comptime acc = accum_dtype[dtype]()
-    var s = _sum_aligned_part[dtype, log_in, V, T](
-        ra, rg, smem_a, smem_g, t, head, nvec, regs_a, regs_g
-    )
-    var tail_begin = head + nvec * V
-    _load_edges[dtype, V](ra, rg, t, len, head, tail_begin, edge_a, edge_g)
-    s += backward_term[log_in, acc, 2](edge_a, edge_g).reduce_add()
-    return block_sum[acc, T](
-        _add_scalar_head[dtype, log_in, V, T](ra, rg, t, head, s)
-    )
+struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
+    """The softmax (log-softmax with `log_in`) backward of y (or log p) `a`
+    and `dy` into `dx` as a `RowOp`: it folds the row's sum of
+    `backward_term`; a cluster's parts add theirs (`cluster_total`).
 
+    Both tensors' parts are held on chip: `BACKWARD_REG_CHUNKS` vectors of
+    each a thread in registers (the forward's 16 registers of row values,
+    shared), the rest in shared memory, a's part then dy's (`_dy_part`),
+    so both are read once."""
 
-@always_inline
-def _write_on_chip[
-    dtype: DType, log_in: Bool, V: Int, T: Int
-](
-    rdx: Pointer[Scalar[dtype], MutAnyOrigin],
-    ra: Pointer[Scalar[dtype], MutAnyOrigin],
-    rg: Pointer[Scalar[dtype], MutAnyOrigin],
-    smem_a: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    smem_g: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    t: Int,
-    len: Int,
-    head: Int,
-    nvec: Int,
-    regs_a: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
-    regs_g: SIMD[dtype, V * BACKWARD_REG_CHUNKS],
-    edge_a: SIMD[accum_dtype[dtype](), 2],
-    edge_g: SIMD[accum_dtype[dtype](), 2],
-    total: Scalar[accum_dtype[dtype]()],
-):
-    """Sweep 2: the row's (or part's) dx into `rdx` from what
-    `_sum_on_chip` put on chip, with the whole row's sum `total`."""
-    _write_aligned_part[dtype, log_in, V, T](
-        rdx, regs_a, regs_g, smem_a, smem_g, t, head, nvec, total
-    )
-    _write_scalar_parts[dtype, log_in, V, T](
-        rdx, ra, rg, edge_a, edge_g, t, len, head, head + nvec * V, total
-    )
+    comptime dtype = Self.dtype_
+    comptime width = Self.V
+    comptime threads = Self.T
+    comptime cluster_slots = CLUSTER_SLOTS
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient rows."""
+    var a: HeldRows[Self.dtype]
+    """Forward output rows (y or log p)."""
+    var dy: HeldRows[Self.dtype]
+    """Incoming gradient rows."""
+    var start: Int
+    """Element of the tensors where the block's part starts."""
+    var regs_a: SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS]
+    """The thread's first vectors of a's part."""
+    var regs_g: SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS]
+    """The thread's first vectors of dy's part."""
+    var edge_a: SIMD[accum_dtype[Self.dtype_](), 2]
+    """The thread's head and tail elements of a (0 where none)."""
+    var edge_g: SIMD[accum_dtype[Self.dtype_](), 2]
+    """The thread's head and tail elements of dy (0 where none)."""
+    var total: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's sum of `backward_term`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dx: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        a: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        dy: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ):
+        """The op on these tensors."""
+        self.dx = held(dx)
+        self.a = held(a)
+        self.dy = held(dy)
+        self.start = 0
+        self.regs_a = SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS](0)
+        self.regs_g = SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS](0)
+        self.edge_a = SIMD[accum_dtype[Self.dtype](), 2](0)
+        self.edge_g = SIMD[accum_dtype[Self.dtype](), 2](0)
+        self.total = 0
+
+    @always_inline
+    def _dy_part(
+        self, p: RowPart, smem: SharedBuffer[Self.dtype]
+    ) -> SharedBuffer[Self.dtype]:
+        """Where dy's shared part starts: after a's, a whole number of
+        16-byte vectors."""
+        return smem.unsafe_offset(
+            max(0, p.nvec - BACKWARD_REG_CHUNKS * Self.T) * Self.V
+        )
+
+    @always_inline
+    def begin(
+        mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
+    ) -> Bool:
+        """Every row is folded."""
+        self.start = start
+        return True
+
+    @always_inline
+    def fold[
+        C: Int
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+    ):
+        """Sweep 1: load both parts on chip and sum their `backward_term`
+        over the block, then over the cluster."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime assert acc.is_floating_point()
+        var ra = kernel_arg(self.a).unsafe_offset(self.start)
+        var rg = kernel_arg(self.dy).unsafe_offset(self.start)
+        var s = _sum_aligned_part[Self.dtype, Self.log_in, Self.V, Self.T](
+            ra,
+            rg,
+            smem,
+            self._dy_part(p, smem),
+            p.t,
+            p.head,
+            p.nvec,
+            self.regs_a,
+            self.regs_g,
+        )
+        _load_edges[Self.dtype](ra, rg, p, self.edge_a, self.edge_g)
+        s += backward_term[Self.log_in, acc, 2](
+            self.edge_a, self.edge_g
+        ).reduce_add()
+        for e in range(p.lead, p.head, Self.T):
+            s += backward_term[Self.log_in, acc, 1](
+                ra[unsafe_offset=e].cast[acc](),
+                rg[unsafe_offset=e].cast[acc](),
+            )
+        self.total = block_sum[acc, Self.T](s)
+        comptime if C > 1:
+            self.total = cluster_total[acc, C](slots, rank, p.t, self.total)
+
+    @always_inline
+    def finish(self, p: RowPart, row: Int, rank: Int):
+        """Nothing a row."""
+        pass
+
+    @always_inline
+    def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
+        """Sweep 2: the part's dx from chip, with the whole row's sum."""
+        var rdx = kernel_arg(self.dx).unsafe_offset(self.start)
+        _write_aligned_part[Self.dtype, Self.log_in, Self.V, Self.T](
+            rdx,
+            self.regs_a,
+            self.regs_g,
+            smem,
+            self._dy_part(p, smem),
+            p.t,
+            p.head,
+            p.nvec,
+            self.total,
+        )
+        _write_scalar_parts[Self.dtype, Self.log_in, Self.T](
+            rdx,
+            kernel_arg(self.a).unsafe_offset(self.start),
+            kernel_arg(self.dy).unsafe_offset(self.start),
+            self.edge_a,
+            self.edge_g,
+            p,
+            self.total,
+        )
 
 
 @__llvm_metadata(
@@ -319,160 +346,6 @@ def _write_on_chip[
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
 )
 def backward_smem_kernel[
-    dtype: DType, log_in: Bool, V: Int, T: Int
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    n: Int64,
-    aligned_flag: Int32,
-):
-    """The gradient of `grid_dim.x` rows of `n <= smem_capacity(V, 2)`, a
-    row per block of `T` threads (`smem_threads_for`).
-
-    Parameters:
-        dtype: Element type.
-        log_in: `a` holds log-softmax output (log_softmax_backward).
-        V: Elements per 16-byte vector of `dtype`.
-        T: Threads per block.
-
-    Args:
-        dx: Output gradient rows.
-        a: Forward output rows (y or log p).
-        dy: Incoming gradient rows.
-        n: Row length.
-        aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
-    """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime R = BACKWARD_REG_CHUNKS
-    var t = Int(thread_idx.x)
-    var len = Int(n)
-    var start = Int(block_idx.x) * len
-    var ra = a.unsafe_offset(start)
-    var rg = dy.unsafe_offset(start)
-    # head: elements before the row's first 16-byte boundary (all of them
-    # when the buffers themselves are unaligned: scalar throughout).
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
-    var nvec = (len - head) // V
-    var smem_a = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-    # dy's shared part follows a's: a whole number of 16-byte vectors.
-    var smem_g = smem_a.unsafe_offset(max(0, nvec - R * T) * V)
-    var regs_a = SIMD[dtype, V * R](0)
-    var regs_g = SIMD[dtype, V * R](0)
-    var edge_a = SIMD[acc, 2](0)
-    var edge_g = SIMD[acc, 2](0)
-    var total = _sum_on_chip[dtype, log_in, V, T](
-        ra,
-        rg,
-        smem_a,
-        smem_g,
-        t,
-        len,
-        head,
-        nvec,
-        regs_a,
-        regs_g,
-        edge_a,
-        edge_g,
-    )
-    _write_on_chip[dtype, log_in, V, T](
-        dx.unsafe_offset(start),
-        ra,
-        rg,
-        smem_a,
-        smem_g,
-        t,
-        len,
-        head,
-        nvec,
-        regs_a,
-        regs_g,
-        edge_a,
-        edge_g,
-        total,
-    )
-
-
-def launch_backward_smem[
-    dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `backward_smem_kernel` on `rows` rows of `n`, a block a row
-    with the shared memory both tensors' rows need. Raises past
-    `smem_capacity(V, 2)`."""
-    comptime V = vector_width[dtype]()
-    if n > smem_capacity(V, SMEM_TENSORS):
-        raise Error(
-            "max_softmax: the backward's 'smem' kernel handles rows up to "
-            + String(smem_capacity(V, SMEM_TENSORS))
-            + " elements, got "
-            + String(n)
-        )
-    var threads = smem_threads_for(n, V, SMEM_TENSORS)
-    var smem_bytes = smem_bytes_for(n, V, threads, SMEM_TENSORS)
-    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if threads == T:
-            comptime kernel = backward_smem_kernel[dtype, log_in, V, T]
-            ctx.enqueue_function[kernel](
-                dx,
-                a,
-                dy,
-                Int64(n),
-                aligned_flag_of(aligned),
-                grid_dim=rows,
-                block_dim=T,
-                shared_mem_bytes=smem_bytes,
-                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                    UInt32(smem_bytes)
-                ),
-            )
-
-
-# ===----------------------------------------------------------------------=== #
-# Rows past one SM: a cluster of blocks a row
-# ===----------------------------------------------------------------------=== #
-
-
-@always_inline
-def _cluster_total[
-    acc: DType, C: Int
-](
-    slots: Pointer[Scalar[acc], MutAnyOrigin],
-    rank: Int,
-    t: Int,
-    s: Scalar[acc],
-) -> Scalar[acc]:
-    """The row's sum from the C blocks' sums `s` of a
-    `backward_cluster_kernel` cluster: thread 0 publishes this block's
-    into `slots[rank]`, and after a cluster barrier (release / acquire: the
-    others' stores are visible) every thread adds all C, in the same order
-    in every block, so all parts use the same total. `slots` has a
-    128-byte line to itself, read only after the barrier: no stale L1
-    copy."""
-    if t == 0:
-        slots[unsafe_offset=rank] = s
-    cluster_sync()
-    var total = slots[unsafe_offset=0]
-    comptime for r in range(1, C):
-        total += slots[unsafe_offset=r]
-    return total
-
-
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
-)
-def backward_cluster_kernel[
     dtype: DType, log_in: Bool, V: Int, T: Int, C: Int
 ](
     dx: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -482,88 +355,30 @@ def backward_cluster_kernel[
     n: Int64,
     aligned_flag: Int32,
 ):
-    """The gradient of rows too long for one SM (to `cluster_capacity(V,
-    2, C)`), a row per thread-block cluster of C T-thread blocks, each
-    reading its part of y (or log p) and dy once (`cluster_split`).
+    """The gradient of rows of `n` (to `smem_capacity(V, 2)` for C = 1,
+    `cluster_capacity(V, 2, C)` for C > 1): `onchip_rows` of `BackwardRow`,
+    a row per cluster of C blocks of `T` threads.
 
-    Each block holds its part on chip as `backward_smem_kernel` holds a
-    row, sums its `backward_term`, exchanges the sum with the other blocks
-    through `partials` at a cluster barrier (`_cluster_total`; a cluster's
-    blocks are co-scheduled, so waiting cannot deadlock), and writes its
-    part of dx from chip.
+    Parameters:
+        dtype: Element type.
+        log_in: `a` holds log-softmax output (log_softmax_backward).
+        V: Elements per 16-byte vector of `dtype`.
+        T: Threads per block.
+        C: Blocks a row (C > 1: a thread-block cluster).
 
     Args:
         dx: Output gradient rows.
         a: Forward output rows (y or log p).
         dy: Incoming gradient rows.
-        partials: `CLUSTER_SLOTS` a row, for the exchange.
+        partials: `CLUSTER_SLOTS` a row, for the cluster's exchange (C > 1).
         n: Row length.
         aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
-
-    `grid_dim.x` = C x rows, in clusters of C.
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime assert C <= CLUSTER_SLOTS
-    comptime R = BACKWARD_REG_CHUNKS
-    var t = Int(thread_idx.x)
-    var rank = Int(block_rank_in_cluster())
-    var row = Int(block_idx.x) // C
-    var len_row = Int(n)
-    var lo = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank)
-    var hi = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank + 1)
-    var start = row * len_row + lo
-    var len = hi - lo
-    var ra = a.unsafe_offset(start)
-    var rg = dy.unsafe_offset(start)
-    # As in backward_smem_kernel, for this block's part (all but rank 0's
-    # start aligned, so only rank 0 has a head).
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
-    var nvec = (len - head) // V
-    var smem_a = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-    var smem_g = smem_a.unsafe_offset(max(0, nvec - R * T) * V)
-    var regs_a = SIMD[dtype, V * R](0)
-    var regs_g = SIMD[dtype, V * R](0)
-    var edge_a = SIMD[acc, 2](0)
-    var edge_g = SIMD[acc, 2](0)
-    var s = _sum_on_chip[dtype, log_in, V, T](
-        ra,
-        rg,
-        smem_a,
-        smem_g,
-        t,
-        len,
-        head,
-        nvec,
-        regs_a,
-        regs_g,
-        edge_a,
-        edge_g,
-    )
-    var total = _cluster_total[acc, C](
-        partials.unsafe_offset(row * CLUSTER_SLOTS), rank, t, s
-    )
-    _write_on_chip[dtype, log_in, V, T](
-        dx.unsafe_offset(start),
-        ra,
-        rg,
-        smem_a,
-        smem_g,
-        t,
-        len,
-        head,
-        nvec,
-        regs_a,
-        regs_g,
-        edge_a,
-        edge_g,
-        total,
-    )
+    var op = BackwardRow[dtype, log_in, V, T](dx, a, dy)
+    onchip_rows[C=C](op, partials, n, aligned_flag)
 
 
-def launch_backward_cluster[
+def launch_backward_parts[
     dtype: DType, log_in: Bool, C: Int
 ](
     ctx: DeviceContext,
@@ -574,37 +389,31 @@ def launch_backward_cluster[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `backward_cluster_kernel` on `rows` rows of `n`: clusters of
-    C blocks a row, each with the shared memory its part of both tensors
-    needs (parts of at most (n + C - 1) / C + 2V elements), and
-    `CLUSTER_SLOTS` partials a row. Raises past
-    `cluster_capacity(V, 2, C)`."""
+    """Launch `backward_smem_kernel` on `rows` rows of `n`, C blocks a row,
+    each with the shared memory its part of both tensors needs
+    (`onchip_plan`), and `CLUSTER_SLOTS` partials a row for C > 1. Raises
+    past the capacity."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
-    if n > cluster_capacity(V, SMEM_TENSORS, C):
-        raise Error(
-            "max_softmax: the backward's cluster kernel of "
-            + String(C)
-            + " blocks handles rows up to "
-            + String(cluster_capacity(V, SMEM_TENSORS, C))
-            + " elements, got "
-            + String(n)
-        )
-    var part = (n + C - 1) // C + 2 * V
-    var threads = smem_threads_for(part, V, SMEM_TENSORS)
-    var smem_bytes = smem_bytes_for(part, V, threads, SMEM_TENSORS)
-    var partials = ctx.enqueue_create_buffer[acc](rows * CLUSTER_SLOTS)
-    var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-        partials.unsafe_ptr()
+    var plan = onchip_plan(
+        "the backward's on-chip kernel of " + String(C) + " block(s) a row",
+        n,
+        V,
+        SMEM_TENSORS,
+        C,
+        "elements",
     )
+    var threads = plan[0]
+    var smem_bytes = plan[1]
+    var partials = ClusterPartials[acc](ctx, rows, CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if threads == T:
-            comptime kernel = backward_cluster_kernel[dtype, log_in, V, T, C]
+            comptime kernel = backward_smem_kernel[dtype, log_in, V, T, C]
             ctx.enqueue_function[kernel](
                 dx,
                 a,
                 dy,
-                partials_ptr,
+                partials.ptr(a),
                 Int64(n),
                 aligned_flag_of(aligned),
                 grid_dim=C * rows,
@@ -615,5 +424,16 @@ def launch_backward_cluster[
                     UInt32(smem_bytes)
                 ),
             )
-    # Freed in stream order, after the kernel.
     _ = partials^
+
+
+# `launch_backward_parts` with a block a row (to `smem_capacity(V, 2)`).
+comptime launch_backward_smem[
+    dtype: DType, log_in: Bool
+] = launch_backward_parts[dtype, log_in, 1]
+
+# `launch_backward_parts` with a cluster of C blocks a row (to
+# `cluster_capacity(V, 2, C)`).
+comptime launch_backward_cluster[
+    dtype: DType, log_in: Bool, C: Int
+] = launch_backward_parts[dtype, log_in, C]

@@ -1,13 +1,14 @@
 """What the cross-entropy kernel families share: the device's options
 (ignore_index, label smoothing), the gradient's scale, and the pieces of a
 row laid out as a scalar head, an aligned vector body and a scalar tail
-(gpu_ce_block_rows, gpu_ce_smem_rows, gpu_ce_pair_rows): the gradient of an
+(gpu_ce_block_rows, gpu_ce_smem_rows): the gradient of an
 element outside the body, the fill of a row not kept, and the thread that
 writes the target's entry.
 """
 
 from .cross_entropy_math import KEPT, grad_of
 from .row_math import accum_dtype, exp_nan
+from .row_part import RowPart
 
 
 @always_inline
@@ -57,33 +58,25 @@ def scalar_grad[
 
 
 @always_inline
-def fill_row[
+def fill_part[
     dtype: DType, V: Int, T: Int
-](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    t: Int,
-    head: Int,
-    nvec: Int,
-    tail_begin: Int,
-    len: Int,
-    fill: Scalar[dtype],
-):
-    """Thread `t`'s share of a gradient row not kept (0 for an ignored row,
-    NaN for a bad target), reading nothing."""
-    for i in range(t, nvec, T):
-        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
+](y: Pointer[Scalar[dtype], MutAnyOrigin], p: RowPart, fill: Scalar[dtype]):
+    """Thread `p.t`'s share of a gradient row (or part) not kept (0 for an
+    ignored row, NaN for a bad target), reading nothing."""
+    for i in range(p.t, p.nvec, T):
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
             SIMD[dtype, V](fill)
         )
-    for e in range(t, head, T):
+    for e in range(p.t, p.head, T):
         y[unsafe_offset=e] = fill
-    for e in range(tail_begin + t, len, T):
+    for e in range(p.tail_begin + p.t, p.len, T):
         y[unsafe_offset=e] = fill
 
 
 @always_inline
 def target_owner[V: Int, T: Int](tgt: Int, head: Int, tail_begin: Int) -> Int:
     """The thread of a T-thread block that writes the row's element `tgt`
-    in `_write_grad` and `ce_smem_kernel`: element e of the scalar head by
+    in `_write_grad` and `CrossEntropyRow`: element e of the scalar head by
     thread e % T, vector i of the body by thread i % T, tail element
     tail_begin + j by thread j."""
     if tgt < head:

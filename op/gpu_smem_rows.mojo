@@ -1,28 +1,26 @@
-"""Long rows kept on chip, in registers and shared memory: read once.
+"""The on-chip strategy: long rows kept in registers and shared memory,
+read once, for every op (`onchip_rows`, generic over `RowOp`).
 
-Rows too long for the register kernels (over 32K values) but short enough
-for one SM (up to ~74K float32 or ~149K 16-bit values) get a block of
-512 or 1024 threads each (`smem_threads_for`), or a cluster of two blocks
-(below). The first sweep streams the
-row from global memory once, in 16-byte vectors: each thread keeps its
-first `REG_CHUNKS` vectors in registers, the rest of the row goes to
-dynamic shared memory (up to 227 KB). Then max and sum are reduced over the on-chip copy and the
-result written, so the row crosses HBM once each way, as in the register
-kernels, instead of twice on the way in as in the online kernel.
+Rows too long for the register kernels but short enough for one SM (the
+forward to ~74K float32 or ~149K 16-bit values; the backward's two
+tensors half that) get a block of 512 or 1024 threads each
+(`smem_threads_for`). The first sweep streams the row from global memory
+once, in 16-byte vectors: each thread keeps its first `REG_CHUNKS` vectors
+in registers, the rest of the row goes to dynamic shared memory (up to 227
+KB) by cp.async (`start_row_copy`). The op's statistics are reduced over
+the on-chip copy and its result written from it, so the row crosses HBM
+once each way, as in the register kernels.
 
-A float32 or float64 row that needs a whole SM (1024 threads: past ~37K
-float32 values) but whose halves fit 512-thread blocks (to ~74K less a
-few hundred values) is split over a thread-block cluster of two such
-blocks, a half each (`smem_parts_for`, `cluster_split`): an SM then holds
-two halves and one block's sweeps overlap the other's loads. The halves
-fold their pairs (max, sum of exp(x - max)) through a line of global
-memory at a cluster barrier (`cluster_row_pair`), as the backward's
-cluster kernel does its sums.
+Rows past one SM, or whose halves fit two blocks an SM where a whole row
+would need all of one, are split over a thread-block cluster of C such
+blocks, a part each (`cluster_split`); the parts' statistics meet through
+a line of global memory at a cluster barrier (`cluster_exchange`,
+`cluster_total`), and each block writes its part from chip.
 
-Rows need not start 16-byte aligned (GPT-2's 50257-long rows mostly do
-not): each row is a scalar head up to its first aligned element, an aligned
-vector body, and a scalar tail; head and tail (under V elements each) stay
-in the registers of the threads that load them.
+This file holds the strategy (`onchip_rows`, its sweeps and the launch
+plan) and the softmax forward's op (`SoftmaxRow`, `smem_rows_kernel`);
+the backward's and the cross-entropy's ops are in gpu_backward_smem_rows
+and gpu_ce_smem_rows. Each row (or part) is laid out as a `RowPart`.
 """
 
 from max.gpu import (
@@ -30,7 +28,7 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.host import DeviceContext, Dim, FuncAttribute
+from max.gpu.host import DeviceBuffer, DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import (
     AddressSpace,
     async_copy,
@@ -39,11 +37,13 @@ from max.gpu.memory import (
     external_memory,
 )
 from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
+from std.math import exp2
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
-from .gpu_launch import aligned_flag_of
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_max, block_sum
+from .gpu_split_chunks import SharedBuffer
 from .row_math import (
     accum_dtype,
     epilogue,
@@ -54,6 +54,8 @@ from .row_math import (
     sum_shift,
     vector_width,
 )
+from .row_op import RowOp
+from .row_part import RowPart, cluster_split, row_part
 
 # Threads per row (or per part of a row, `smem_parts_for`): 1024 for rows
 # that need most of an SM's shared memory; rows that leave room for two
@@ -114,34 +116,6 @@ def pair_capacity(V: Int, tensors: Int = 1) -> Int:
     """`cluster_capacity` of two blocks (the cross-entropy's pair
     kernel)."""
     return cluster_capacity(V, tensors, 2)
-
-
-@always_inline
-def cluster_split[
-    V: Int, parts: Int
-](start: Int, len: Int, aligned_flag: Int32, r: Int) -> Int:
-    """Where part `r` (0 to `parts`) begins when a cluster of `parts`
-    blocks splits the row of `len` from element `start`: part 0 takes the
-    scalar head and each part an equal share (rounded up) of the aligned
-    vectors, the last one the scalar tail too, so every part but the first
-    starts 16-byte aligned; unaligned buffers split in equal parts. Each
-    part has at most (len + parts - 1) / parts + 2V elements."""
-    if aligned_flag == 0:
-        return min(r * ((len + parts - 1) // parts), len)
-    if r == parts:
-        return len
-    var head = min((V - start % V) % V, len)
-    var nvec = (len - head) // V
-    return (0 if r == 0 else head) + min(
-        r * ((nvec + parts - 1) // parts), nvec
-    ) * V
-
-
-@always_inline
-def pair_split[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
-    """Where a pair kernel splits the row between its two blocks: rank 0
-    takes [0, split), rank 1 [split, len) (`cluster_split`)."""
-    return cluster_split[V, 2](start, len, aligned_flag, 1)
 
 
 @always_inline
@@ -258,6 +232,450 @@ def cluster_row_pair[
     return (m, s)
 
 
+@always_inline
+def load_part_max[
+    dtype: DType, V: Int, T: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: RowPart,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 1 of a one-tensor op: load the part `p` (from `x`) on chip
+    (`load_row`; its head and tail elements into `edge`, whose other
+    entries keep their -inf) and reduce its max over the block."""
+    comptime acc = accum_dtype[dtype]()
+    var m = load_row[dtype, V, T](x, smem, p.t, p.head, p.nvec, regs)
+    if p.has_head:
+        edge[0] = x[unsafe_offset=p.t].cast[acc]()
+    if p.has_tail:
+        edge[1] = x[unsafe_offset=p.tail_begin + p.t].cast[acc]()
+    m = max(m, edge.reduce_max())
+    for e in range(p.lead, p.head, T):
+        m = max(m, x[unsafe_offset=e].cast[acc]())
+    return block_max[acc, T](m)
+
+
+# An op may keep exp(x - shift) * 2^HELD_EXP_SHIFT on chip in place of its
+# values (`held_exp`, `sum_exp_held`): its last sweep then computes no exp
+# (the cross-entropy's 16-bit rows; gpu_ce_smem_rows says why the shift).
+comptime HELD_EXP_SHIFT = 15
+comptime LOG2E = 1.4426950408889634
+
+
+@always_inline
+def held_exp[acc: DType, w: Int](d: SIMD[acc, w]) -> SIMD[acc, w]:
+    """exp(d) * 2^HELD_EXP_SHIFT for d = x - max <= 0 (NaN stays NaN):
+    one FMA and one `ex2.approx` an element on the GPU."""
+    comptime assert acc.is_floating_point()
+    return exp2(d.fma(Scalar[acc](LOG2E), Scalar[acc](HELD_EXP_SHIFT)))
+
+
+@always_inline
+def _exp_term[
+    acc: DType, w: Int, holds_exp: Bool
+](d: SIMD[acc, w]) -> SIMD[acc, w]:
+    """`held_exp`(d) with `holds_exp`, else exp(d) (`exp_nan`)."""
+    comptime if holds_exp:
+        return held_exp[acc, w](d)
+    return exp_nan[acc, w](d)
+
+
+@always_inline
+def sum_exp_held[
+    dtype: DType, V: Int, T: Int, holds_exp: Bool, with_x: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: RowPart,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    shift: Scalar[accum_dtype[dtype]()],
+) -> Tuple[Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]]:
+    """Sweep 2 of a one-tensor op: thread `p.t`'s sums of exp(x - shift)
+    and, `with_x`, of x over its part held on chip (`load_part_max`). -inf
+    padding in `edge` adds exp(-inf) = 0 to the first unless the part is
+    all -inf; the second leaves it out. With `holds_exp` it sums
+    `held_exp`(x - shift) (2^HELD_EXP_SHIFT x the sum of exp) instead, and
+    each held vector is overwritten by its held exps, in `dtype`."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var s = Scalar[acc](0)
+    var sx = Scalar[acc](0)
+    comptime for k in range(R):
+        if k * T + p.t < p.nvec:
+            var v = regs.slice[V, offset=k * V]().cast[acc]()
+            var h = _exp_term[acc, V, holds_exp](v - shift)
+            s += h.reduce_add()
+            comptime if with_x:
+                sx += v.reduce_add()
+            comptime if holds_exp:
+                regs = regs.insert[offset=k * V](h.cast[dtype]())
+    for i in range(R * T + p.t, p.nvec, T):
+        var at = smem.unsafe_offset((i - R * T) * V)
+        var v = at.unsafe_load[width=V, alignment=16]().cast[acc]()
+        var h = _exp_term[acc, V, holds_exp](v - shift)
+        s += h.reduce_add()
+        comptime if with_x:
+            sx += v.reduce_add()
+        comptime if holds_exp:
+            at.unsafe_store[alignment=16](h.cast[dtype]())
+    s += _exp_term[acc, 2, holds_exp](edge - shift).reduce_add()
+    comptime if with_x:
+        if p.has_head:
+            sx += edge[0]
+        if p.has_tail:
+            sx += edge[1]
+    for e in range(p.lead, p.head, T):
+        var v = x[unsafe_offset=e].cast[acc]()
+        s += _exp_term[acc, 1, holds_exp](v - shift)[0]
+        comptime if with_x:
+            sx += v
+    return (s, sx)
+
+
+trait HeldMap:
+    """What `write_held` writes for each value of a one-tensor op's part
+    held on chip."""
+
+    comptime dtype: DType
+    """Element type of the tensors."""
+
+    def body[w: Int](self, v: SIMD[Self.dtype, w]) -> SIMD[Self.dtype, w]:
+        """The result of w held vector elements, as held."""
+        ...
+
+    def edge[
+        w: Int
+    ](self, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[Self.dtype, w]:
+        """The result of w head or tail elements, in the accumulator
+        type."""
+        ...
+
+
+@always_inline
+def write_held[
+    V: Int, T: Int, F: HeldMap
+](
+    y: Pointer[Scalar[F.dtype], MutAnyOrigin],
+    x: Pointer[Scalar[F.dtype], MutAnyOrigin],
+    smem: SharedBuffer[F.dtype],
+    p: RowPart,
+    regs: SIMD[F.dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[F.dtype](), 2],
+    f: F,
+):
+    """The last sweep of a one-tensor op: thread `p.t`'s results of its
+    part (held by `load_part_max`) into `y`: the vectors in registers, then
+    those in shared memory, the edge pair, and a long head re-read from
+    `x`."""
+    comptime acc = accum_dtype[F.dtype]()
+    comptime for k in range(REG_CHUNKS):
+        var i = k * T + p.t
+        if i < p.nvec:
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                f.body[V](regs.slice[V, offset=k * V]())
+            )
+    for i in range(REG_CHUNKS * T + p.t, p.nvec, T):
+        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](f.body[V](v))
+    var out = f.edge[2](edge)
+    if p.has_head:
+        y[unsafe_offset=p.t] = out[0]
+    if p.has_tail:
+        y[unsafe_offset=p.tail_begin + p.t] = out[1]
+    for e in range(p.lead, p.head, T):
+        y[unsafe_offset=e] = f.edge[1](x[unsafe_offset=e].cast[acc]())[0]
+
+
+@always_inline
+def cluster_total[
+    acc: DType, C: Int
+](
+    slots: Pointer[Scalar[acc], MutAnyOrigin],
+    rank: Int,
+    t: Int,
+    s: Scalar[acc],
+) -> Scalar[acc]:
+    """The row's sum from the C blocks' sums `s` of a cluster: thread 0
+    publishes this block's into `slots[rank]`, and after a cluster barrier
+    (as `cluster_exchange`) every thread adds all C, in the same order in
+    every block, so all parts use the same total."""
+    if t == 0:
+        slots[unsafe_offset=rank] = s
+    cluster_sync()
+    var total = slots[unsafe_offset=0]
+    comptime for r in range(1, C):
+        total += slots[unsafe_offset=r]
+    return total
+
+
+@always_inline
+def onchip_rows[
+    Op: RowOp, C: Int
+](
+    mut op: Op,
+    partials: Pointer[Scalar[accum_dtype[Op.dtype]()], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """The on-chip strategy, for any `RowOp`: rows of `n`, a row per
+    cluster of C blocks of `Op.threads` threads (C = 1: a block a row),
+    each block holding its part of the row (`cluster_split`) on chip, read
+    once and written once. With C > 1 the parts' statistics meet through
+    `partials` (`Op.cluster_slots` a row); `grid_dim.x` = C x rows.
+    `aligned_flag` is nonzero when the tensors start 16-byte aligned."""
+    comptime V = Op.width
+    comptime T = Op.threads
+    comptime assert 2 * C <= Op.cluster_slots
+    var t = Int(thread_idx.x)
+    var rank = 0
+    comptime if C > 1:
+        rank = Int(block_rank_in_cluster())
+    var row = Int(block_idx.x) // C
+    var len_row = Int(n)
+    var first = 0
+    var len = len_row
+    comptime if C > 1:
+        first = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank)
+        len = (
+            cluster_split[V, C](row * len_row, len_row, aligned_flag, rank + 1)
+            - first
+        )
+    var start = row * len_row + first
+    var p = row_part[V, T](t, start, len, aligned_flag)
+    var smem = external_memory[
+        Scalar[Op.dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    # The same for every block of the row: the reductions and cluster
+    # barriers in `fold` are reached by every thread of the row or by none.
+    if op.begin(p, row, start, first, len_row):
+        op.fold[C](
+            p, smem, partials.unsafe_offset(row * Op.cluster_slots), rank
+        )
+    op.finish(p, row, rank)
+    op.write[C](p, smem)
+
+
+def onchip_part(n: Int, V: Int, C: Int) -> Int:
+    """Most elements a block holds of a row of `n` split over C blocks."""
+    return n if C == 1 else (n + C - 1) // C + 2 * V
+
+
+def onchip_plan(
+    kernel: String, n: Int, V: Int, tensors: Int, C: Int, unit: String
+) raises -> Tuple[Int, Int]:
+    """(threads, dynamic shared memory bytes) of each block of an on-chip
+    launch on rows of `n` of `tensors` tensors, C blocks a row (each with
+    the shared memory its part needs, `onchip_part`). Raises, naming
+    `kernel` and counting in `unit`, past the capacity."""
+    var capacity = smem_capacity(V, tensors) if C == 1 else cluster_capacity(
+        V, tensors, C
+    )
+    if n > capacity:
+        raise Error(
+            "max_softmax: "
+            + kernel
+            + " handles rows up to "
+            + String(capacity)
+            + " "
+            + unit
+            + ", got "
+            + String(n)
+        )
+    var part = onchip_part(n, V, C)
+    var threads = smem_threads_for(part, V, tensors)
+    return (threads, smem_bytes_for(part, V, threads, tensors))
+
+
+struct ClusterPartials[acc: DType](Movable):
+    """The rows' `slots` accumulators each for a kernel of C > 1 blocks a
+    row (none for C = 1), freed in stream order after the kernel."""
+
+    var buffer: Optional[DeviceBuffer[Self.acc]]
+    """The accumulators, for C > 1."""
+
+    def __init__(
+        out self, ctx: DeviceContext, rows: Int, slots: Int, C: Int
+    ) raises:
+        """Room for `rows` rows of a kernel of C blocks a row."""
+        self.buffer = None
+        if C > 1:
+            self.buffer = ctx.enqueue_create_buffer[Self.acc](rows * slots)
+
+    def ptr[
+        dtype: DType
+    ](self, stand_in: Pointer[Scalar[dtype], MutAnyOrigin]) -> Pointer[
+        Scalar[Self.acc], MutAnyOrigin
+    ]:
+        """The accumulators as the kernels take them; for C = 1, where the
+        kernels never read them, `stand_in` (a pointer may not be null)."""
+        if self.buffer:
+            return rebind[Pointer[Scalar[Self.acc], MutAnyOrigin]](
+                self.buffer.value().unsafe_ptr()
+            )
+        return stand_in.unsafe_bitcast[Scalar[Self.acc]]()
+
+
+# ===----------------------------------------------------------------------=== #
+# Softmax
+# ===----------------------------------------------------------------------=== #
+
+
+struct SoftmaxWrite[dtype_: DType, log_out: Bool](HeldMap, ImplicitlyCopyable):
+    """Softmax (log-softmax with `log_out`) of held values, given the row's
+    max and `row_scale`."""
+
+    comptime dtype = Self.dtype_
+
+    var row_max: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's max."""
+    var scale: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's `row_scale`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        row_max: Scalar[accum_dtype[Self.dtype_]()],
+        scale: Scalar[accum_dtype[Self.dtype_]()],
+    ):
+        """The map of a row with these terms."""
+        self.row_max = row_max
+        self.scale = scale
+
+    @always_inline
+    def body[w: Int](self, v: SIMD[Self.dtype, w]) -> SIMD[Self.dtype, w]:
+        """Softmax of held vector elements."""
+        return self.edge[w](v.cast[accum_dtype[Self.dtype]()]())
+
+    @always_inline
+    def edge[
+        w: Int
+    ](self, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[Self.dtype, w]:
+        """Softmax of elements in the accumulator type."""
+        return epilogue[Self.log_out, accum_dtype[Self.dtype](), w](
+            v, self.row_max, self.scale
+        ).cast[Self.dtype]()
+
+
+struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
+    """Softmax (log-softmax with `log_out`) of `src` into `dst` as a
+    `RowOp`: it folds (max, sum of exp(x - max)); a cluster's parts sum
+    around their own max and fold their pairs (`cluster_row_pair`)."""
+
+    comptime dtype = Self.dtype_
+    comptime width = Self.V
+    comptime threads = Self.T
+    comptime cluster_slots = CLUSTER_SLOTS
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+    var x: HeldRows[Self.dtype]
+    """The block's part of its input row."""
+    var y: HeldRows[Self.dtype]
+    """The block's part of its output row."""
+    var regs: SIMD[Self.dtype, Self.V * REG_CHUNKS]
+    """The thread's first `REG_CHUNKS` vectors of the part."""
+    var edge: SIMD[accum_dtype[Self.dtype_](), 2]
+    """The thread's head and tail elements (-inf where it has none)."""
+    var row_max: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's max."""
+    var scale: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's `row_scale`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        src: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ):
+        """The op on these tensors."""
+        self.dst = held(dst)
+        self.src = held(src)
+        self.x = self.src
+        self.y = self.dst
+        self.regs = SIMD[Self.dtype, Self.V * REG_CHUNKS](0)
+        self.edge = SIMD[accum_dtype[Self.dtype](), 2](
+            -inf[accum_dtype[Self.dtype]()]()
+        )
+        self.row_max = 0
+        self.scale = 0
+
+    @always_inline
+    def begin(
+        mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
+    ) -> Bool:
+        """Every row is folded."""
+        self.x = self.src.unsafe_offset(start)
+        self.y = self.dst.unsafe_offset(start)
+        return True
+
+    @always_inline
+    def fold[
+        C: Int
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+    ):
+        """Sweep 1 loads the part and its max, sweep 2 sums exp over the
+        on-chip copy; then the row's max and `row_scale`."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime assert acc.is_floating_point()
+        comptime V = Self.V
+        comptime T = Self.T
+        var x = kernel_arg(self.x)
+        var part_max = load_part_max[Self.dtype, V, T](
+            x, smem, p, self.regs, self.edge
+        )
+        # A cluster's part sums exp around its own max, shifted off -inf so
+        # that a part of only -inf gives the pair (-inf, 0) (`sum_shift`);
+        # one block holds the whole row and keeps the three-pass
+        # algorithm's NaN for it.
+        var shift = part_max
+        comptime if C > 1:
+            shift = sum_shift[acc](part_max)
+        var s = sum_exp_held[Self.dtype, V, T, False, False](
+            x, smem, p, self.regs, self.edge, shift
+        )[0]
+        self.row_max = part_max
+        comptime if C > 1:
+            var pair = cluster_row_pair[acc, C](
+                slots, rank, p.t, part_max, block_sum[acc, T](s)
+            )
+            self.row_max = pair[0]
+            self.scale = row_scale[Self.log_out, acc](
+                online_sum_guard[acc](pair[0], pair[1])
+            )
+        else:
+            self.scale = row_scale[Self.log_out, acc](block_sum[acc, T](s))
+
+    @always_inline
+    def finish(self, p: RowPart, row: Int, rank: Int):
+        """Nothing a row."""
+        pass
+
+    @always_inline
+    def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
+        """Sweep 3: the part's softmax from chip."""
+        write_held[Self.V, Self.T, SoftmaxWrite[Self.dtype, Self.log_out]](
+            kernel_arg(self.y),
+            kernel_arg(self.x),
+            smem,
+            p,
+            self.regs,
+            self.edge,
+            SoftmaxWrite[Self.dtype, Self.log_out](self.row_max, self.scale),
+        )
+
+
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
@@ -273,113 +691,10 @@ def smem_rows_kernel[
 ):
     """Softmax (log-softmax with `log_out`) of rows of `n <=
     cluster_capacity(V, 1, C)` (`smem_capacity(V)` for C = 1) from `src`
-    into `dst`, a row per cluster of C blocks of `T` threads
-    (`smem_threads_for` of a part), each holding its part of the row on
-    chip (`cluster_split`); V elements a 16-byte vector; `aligned_flag` is
-    nonzero when both buffers start 16-byte aligned. With C > 1 the parts
-    meet through `partials` (`CLUSTER_SLOTS` a row, `cluster_row_pair`);
-    `grid_dim.x` = C x rows."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime assert 2 * C <= CLUSTER_SLOTS
-    var t = Int(thread_idx.x)
-    var rank = 0
-    comptime if C > 1:
-        rank = Int(block_rank_in_cluster())
-    var row = Int(block_idx.x) // C
-    var len_row = Int(n)
-    var lo = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank)
-    var hi = cluster_split[V, C](row * len_row, len_row, aligned_flag, rank + 1)
-    var len = hi - lo
-    var start = row * len_row + lo
-    var x = src.unsafe_offset(start)
-    var y = dst.unsafe_offset(start)
-    # head: elements before the part's first 16-byte boundary (all of them
-    # when the buffers themselves are unaligned: scalar throughout). Every
-    # part but the first starts aligned (`cluster_split`).
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
-    var nvec = (len - head) // V
-    var tail_begin = head + nvec * V
-    var smem = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-
-    var regs = SIMD[dtype, V * REG_CHUNKS](0)
-    var m = load_row[dtype, V, T](x, smem, t, head, nvec, regs)
-    # Head and tail: fewer than V elements each, unless the row is scalar.
-    var edge = SIMD[acc, 2](-inf[acc]())
-    if t < head and head < V:
-        edge[0] = x[unsafe_offset=t].cast[acc]()
-    if tail_begin + t < len:
-        edge[1] = x[unsafe_offset=tail_begin + t].cast[acc]()
-    m = max(m, edge.reduce_max())
-    for e in range(t + (T if head < V else 0), head, T):
-        m = max(m, x[unsafe_offset=e].cast[acc]())
-    var part_max = block_max[acc, T](m)
-    # A cluster's part sums exp around its own max, shifted off -inf so that
-    # a part of only -inf gives the pair (-inf, 0) (`sum_shift`); one block
-    # holds the whole row and keeps the three-pass algorithm's NaN for it.
-    var shift = part_max
-    comptime if C > 1:
-        shift = sum_shift[acc](part_max)
-
-    # Sweep 2: the sum of exp over the on-chip copy.
-    var s = Scalar[acc](0)
-    comptime for k in range(REG_CHUNKS):
-        if k * T + t < nvec:
-            s += exp_nan[acc, V](
-                regs.slice[V, offset=k * V]().cast[acc]() - shift
-            ).reduce_add()
-    for i in range(REG_CHUNKS * T + t, nvec, T):
-        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
-            width=V, alignment=16
-        ]()
-        s += exp_nan[acc, V](v.cast[acc]() - shift).reduce_add()
-    s += exp_nan[acc, 2](edge - shift).reduce_add()
-    for e in range(t + (T if head < V else 0), head, T):
-        s += exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - shift)
-    var row_max = part_max
-    var scale: Scalar[acc]
-    comptime if C > 1:
-        var pair = cluster_row_pair[acc, C](
-            partials.unsafe_offset(row * CLUSTER_SLOTS),
-            rank,
-            t,
-            part_max,
-            block_sum[acc, T](s),
-        )
-        row_max = pair[0]
-        scale = row_scale[log_out, acc](online_sum_guard[acc](pair[0], pair[1]))
-    else:
-        scale = row_scale[log_out, acc](block_sum[acc, T](s))
-
-    # Sweep 3: write the result.
-    comptime for k in range(REG_CHUNKS):
-        var i = k * T + t
-        if i < nvec:
-            y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-                epilogue[log_out, acc, V](
-                    regs.slice[V, offset=k * V]().cast[acc](), row_max, scale
-                ).cast[dtype]()
-            )
-    for i in range(REG_CHUNKS * T + t, nvec, T):
-        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
-            width=V, alignment=16
-        ]()
-        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](
-            epilogue[log_out, acc, V](v.cast[acc](), row_max, scale).cast[
-                dtype
-            ]()
-        )
-    var out = epilogue[log_out, acc, 2](edge, row_max, scale).cast[dtype]()
-    if t < head and head < V:
-        y[unsafe_offset=t] = out[0]
-    if tail_begin + t < len:
-        y[unsafe_offset=tail_begin + t] = out[1]
-    for e in range(t + (T if head < V else 0), head, T):
-        y[unsafe_offset=e] = epilogue[log_out, acc, 1](
-            x[unsafe_offset=e].cast[acc](), row_max, scale
-        ).cast[dtype]()
+    into `dst`: `onchip_rows` of `SoftmaxRow`, a row per cluster of C
+    blocks of `T` threads (`smem_threads_for` of a part)."""
+    var op = SoftmaxRow[dtype, log_out, V, T](dst, src)
+    onchip_rows[C=C](op, partials, n, aligned_flag)
 
 
 def smem_parts_for(n: Int, V: Int) -> Int:
@@ -387,13 +702,9 @@ def smem_parts_for(n: Int, V: Int) -> Int:
     while two blocks of the row fit an SM, else, for float32 and float64
     (V <= 4), a cluster of `SMEM_CLUSTER` blocks, a part each, so that an
     SM holds two parts and one block's sweeps overlap the other's loads
-    (one 1024-thread block an SM leaves HBM idle while it computes).
-
-    H100 (benchmarks/split_stream_sweep.mojo cluster): float32 4096 x 65536
-    2937 -> 2978 GB/s, 8192 x 50257 2948 -> 2952, 4096 x 40000 2935 ->
-    2951; four blocks ran 2-14% slower than one. 16-bit rows keep one
-    block: bfloat16 4096 x 100000 ran 3% slower in two (4096 x 131072 0.7%
-    faster)."""
+    (one 1024-thread block an SM leaves HBM idle while it computes). On
+    the H100 two blocks beat one for float32 rows and four ran slower;
+    16-bit rows gained nothing (benchmarks/RESULTS.md, `sweep cluster`)."""
     if V > 4 or smem_threads_for(n, V) == SMEM_HALF_THREADS:
         return 1
     # Halves that would still need 1024 threads (the last few hundred
@@ -416,36 +727,27 @@ def launch_smem_parts[
 ) raises:
     """Launch `smem_rows_kernel` on `rows` rows of `n`, a row per cluster
     of C blocks (C = 1: a block a row), each with the shared memory its
-    part needs (parts of at most (n + C - 1) / C + 2V elements; all of `n`
-    for C = 1). Raises past the capacity."""
+    part needs (`onchip_plan`). Raises past the capacity."""
     comptime V = vector_width[dtype]()
     comptime acc = accum_dtype[dtype]()
-    var capacity = smem_capacity(V) if C == 1 else cluster_capacity(V, 1, C)
-    if n > capacity:
-        raise Error(
-            "max_softmax: the on-chip rows kernel "
-            + ("of one block" if C == 1 else "of a cluster of " + String(C))
-            + " handles rows up to "
-            + String(capacity)
-            + " elements, got "
-            + String(n)
-        )
-    var part = n if C == 1 else (n + C - 1) // C + 2 * V
-    var threads = smem_threads_for(part, V)
-    var smem_bytes = smem_bytes_for(part, V, threads)
-    var partials = ctx.enqueue_create_buffer[acc](
-        rows * CLUSTER_SLOTS if C > 1 else 1
+    var plan = onchip_plan(
+        "the on-chip rows kernel of " + String(C) + " block(s) a row",
+        n,
+        V,
+        1,
+        C,
+        "elements",
     )
-    var partials_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-        partials.unsafe_ptr()
-    )
+    var threads = plan[0]
+    var smem_bytes = plan[1]
+    var partials = ClusterPartials[acc](ctx, rows, CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if threads == T:
             comptime kernel = smem_rows_kernel[dtype, log_out, V, T, C]
             ctx.enqueue_function[kernel](
                 dst,
                 src,
-                partials_ptr,
+                partials.ptr(src),
                 Int64(n),
                 aligned_flag_of(aligned),
                 grid_dim=C * rows,
@@ -456,7 +758,6 @@ def launch_smem_parts[
                     UInt32(smem_bytes)
                 ),
             )
-    # Freed in stream order, after the kernel.
     _ = partials^
 
 

@@ -1,0 +1,79 @@
+"""The row-op trait: what an op supplies to a strategy that holds its rows
+on chip (the Mojo form of QuACK's `ReductionBase`).
+
+A strategy owns the layout of the work: which block (or cluster of C
+blocks) takes which row, each block's part of the row (`RowPart`,
+`cluster_split`), the dynamic shared memory, and the order of the steps.
+An op supplies the rest, as a `RowOp`:
+
+- what it reads per element: one tensor (softmax, cross-entropy) or two
+  (the backward's y and dy), set up per row in `begin`;
+- the statistics it folds and how partial statistics combine, in `fold`:
+  the forward's (max, sum of exp(x - max)), the backward's sum of dy * y
+  (or of dy), the cross-entropy's (max, sum of exp, target logit, sum of
+  logits); over the threads of a block by the `gpu_reductions`, over the
+  C blocks of a cluster by `cluster_exchange` through `slots`;
+- its epilogue: what it writes per row (`finish`: the cross-entropy's
+  loss) and per element (`write`: y, dx, dlogits).
+
+The strategy kernels are generic over the trait and every method is
+`@always_inline`, with the vector width, block size and cluster size
+compile-time parameters, so each instantiation compiles to the same
+straight-line code as a kernel written out for that op. How an op holds
+its part of the row (registers, shared memory, the edge pair) is the op's
+own, where it matters for speed: the backward splits the registers
+between its two tensors, and 16-bit cross-entropy rows keep exp(x - max)
+on chip in place of the logits (gpu_ce_smem_rows).
+"""
+
+from .gpu_split_chunks import SharedBuffer
+from .row_math import accum_dtype
+from .row_part import RowPart
+
+
+trait RowOp:
+    """An op whose rows a strategy kernel holds on chip, a row (or a part
+    of one) per block of `threads` threads, `width` elements a 16-byte
+    vector. Each method runs on every thread of the block; `fold` and
+    `write` may reduce over the block (every thread must reach them)."""
+
+    comptime dtype: DType
+    """Element type of the tensors."""
+    comptime width: Int
+    """Elements per 16-byte vector of `dtype`."""
+    comptime threads: Int
+    """Threads per block."""
+    comptime cluster_slots: Int
+    """Accumulators a row its cluster's blocks exchange through (whole
+    128-byte lines, `cluster_exchange`)."""
+
+    def begin(
+        mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
+    ) -> Bool:
+        """Set up row `row` (of `len_row` elements) whose part `p` this
+        block holds, from element `first` of the row (element `start` of
+        the tensors); whether its statistics are folded (a cross-entropy
+        row not kept is not: the same for every block of the row)."""
+        ...
+
+    def fold[
+        C: Int
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+    ):
+        """Load the part on chip (registers, then `smem`) and fold the
+        row's statistics: over the block, then, with C > 1, over the C
+        blocks of the cluster (this one is `rank`) through `slots`."""
+        ...
+
+    def finish(self, p: RowPart, row: Int, rank: Int):
+        """Write what the op writes once a row (thread 0 of rank 0)."""
+        ...
+
+    def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
+        """The epilogue: write the part's elements from chip."""
+        ...
