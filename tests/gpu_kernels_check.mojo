@@ -4,9 +4,8 @@
 from max.gpu.host import DeviceContext
 
 from op.baselines.registered_ops import launch_baseline
-from op.dispatch import softmax_backward_rows, softmax_rows
+from op.dispatch import launch_variant, softmax_backward_rows, softmax_rows
 from op.gpu_scale_rows import launch_scale_rows
-from op.variants import launch_variant
 
 
 def launch_all[dtype: DType](ctx: DeviceContext) raises:
