@@ -239,9 +239,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
                 ctx, self, plan, self.rows
             )
         elif s == Strategy.SMEM:
-            launch_ce_smem[
-                Self.dtype, Self.with_grad, Self.mean, Self.reduce
-            ](
+            launch_ce_smem[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
                 ctx,
                 kernel_arg(self.dlogits),
                 kernel_arg(self.logits),
@@ -255,9 +253,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
                 self.aligned,
             )
         elif s == Strategy.CLUSTER2:
-            launch_ce_pair[
-                Self.dtype, Self.with_grad, Self.mean, Self.reduce
-            ](
+            launch_ce_pair[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
                 ctx,
                 kernel_arg(self.dlogits),
                 kernel_arg(self.logits),
