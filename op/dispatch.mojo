@@ -128,7 +128,7 @@ def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> Strategy:
     15/16. Four blocks ran float32 rows past one SM near copy speed, ahead
     of two blocks and the split stream; 16-bit rows that one block holds
     ran slower on four than on one, so 16-bit rows keep the earlier rule
-    (benchmarks/RESULTS.md, backward_sweep). float64 follows float32."""
+    (benchmarks/RESULTS.md, "Backward (issue 17)"). float64 follows float32."""
     if backward_register_fits(n, V):
         return Strategy.REGISTER
     if rows < SPLIT_BELOW_ROWS:
@@ -177,6 +177,16 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
     """Whether the buffers start 16-byte aligned."""
 
     @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Strategies "smem", "split_stream", "split" (and the register plans,
+        named "warp" and "block")."""
+        return (
+            s == Strategy.SMEM
+            or s == Strategy.SPLIT_STREAM
+            or s == Strategy.SPLIT
+        )
+
+    @staticmethod
     def named(name: StaticString) -> Strategy:
         """The forward's variant names: "warp" and "block" are its register
         plans (`Strategy.WARP`, `Strategy.BLOCK_ROWS`)."""
@@ -184,9 +194,8 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
             return Strategy.WARP
         if name == "block":
             return Strategy.BLOCK_ROWS
-        if name == "register":
-            return Strategy.NONE
-        return strategy_named(name)
+        var s = strategy_named(name)
+        return s if Self.has(s) else Strategy.NONE
 
     def auto(self, ctx: DeviceContext) raises -> Strategy:
         """`gpu_kernel_for`; a GPU too small to hold a row's chunks at once
@@ -225,7 +234,7 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
                 ctx, dst, src, self.rows, self.n, self.aligned
             )
         else:
-            no_strategy[s](Self.op_name())
+            no_strategy(Self.op_name())
 
 
 def launch_variant[
@@ -318,6 +327,15 @@ struct BackwardRows[dtype: DType, log_in: Bool](
     var aligned: Bool
     """Whether the buffers start 16-byte aligned."""
 
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Every strategy but the forward's register forms and "split"."""
+        return s.kind == Strategy.SMEM.kind or (
+            s == Strategy.REGISTER
+            or s == Strategy.SPLIT_STREAM
+            or s == Strategy.BLOCK
+        )
+
     def auto(self, ctx: DeviceContext) raises -> Strategy:
         """`backward_kernel_for`; as the forward, a GPU too small for a
         row's chunks (a MIG slice) gets the block-per-row kernel."""
@@ -354,7 +372,7 @@ struct BackwardRows[dtype: DType, log_in: Bool](
             launch_backward_smem[Self.dtype, Self.log_in](
                 ctx, dx, a, dy, self.rows, self.n, self.aligned
             )
-        elif s.kind == Strategy.SMEM_KIND:
+        elif s.kind == Strategy.SMEM.kind:
             launch_backward_cluster[Self.dtype, Self.log_in, s.form](
                 ctx, dx, a, dy, self.rows, self.n, self.aligned
             )
@@ -367,7 +385,7 @@ struct BackwardRows[dtype: DType, log_in: Bool](
                 ctx, dx, a, dy, self.rows, self.n, self.aligned
             )
         else:
-            no_strategy[s](Self.op_name())
+            no_strategy(Self.op_name())
 
     def enqueue[
         T: Int, K: Int

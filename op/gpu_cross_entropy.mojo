@@ -180,6 +180,23 @@ def ce_kernel_for(
     return Strategy.BLOCK
 
 
+comptime CELauncher[dtype: DType] = def(
+    DeviceContext,
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Pointer[Int64, MutAnyOrigin],
+    Pointer[Float64, MutAnyOrigin],
+    Pointer[Float64, MutAnyOrigin],
+    Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Int,
+    Int,
+    Bool,
+) raises thin -> None
+"""A cross-entropy family's launcher on (ctx, dlogits, logits, targets,
+options, count, row_losses, loss, rows, n, aligned)."""
+
+
 @fieldwise_init
 struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     RegisterPlanKernel, RowStrategies
@@ -216,6 +233,16 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         """The op's name in error messages."""
         return "cross_entropy_with_grad" if Self.with_grad else "cross_entropy"
 
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Strategies "register", "smem", "pair" (`CLUSTER2`), "block"."""
+        return (
+            s == Strategy.REGISTER
+            or s == Strategy.SMEM
+            or s == Strategy.CLUSTER2
+            or s == Strategy.BLOCK
+        )
+
     def auto(self, ctx: DeviceContext) raises -> Strategy:
         """`ce_kernel_for`."""
         return ce_kernel_for(
@@ -239,33 +266,17 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
                 ctx, self, plan, self.rows
             )
         elif s == Strategy.SMEM:
-            launch_ce_smem[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
-                ctx,
-                kernel_arg(self.dlogits),
-                kernel_arg(self.logits),
-                kernel_arg(self.targets),
-                kernel_arg(self.options),
-                kernel_arg(self.count),
-                kernel_arg(self.row_losses),
-                kernel_arg(self.loss),
-                self.rows,
-                self.n,
-                self.aligned,
-            )
+            self.call[
+                launch_ce_smem[
+                    Self.dtype, Self.with_grad, Self.mean, Self.reduce
+                ]
+            ](ctx)
         elif s == Strategy.CLUSTER2:
-            launch_ce_pair[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
-                ctx,
-                kernel_arg(self.dlogits),
-                kernel_arg(self.logits),
-                kernel_arg(self.targets),
-                kernel_arg(self.options),
-                kernel_arg(self.count),
-                kernel_arg(self.row_losses),
-                kernel_arg(self.loss),
-                self.rows,
-                self.n,
-                self.aligned,
-            )
+            self.call[
+                launch_ce_pair[
+                    Self.dtype, Self.with_grad, Self.mean, Self.reduce
+                ]
+            ](ctx)
         elif s == Strategy.BLOCK:
             # The loss alone streams the row with four loads a thread in
             # flight (CE_BLOCK_LOSS_UNROLL); with the gradient the first
@@ -278,23 +289,30 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
                     Self.dtype
                 ]()
             )
-            launch_ce_block[
-                Self.dtype, Self.with_grad, Self.mean, Self.reduce, U, T
-            ](
-                ctx,
-                kernel_arg(self.dlogits),
-                kernel_arg(self.logits),
-                kernel_arg(self.targets),
-                kernel_arg(self.options),
-                kernel_arg(self.count),
-                kernel_arg(self.row_losses),
-                kernel_arg(self.loss),
-                self.rows,
-                self.n,
-                self.aligned,
-            )
+            self.call[
+                launch_ce_block[
+                    Self.dtype, Self.with_grad, Self.mean, Self.reduce, U, T
+                ]
+            ](ctx)
         else:
-            no_strategy[s](Self.op_name())
+            no_strategy(Self.op_name())
+
+    def call[launcher: CELauncher[Self.dtype]](self, ctx: DeviceContext) raises:
+        """Call a family's launcher (`launch_ce_smem`, `launch_ce_pair`,
+        `launch_ce_block`) on these rows."""
+        launcher(
+            ctx,
+            kernel_arg(self.dlogits),
+            kernel_arg(self.logits),
+            kernel_arg(self.targets),
+            kernel_arg(self.options),
+            kernel_arg(self.count),
+            kernel_arg(self.row_losses),
+            kernel_arg(self.loss),
+            self.rows,
+            self.n,
+            self.aligned,
+        )
 
     def enqueue[
         T: Int, K: Int

@@ -348,6 +348,11 @@ struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
         """The op's name in error messages."""
         return "log_softmax_masked" if Self.log_out else "softmax_masked"
 
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Strategies "register" and "block"."""
+        return s == Strategy.REGISTER or s == Strategy.BLOCK
+
     def auto(self, ctx: DeviceContext) raises -> Strategy:
         """A register plan where one holds the row, else a block a row."""
         if register_plan(self.n, vector_width[Self.dtype](), 1) >= 0:
@@ -392,7 +397,7 @@ struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
                 block_dim=BLOCK_ROW_THREADS,
             )
         else:
-            no_strategy[s](Self.op_name())
+            no_strategy(Self.op_name())
 
     def enqueue[
         T: Int, K: Int

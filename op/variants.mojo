@@ -16,43 +16,37 @@ from max.gpu.host import DeviceContext
 
 
 @fieldwise_init
-struct Strategy(Equatable, ImplicitlyCopyable, Writable):
+struct Strategy(Equatable, ImplicitlyCopyable):
     """How an op's rows are laid on the GPU: a kind of kernel and its
     form (for SMEM the blocks a row, C; for the forward's register plans
     whether a row takes at most a warp or 64-512 threads)."""
 
     var kind: Int
-    """Which strategy: `REGISTER_KIND`, ..., or -1 for none."""
+    """Which strategy: 0 register, 1 on chip, 2 split stream, 3 split, 4
+    block, 5 strided; -1 none."""
     var form: Int
-    """The strategy's form: blocks a row (SMEM), register plans (REGISTER:
-    0 any, 1 at most a warp a row, 2 64-512 threads a row), else 0."""
+    """The strategy's form: blocks a row (on chip), register plans (0 any,
+    1 at most a warp a row, 2 64-512 threads a row), else 0."""
 
-    comptime REGISTER_KIND = 0
-    comptime SMEM_KIND = 1
-    comptime SPLIT_STREAM_KIND = 2
-    comptime SPLIT_KIND = 3
-    comptime BLOCK_KIND = 4
-    comptime STRIDED_KIND = 5
-
-    comptime REGISTER = Strategy(Self.REGISTER_KIND, 0)
+    comptime REGISTER = Strategy(0, 0)
     """The row held in registers, 8-512 threads a row (register plans)."""
-    comptime WARP = Strategy(Self.REGISTER_KIND, 1)
+    comptime WARP = Strategy(0, 1)
     """The forward's register plans of at most a warp a row ("warp")."""
-    comptime BLOCK_ROWS = Strategy(Self.REGISTER_KIND, 2)
+    comptime BLOCK_ROWS = Strategy(0, 2)
     """The forward's register plans of 64-512 threads a row ("block")."""
-    comptime SMEM = Strategy(Self.SMEM_KIND, 1)
+    comptime SMEM = Strategy(1, 1)
     """On chip, a block a row: read once."""
-    comptime CLUSTER2 = Strategy(Self.SMEM_KIND, 2)
+    comptime CLUSTER2 = Strategy(1, 2)
     """On chip, a cluster of two blocks a row, half each."""
-    comptime CLUSTER4 = Strategy(Self.SMEM_KIND, 4)
+    comptime CLUSTER4 = Strategy(1, 4)
     """On chip, a cluster of four blocks a row, a quarter each."""
-    comptime SPLIT_STREAM = Strategy(Self.SPLIT_STREAM_KIND, 0)
+    comptime SPLIT_STREAM = Strategy(2, 0)
     """Rows split across resident blocks streaming chunks: read once."""
-    comptime SPLIT = Strategy(Self.SPLIT_KIND, 0)
+    comptime SPLIT = Strategy(3, 0)
     """Rows split across blocks, re-read from L2 (any length)."""
-    comptime BLOCK = Strategy(Self.BLOCK_KIND, 0)
+    comptime BLOCK = Strategy(4, 0)
     """A block a row, online or re-reading the row (any length)."""
-    comptime STRIDED = Strategy(Self.STRIDED_KIND, 0)
+    comptime STRIDED = Strategy(5, 0)
     """A thread a column: rows along another axis (inner > 1)."""
     comptime NONE = Strategy(-1, 0)
     """No strategy: a name no op knows."""
@@ -61,60 +55,20 @@ struct Strategy(Equatable, ImplicitlyCopyable, Writable):
         """Same kind and form."""
         return self.kind == other.kind and self.form == other.form
 
-    def write_to(self, mut writer: Some[Writer]):
-        """The strategy's variant name ("cluster2" for SMEM with C = 2)."""
-        writer.write(strategy_name(self))
 
-
-# Every strategy, in the order `launch_strategy` tries an "auto" choice.
-comptime STRATEGY_COUNT = 10
-
-
-def strategy_at(i: Int) -> Strategy:
-    """Strategy i of the `STRATEGY_COUNT` that `launch_strategy` knows."""
-    if i == 0:
-        return Strategy.REGISTER
-    if i == 1:
-        return Strategy.WARP
-    if i == 2:
-        return Strategy.BLOCK_ROWS
-    if i == 3:
-        return Strategy.SMEM
-    if i == 4:
-        return Strategy.CLUSTER2
-    if i == 5:
-        return Strategy.CLUSTER4
-    if i == 6:
-        return Strategy.SPLIT_STREAM
-    if i == 7:
-        return Strategy.SPLIT
-    if i == 8:
-        return Strategy.BLOCK
-    if i == 9:
-        return Strategy.STRIDED
-    return Strategy.NONE
-
-
-def strategy_name(s: Strategy) -> String:
-    """The variant name of `s` (the forward's register forms: "warp",
-    "block_rows")."""
-    if s == Strategy.WARP:
-        return "warp"
-    if s == Strategy.BLOCK_ROWS:
-        return "block_rows"
-    if s.kind == Strategy.SMEM_KIND:
-        return "smem" if s.form == 1 else "cluster" + String(s.form)
-    if s.kind == Strategy.REGISTER_KIND:
-        return "register"
-    if s.kind == Strategy.SPLIT_STREAM_KIND:
-        return "split_stream"
-    if s.kind == Strategy.SPLIT_KIND:
-        return "split"
-    if s.kind == Strategy.BLOCK_KIND:
-        return "block"
-    if s.kind == Strategy.STRIDED_KIND:
-        return "strided"
-    return "none"
+comptime STRATEGIES = [
+    Strategy.REGISTER,
+    Strategy.WARP,
+    Strategy.BLOCK_ROWS,
+    Strategy.SMEM,
+    Strategy.CLUSTER2,
+    Strategy.CLUSTER4,
+    Strategy.SPLIT_STREAM,
+    Strategy.SPLIT,
+    Strategy.BLOCK,
+    Strategy.STRIDED,
+]
+"""Every strategy, in the order `launch_strategy` tries an "auto" choice."""
 
 
 def strategy_named(name: StaticString) -> Strategy:
@@ -149,9 +103,16 @@ trait RowStrategies:
         ...
 
     @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Whether the op has strategy `s`."""
+        ...
+
+    @staticmethod
     def named(name: StaticString) -> Strategy:
-        """The strategy `variant=name` forces (`strategy_named`)."""
-        return strategy_named(name)
+        """The strategy `variant=name` forces (`strategy_named`), if the op
+        has it, else `Strategy.NONE`."""
+        var s = strategy_named(name)
+        return s if Self.has(s) else Strategy.NONE
 
     def auto(self, ctx: DeviceContext) raises -> Strategy:
         """The strategy the op's table picks for these rows."""
@@ -163,16 +124,10 @@ trait RowStrategies:
         ...
 
 
-def no_strategy[
-    s: Strategy
-](op_name: String, variant: StaticString = "") raises:
+def no_strategy(op_name: String, variant: StaticString = "?") raises:
     """The error of an op asked for a strategy it does not have."""
     raise Error(
-        "max_softmax: "
-        + op_name
-        + " has no variant '"
-        + (String(variant) if variant else strategy_name(s))
-        + "'"
+        "max_softmax: " + op_name + " has no variant '" + String(variant) + "'"
     )
 
 
@@ -185,15 +140,15 @@ def launch_strategy[
     that cannot take the rows (its launcher's error)."""
     comptime if variant == "auto":
         var s = op.auto(ctx)
-        comptime for i in range(STRATEGY_COUNT):
-            comptime si = strategy_at(i)
+        comptime for i in range(len(STRATEGIES)):
+            comptime si = STRATEGIES[i]
             if s == si:
                 op.launch[si](ctx)
                 return
-        no_strategy[Strategy.NONE](L.op_name())
+        no_strategy(L.op_name())
     else:
         comptime s = L.named(variant)
         comptime if s == Strategy.NONE:
-            no_strategy[s](L.op_name(), variant)
+            no_strategy(L.op_name(), variant)
         else:
             op.launch[s](ctx)
