@@ -29,6 +29,12 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             launch(ctx, loss, dlogits, logits, targets, options, 16, 50257)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 20001)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 100003)
+            # Each strategy forced (variant=): the same kernels.
+            comptime for variant in ["register", "smem", "pair", "block"]:
+                comptime forced = launch_cross_entropy[
+                    dtype, with_grad, reduction, variant
+                ]
+                forced(ctx, loss, dlogits, logits, targets, options, 16, 1000)
 
 
 def main() raises:

@@ -37,6 +37,35 @@ VARIANTS: tuple[str, ...] = (
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
 
+BACKWARD_VARIANTS: tuple[str, ...] = (
+    "auto",
+    "register",
+    "smem",
+    "cluster2",
+    "cluster4",
+    "split_stream",
+    "block",
+)
+"""Strategies the backward ops' `variant=` forces (op/dispatch.mojo, `BackwardRows`)."""
+
+CROSS_ENTROPY_VARIANTS: tuple[str, ...] = ("auto", "register", "smem", "pair", "block")
+"""Strategies cross-entropy's `variant=` forces (op/gpu_cross_entropy.mojo, `CERows`)."""
+
+MASKED_VARIANTS: tuple[str, ...] = ("auto", "register", "block")
+"""Strategies the fused masked ops' `variant=` forces (op/gpu_masked_rows.mojo)."""
+
+OP_VARIANTS: dict[str, tuple[str, ...]] = {
+    "softmax": VARIANTS,
+    "log_softmax": VARIANTS,
+    "softmax_backward": BACKWARD_VARIANTS,
+    "log_softmax_backward": BACKWARD_VARIANTS,
+    "cross_entropy": CROSS_ENTROPY_VARIANTS,
+    "cross_entropy_with_grad": CROSS_ENTROPY_VARIANTS,
+    "softmax_masked": MASKED_VARIANTS,
+    "log_softmax_masked": MASKED_VARIANTS,
+}
+"""The variants each op takes (one switch in Mojo: op/variants.mojo)."""
+
 
 class SoftmaxInputError(ValueError):
     """Raised for input that max_softmax cannot take (dtype, rank, axis)."""
@@ -52,11 +81,15 @@ def check_dtype(dtype: DType) -> DType:
     return dtype
 
 
-def check_variant(variant: str, device_kind: str) -> str:
-    """Return `variant` if it names a kernel family in `VARIANTS` that can run
-    on `device_kind` ("cpu" or "gpu"), else raise: the CPU has one family."""
-    if variant not in VARIANTS:
-        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
+def check_variant(variant: str, device_kind: str, op: str = "softmax") -> str:
+    """Return `variant` if it names a kernel family of `op` (`OP_VARIANTS`)
+    that can run on `device_kind` ("cpu" or "gpu"), else raise: the CPU has
+    one family."""
+    names = OP_VARIANTS[op]
+    if variant not in names:
+        raise ValueError(
+            f"max_softmax: unknown variant {variant!r} for {op}; choose one of {names}"
+        )
     if variant != "auto" and device_kind != "gpu":
         raise ValueError(
             f"max_softmax: variant {variant!r} is a GPU kernel family; on the {device_kind} "
