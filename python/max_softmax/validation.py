@@ -7,6 +7,7 @@ before anything reaches MAX or Mojo.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -154,7 +155,8 @@ def check_cross_entropy_options(
         raise TypeError(f"max_softmax: ignore_index must be an int, got {ignore_index!r}")
     if not -(2**53) <= int(ignore_index) <= 2**53:
         raise ValueError(f"max_softmax: ignore_index {ignore_index} is out of range (|i| <= 2^53)")
-    if isinstance(label_smoothing, (str, bytes, bool)) or not np.isscalar(label_smoothing):
+    # numbers.Real, not np.isscalar: torch.compile traces this check.
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"max_softmax: label_smoothing must be a float, got {label_smoothing!r}")
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:
