@@ -116,13 +116,14 @@ def cross_entropy_cpu[
     if rows > 0:
         run_tasks(task, ceildiv(rows, rows_per_task))
     comptime if reduce:
-        # Summed in row order, in the accumulator type: repeatable, and a
-        # float32 total of many rows keeps its precision.
-        var total = Scalar[acc](0)
+        # Summed in row order (repeatable bits) in float64 for every dtype:
+        # a float32 running total of 8192 rows loses ~20 bits' worth of
+        # the last row's precision, 100x torch's error (issue 37).
+        var total = Float64(0)
         for r in range(rows):
-            total += losses[unsafe_offset=r]
+            total += losses[unsafe_offset=r].cast[DType.float64]()
         comptime if mean:
-            total = total / Scalar[acc](kept)
+            total = total / Float64(kept)
         loss[unsafe_offset=0] = total.cast[dtype]()
     _ = row_losses^
 
