@@ -66,7 +66,12 @@ def softmax_cpu[
     if inner == 1:
         _contiguous_rows[dtype, log_out](dst, src, outer, n)
     else:
-        _strided_rows[dtype, log_out](dst, src, outer, n, inner)
+        run_column_blocks[simd_width_of[accum_dtype[dtype]()]()](
+            SoftmaxColumns[dtype, log_out](held(dst), held(src)),
+            outer,
+            n,
+            inner,
+        )
 
 
 def _contiguous_rows[
@@ -239,6 +244,7 @@ def _max_of[
     return m
 
 
+@fieldwise_init
 struct ExpTerms[
     dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
 ](RowTerms):
@@ -255,20 +261,6 @@ struct ExpTerms[
     """The row."""
     var m: Scalar[Self.acc]
     """What is subtracted before the exp."""
-
-    @always_inline
-    def __init__(
-        out self,
-        y: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        scratch: Pointer[Scalar[Self.acc], MutAnyOrigin],
-        x: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        m: Scalar[Self.acc],
-    ):
-        """The exps of row x, parked in y or scratch."""
-        self.y = held(y)
-        self.scratch = held(scratch)
-        self.x = held(x)
-        self.m = m
 
     @always_inline
     def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
@@ -302,7 +294,9 @@ def _exp_sum[
     """Sum of exp(x - m) over x[0:count], each exp parked in y or scratch
     (`lean`: by `exp_lean`, for 16-bit softmax)."""
     return blocked_sum[simd_width_of[accum_dtype[dtype]()]()](
-        ExpTerms[dtype, park_in_dst, park_in_scratch, lean](y, scratch, x, m),
+        ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
+            held(y), held(scratch), held(x), m
+        ),
         count,
     )
 
@@ -376,26 +370,11 @@ def _write[
     each_piece[simd_width_of[accum_dtype[dtype]()]()](
         SoftmaxWrite[dtype, log_out, park_in_dst, park_in_scratch, lean](
             ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
-                y, scratch, x, m
+                held(y), held(scratch), held(x), m
             ),
             scale,
         ),
         count,
-    )
-
-
-def _strided_rows[
-    dtype: DType, log_out: Bool
-](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    comptime assert accum_dtype[dtype]().is_floating_point()
-    run_column_blocks[simd_width_of[accum_dtype[dtype]()]()](
-        SoftmaxColumns[dtype, log_out](held(dst), held(src)), outer, n, inner
     )
 
 
