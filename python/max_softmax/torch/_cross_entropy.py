@@ -131,7 +131,7 @@ def _scale_rows(dlogits: torch.Tensor, factor: torch.Tensor) -> None:
     scale_rows op's model (no host read of the factor, no second pass)."""
     if dlogits.numel() == 0:
         return
-    if torch_launch.available(dlogits.is_cuda):
+    if dlogits.is_cuda and torch_launch.available(cuda=True):  # the extension's is GPU-only
         torch_launch.scale_rows(dlogits, factor)
         return
     per_row = factor.shape[0] != 1
