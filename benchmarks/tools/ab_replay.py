@@ -76,15 +76,21 @@ def _inputs(op: str, dtype: str, rows: int, n: int, k: int, gpu, rng):
     """K fresh input sets on the GPU."""
     import ml_dtypes
     from max.driver import Buffer
+    from max.dtype import DType
 
-    npdt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    def tensor():
+        x = rng.standard_normal((rows, n), dtype=np.float32)
+        if dtype == "float32":
+            return Buffer.from_numpy(x).to(gpu)
+        # bfloat16 by its bits: DLPack (Buffer.from_numpy) takes no ml_dtypes arrays.
+        bits = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+        return Buffer.from_numpy(bits).view(DType.bfloat16).to(gpu)
+
     bufs = []
     for _ in range(k):
-        x = rng.standard_normal((rows, n), dtype=np.float32).astype(npdt)
-        bufs.append(Buffer.from_numpy(x).to(gpu))
+        bufs.append(tensor())
         if op == "softmax_backward":
-            dy = rng.standard_normal((rows, n), dtype=np.float32).astype(npdt)
-            bufs.append(Buffer.from_numpy(dy).to(gpu))
+            bufs.append(tensor())
         elif op == "cross_entropy":
             bufs.append(Buffer.from_numpy(rng.integers(0, n, rows).astype(np.int64)).to(gpu))
     return bufs
