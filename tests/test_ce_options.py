@@ -106,11 +106,15 @@ def _check(got_loss, got_grad, x, t, w, ignore_index, eps, z_loss, softcap, redu
     assert ok, (loss_err, grad_err)
 
 
+# (dtype, reduction): every reduction in float64, the mean in float32 (a
+# model each: compiles dominate the CPU run time).
+NP_CASES = [("float64", r) for r in REDUCTIONS] + [("float32", "mean")]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype,reduction", NP_CASES)
 @pytest.mark.parametrize("ignore_index,eps", BASE)
 @pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
-@pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_numpy(device, dtype, ignore_index, eps, has_weight, z_loss, softcap, reduction):
     """The numpy front door (one model per (op, dtype, reduction, device)
     serves every option and value)."""
@@ -122,3 +126,126 @@ def test_numpy(device, dtype, ignore_index, eps, has_weight, z_loss, softcap, re
         logits, t, ignore_index=ignore_index, reduction=reduction, label_smoothing=eps, **kw
     )
     _check(loss, grad, logits, t, w, ignore_index, eps, z_loss, softcap, reduction, dtype)
+
+
+@pytest.mark.parametrize("weight_kind", ["graph value", "array"])
+def test_in_a_graph(weight_kind):
+    """ops.cross_entropy_with_grad with every option in the user's own
+    graph (CPU): symbolic rows, the weight a graph input or an array."""
+    from max.driver import CPU, Buffer
+    from max.dtype import DType
+    from max.engine import InferenceSession
+    from max.graph import DeviceRef, Graph, TensorType
+
+    import max_softmax
+
+    x, t, w = _inputs(2)
+    types = [
+        TensorType(DType.float64, ["rows", CLASSES], DeviceRef.CPU()),
+        TensorType(DType.int64, ["rows"], DeviceRef.CPU()),
+        TensorType(DType.float32, [CLASSES], DeviceRef.CPU()),
+    ]
+    kw = {"ignore_index": 2, "label_smoothing": 0.15, "z_loss": 1e-2, "softcap": 3.0}
+    with Graph("ce", input_types=types, custom_extensions=[max_softmax.KERNELS]) as g:
+        logits, targets, weight = (v.tensor for v in g.inputs)
+        weight = weight if weight_kind == "graph value" else w.astype(np.float32)
+        loss, dlogits = max_softmax.ops.cross_entropy_with_grad(
+            logits, targets, weight=weight, **kw
+        )
+        g.output(loss, dlogits)
+    model = InferenceSession(devices=[CPU()]).load(g)
+    w32 = w.astype(np.float32)
+    loss, dlogits = model.execute(*(Buffer.from_numpy(a) for a in (x, t, w32)))
+    want = cross_entropy_options_reference(x, t, 2, "mean", 0.15, w32, 1e-2, 3.0)
+    ok, *errs = compare_cross_entropy(loss.to_numpy(), dlogits.to_numpy(), *want, "float64")
+    assert ok, errs
+
+
+def _torch_case(device, dtype, ignore_index, has_weight, seed=0):
+    x, t, w = _inputs(ignore_index, seed)
+    where = "cuda" if device == "gpu" else "cpu"
+    xt = torch.tensor(x, dtype=dtype, device=where, requires_grad=True)
+    tt = torch.tensor(t, device=where)
+    wt = torch.tensor(w, dtype=dtype, device=where) if has_weight else None
+    return xt, tt, wt
+
+
+TORCH_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+# (dtype, reduction): every reduction in float64 (gradcheck too) and
+# float32, the mean in 16 bits (a compiled model each on the CPU).
+TORCH_CASES = (
+    [("float64", r) for r in REDUCTIONS]
+    + [("float32", r) for r in REDUCTIONS]
+    + [("bfloat16", "mean"), ("float16", "sum")]
+)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,reduction", TORCH_CASES)
+@pytest.mark.parametrize("ignore_index,eps", BASE)
+@pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
+def test_torch(device, dtype, ignore_index, eps, has_weight, z_loss, softcap, reduction):
+    """The torch bridge: loss and input gradient (backward with a
+    non-trivial incoming gradient) against the float64 reference."""
+    import max_softmax.torch as mst
+
+    xt, tt, wt = _torch_case(device, TORCH_DTYPES[dtype], ignore_index, has_weight)
+    kw = {"ignore_index": ignore_index, "label_smoothing": eps, "reduction": reduction}
+    loss = mst.cross_entropy(xt, tt, wt, z_loss=z_loss, softcap=softcap, **kw)
+    loss.sum().backward()
+    x = xt.detach().double().cpu().numpy()
+    w = None if wt is None else wt.double().cpu().numpy()
+    _check(
+        loss.detach().double().cpu().numpy(),
+        xt.grad.double().cpu().numpy(),
+        x,
+        tt.cpu().numpy(),
+        w,
+        ignore_index,
+        eps,
+        z_loss,
+        softcap,
+        reduction,
+        dtype,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
+def test_torch_gradcheck(device, has_weight, z_loss, softcap, reduction):
+    """float64 gradcheck and gradgradcheck (the second order by the torch-op
+    gradient, `_cross_entropy._gradient`) with smoothing and ignored rows."""
+    import max_softmax.torch as mst
+
+    xt, tt, wt = _torch_case(device, torch.float64, 2, has_weight)
+    xt = xt.detach()[:3, :9].clone().requires_grad_(True)
+    tt = tt[:3] % 9
+    wt = None if wt is None else wt[:9]
+    kw = {"ignore_index": 2, "label_smoothing": 0.15, "reduction": reduction}
+
+    def f(x):
+        return mst.cross_entropy(x, tt, wt, z_loss=z_loss, softcap=softcap, **kw)
+
+    assert torch.autograd.gradcheck(f, (xt,))
+    assert torch.autograd.gradgradcheck(f, (xt,))
+
+
+def test_errors():
+    """Bad options get clear errors on every front door."""
+    import max_softmax.torch as mst
+
+    x, t, w = _inputs(-100)
+    with pytest.raises(ValueError, match="z_loss must be a finite number >= 0"):
+        cross_entropy_with_grad(x, t, z_loss=-1.0, device="cpu")
+    with pytest.raises(TypeError, match="softcap must be a float"):
+        cross_entropy_with_grad(x, t, softcap="3", device="cpu")
+    with pytest.raises(ValueError, match="weight must have shape \\(33,\\)"):
+        cross_entropy_with_grad(x, t, weight=w[:5], device="cpu")
+    with pytest.raises(ValueError, match="weight must have shape \\(33,\\)"):
+        mst.cross_entropy(torch.tensor(x), torch.tensor(t), torch.ones(3, 11))
