@@ -25,16 +25,7 @@ from .cpu_cross_entropy import cross_entropy_cpu
 from .cross_entropy_math import PLAIN_OPTIONS
 from .gpu_ce_options_rows import launch_cross_entropy_options
 from .gpu_cross_entropy import launch_cross_entropy
-
-
-@always_inline
-def _ptr[
-    dtype: DType, rank: Int
-](t: ManagedTensorSlice[dtype=dtype, rank=rank, ...]) -> Pointer[
-    Scalar[dtype], MutAnyOrigin
-]:
-    """The tensor's elements, as the kernels take them."""
-    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](t.unsafe_ptr())
+from .registered_ops import rows_ptr as _ptr
 
 
 def cross_entropy_rows[
@@ -42,6 +33,7 @@ def cross_entropy_rows[
     dtype: DType,
     with_grad: Bool,
     reduction: StaticString,
+    variant: StaticString = "auto",
 ](
     ctx: DeviceContext,
     loss: ManagedTensorSlice[dtype=dtype, rank=1, ...],
@@ -51,7 +43,8 @@ def cross_entropy_rows[
     options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
 ) raises:
     """Cross-entropy of `logits` rows against `targets` on `target` (the
-    gradient into `dlogits` where `with_grad`)."""
+    gradient into `dlogits` where `with_grad`); GPU rows under `variant`
+    (`launch_cross_entropy`)."""
     comptime assert (
         reduction == "mean" or reduction == "sum" or reduction == "none"
     ), "reduction must be mean, sum or none"
@@ -106,7 +99,7 @@ def cross_entropy_rows[
             n,
         )
     elif target == "gpu":
-        launch_cross_entropy[dtype, with_grad, reduction](
+        launch_cross_entropy[dtype, with_grad, reduction, variant](
             ctx,
             _ptr(loss),
             dlogits,
@@ -132,6 +125,8 @@ struct CrossEntropy:
         dtype: DType,
         # "mean", "sum" (loss of shape (1,)) or "none" (shape (rows,)).
         reduction: StaticString = "mean",
+        # Strategy: "auto", "register", "smem", "pair" or "block".
+        variant: StaticString = "auto",
     ](
         loss: OutputTensor[dtype=dtype, rank=1, static_spec=_],
         logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
@@ -141,7 +136,7 @@ struct CrossEntropy:
     ) raises:
         """Run the op."""
         # No gradient: the kernels never write through this pointer.
-        cross_entropy_rows[target, dtype, False, reduction](
+        cross_entropy_rows[target, dtype, False, reduction, variant](
             ctx, loss, _ptr(logits), logits, targets, options
         )
 
@@ -155,6 +150,8 @@ struct CrossEntropyWithGrad:
         target: StaticString,
         dtype: DType,
         reduction: StaticString = "mean",
+        # Strategy: "auto", "register", "smem", "pair" or "block".
+        variant: StaticString = "auto",
     ](
         loss: OutputTensor[dtype=dtype, rank=1, static_spec=_],
         dlogits: OutputTensor[dtype=dtype, rank=2, static_spec=_],
@@ -164,7 +161,7 @@ struct CrossEntropyWithGrad:
         ctx: DeviceContext,
     ) raises:
         """Run the op."""
-        cross_entropy_rows[target, dtype, True, reduction](
+        cross_entropy_rows[target, dtype, True, reduction, variant](
             ctx, loss, _ptr(dlogits), logits, targets, options
         )
 

@@ -25,11 +25,13 @@ tensors (y or log p, and dy) held, each read once:
 | fewer rows, or longer, to 8 MB a row | the split stream with both tensors' chunks (24 KB fp32, 12 KB 16-bit each) (gpu_backward_stream_rows) |
 | rows over 8 MB            | block per row, reading the row twice (gpu_backward_rows) |
 
-`softmax_rows` takes the launcher of contiguous rows as a compile-time
-parameter: `launch_auto` (this table) for "auto", or a forced family
-(variants.mojo, and the baselines' own ops in baselines/), so a model
-compiles only the families it can run. Each family's launcher (grid,
-workspace, capacity check) sits beside its kernel.
+Each table gives a `Strategy` (variants.mojo); `ForwardRows` and
+`BackwardRows` hold an op's buffers and launch each strategy it has, and
+`launch_strategy` (variants.mojo) is the one switch for "auto" and a forced
+`variant=`. `softmax_rows` takes the launcher of contiguous rows as a
+compile-time parameter: `launch_variant` (the live strategies) or the
+baselines' own (baselines/), so a model compiles only what it can run. Each
+family's launcher (grid, workspace, capacity check) sits beside its kernel.
 """
 
 from max.gpu.host import DeviceContext
@@ -37,9 +39,9 @@ from max.gpu.host import DeviceContext
 from .cpu_backward import softmax_backward_cpu
 from .cpu_rows import softmax_cpu
 from .gpu_backward_rows import (
-    backward_register_fits,
+    backward_plan_registers,
+    backward_register_kernel_for,
     launch_backward_block,
-    launch_backward_register,
     launch_backward_strided,
 )
 from .gpu_backward_smem_rows import (
@@ -52,9 +54,12 @@ from .gpu_backward_stream_rows import (
     backward_stream_chunk,
     launch_backward_stream,
 )
-from .gpu_launch import aligned16, vector_flag_of
+from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_register_rows import (
+    MAX_PLAN_THREADS,
     WARP_THREADS,
+    RegisterPlanKernel,
+    launch_register_plan,
     launch_register_rows,
     plan_threads,
     register_plan,
@@ -70,6 +75,13 @@ from .gpu_split_stream_rows import launch_split_stream, split_stream_fits
 from .gpu_split_workspace import on_chip_split_capacity
 from .gpu_strided_rows import launch_strided_rows
 from .row_math import vector_width
+from .variants import (
+    RowStrategies,
+    Strategy,
+    launch_strategy,
+    no_strategy,
+    strategy_named,
+)
 
 comptime RowsLauncher[dtype: DType] = def(
     DeviceContext,
@@ -88,50 +100,175 @@ comptime SPLIT_BELOW_ROWS = 264
 
 def gpu_kernel_for(
     rows: Int, n: Int, V: Int, wide_warp: Bool = False
-) -> String:
-    """The kernel family "auto" picks for `rows` contiguous rows of `n`
+) -> Strategy:
+    """The strategy "auto" picks for `rows` contiguous rows of `n`
     (`wide_warp`: rows that may take `WIDE_WARP_PLAN`, `wide_warp_rows`)."""
     var plan = register_plan(n, V, 0, wide_warp=wide_warp)
     if plan >= 0:
-        return "warp" if plan_threads(plan) <= WARP_THREADS else "block"
+        return (
+            Strategy.WARP if plan_threads(plan)
+            <= WARP_THREADS else Strategy.BLOCK_ROWS
+        )
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
-        return "smem"
+        return Strategy.SMEM
     if n <= on_chip_split_capacity(16 // V):
-        return "split_stream"
-    return "split"
+        return Strategy.SPLIT_STREAM
+    return Strategy.SPLIT
 
 
-def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> String:
-    """The backward kernel family for `rows` contiguous rows of `n`: the
+def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> Strategy:
+    """The backward strategy for `rows` contiguous rows of `n`: the
     forward's rules with both tensors held.
 
     Rows past one SM go to a cluster kernel, a part of the row on chip in
     each block: float32 and float64 (V <= 4) to `cluster_capacity(V, 2,
-    4)`, four blocks a row ("cluster4"); 16-bit rows to two blocks'
-    capacity ("cluster2") where the split stream would fill its chunk slots
-    (`chunk` elements of each tensor, `backward_stream_chunk`) under 15/16.
-    On the H100 (benchmarks/backward_sweep.mojo) four blocks ran float32
-    40000-131072 at 99-101% of copy against two blocks' 86-101% and the
-    split stream's 89-98% (H200: 90-97%, 77-96%, 75-90%), but 16-bit 50257
-    and 65536 at 79-89% (H200: 62-65%) where one block a row runs at 100%:
-    16-bit rows keep the earlier rule. float64 follows float32 (not
-    timed)."""
+    4)`, four blocks a row (`CLUSTER4`); 16-bit rows to two blocks'
+    capacity (`CLUSTER2`) where the split stream would fill its chunk
+    slots (`chunk` elements of each tensor, `backward_stream_chunk`) under
+    15/16. Four blocks ran float32 rows past one SM near copy speed, ahead
+    of two blocks and the split stream; 16-bit rows that one block holds
+    ran slower on four than on one, so 16-bit rows keep the earlier rule
+    (benchmarks/RESULTS.md, "Backward (issue 17)"). float64 follows float32."""
     if backward_register_fits(n, V):
-        return "register"
+        return Strategy.REGISTER
     if rows < SPLIT_BELOW_ROWS:
         return (
-            "split_stream" if n <= on_chip_split_capacity(16 // V) else "block"
+            Strategy.SPLIT_STREAM if n
+            <= on_chip_split_capacity(16 // V) else Strategy.BLOCK
         )
     if n <= smem_capacity(V, SMEM_TENSORS):
-        return "smem"
+        return Strategy.SMEM
     if V <= 4 and n <= cluster_capacity(V, SMEM_TENSORS, 4):
-        return "cluster4"
+        return Strategy.CLUSTER4
     var slots = (n + chunk - 1) // chunk * chunk
     if n <= cluster_capacity(V, SMEM_TENSORS, 2) and 16 * n < 15 * slots:
-        return "cluster2"
+        return Strategy.CLUSTER2
     if n <= on_chip_split_capacity(16 // V):
-        return "split_stream"
-    return "block"
+        return Strategy.SPLIT_STREAM
+    return Strategy.BLOCK
+
+
+def backward_register_fits(n: Int, V: Int) -> Bool:
+    """Whether a register plan holds rows of `n` of both tensors at
+    `BACKWARD_ROW_REGISTERS` registers each, as held."""
+    return register_plan(n, V, 0, backward_plan_registers(V)) >= 0
+
+
+@fieldwise_init
+struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
+    """Softmax (or log-softmax) of `rows` contiguous rows of `n`, from
+    `src` into `dst`: its strategies "warp" and "block" (register plans),
+    "smem", "split_stream", "split"."""
+
+    @staticmethod
+    def op_name() -> String:
+        """The op's name in error messages."""
+        return "log_softmax" if Self.log_out else "softmax"
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var aligned: Bool
+    """Whether the buffers start 16-byte aligned."""
+
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Strategies "smem", "split_stream", "split" (and the register plans,
+        named "warp" and "block")."""
+        return (
+            s == Strategy.SMEM
+            or s == Strategy.SPLIT_STREAM
+            or s == Strategy.SPLIT
+        )
+
+    @staticmethod
+    def named(name: StaticString) -> Strategy:
+        """The forward's variant names: "warp" and "block" are its register
+        plans (`Strategy.WARP`, `Strategy.BLOCK_ROWS`)."""
+        if name == "warp":
+            return Strategy.WARP
+        if name == "block":
+            return Strategy.BLOCK_ROWS
+        var s = strategy_named(name)
+        return s if Self.has(s) else Strategy.NONE
+
+    def auto(self, ctx: DeviceContext) raises -> Strategy:
+        """`gpu_kernel_for`; a GPU too small to hold a row's chunks at once
+        (a MIG slice) gets the kernel that needs no co-residency."""
+        comptime V = vector_width[Self.dtype]()
+        var s = gpu_kernel_for(
+            self.rows,
+            self.n,
+            V,
+            wide_warp_rows[Self.dtype](vector_flag_of(self.aligned, self.n, V)),
+        )
+        if s == Strategy.SPLIT_STREAM and not split_stream_fits[Self.dtype](
+            ctx, self.n
+        ):
+            return Strategy.SPLIT
+        return s
+
+    def launch[s: Strategy](self, ctx: DeviceContext) raises:
+        """Enqueue the rows under `s`."""
+        var dst = kernel_arg(self.dst)
+        var src = kernel_arg(self.src)
+        comptime if s == Strategy.WARP or s == Strategy.BLOCK_ROWS:
+            launch_register_rows[
+                Self.dtype, Self.log_out, s == Strategy.BLOCK_ROWS
+            ](ctx, dst, src, self.rows, self.n, self.aligned)
+        elif s == Strategy.SMEM:
+            launch_smem_rows[Self.dtype, Self.log_out](
+                ctx, dst, src, self.rows, self.n, self.aligned
+            )
+        elif s == Strategy.SPLIT_STREAM:
+            launch_split_stream[Self.dtype, Self.log_out](
+                ctx, dst, src, self.rows, self.n, self.aligned
+            )
+        elif s == Strategy.SPLIT:
+            launch_split_rows[Self.dtype, Self.log_out](
+                ctx, dst, src, self.rows, self.n, self.aligned
+            )
+        else:
+            no_strategy(Self.op_name())
+
+
+def launch_variant[
+    dtype: DType, log_out: Bool, variant: StaticString
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """Launch the forward on `rows` contiguous rows of `n` under the
+    strategy `variant` names ("auto": the table; "warp", "block", "smem",
+    "split", "split_stream"). Raises for another name and where the
+    strategy cannot take rows of `n`."""
+    launch_strategy[ForwardRows[dtype, log_out], variant](
+        ForwardRows[dtype, log_out](held(dst), held(src), rows, n, aligned),
+        ctx,
+    )
+
+
+def launch_auto[
+    dtype: DType, log_out: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+) raises:
+    """`launch_variant` with "auto": the strategy `gpu_kernel_for` picks."""
+    launch_variant[dtype, log_out, "auto"](ctx, dst, src, rows, n, aligned)
 
 
 def softmax_rows[
@@ -148,8 +285,8 @@ def softmax_rows[
     inner: Int,
 ) raises:
     """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`:
-    on the GPU along a non-last axis by columns, contiguous rows by
-    `launch_rows` (`launch_auto`, or a forced family)."""
+    on the GPU along a non-last axis by columns (`Strategy.STRIDED`),
+    contiguous rows by `launch_rows` (`launch_variant`, or a baseline)."""
     if outer * n * inner == 0:
         return
     comptime if target == "cpu":
@@ -163,43 +300,139 @@ def softmax_rows[
         raise Error("max_softmax: unsupported target " + String(target))
 
 
-def launch_auto[
-    dtype: DType, log_out: Bool
+@fieldwise_init
+struct BackwardRows[dtype: DType, log_in: Bool](
+    RegisterPlanKernel, RowStrategies
+):
+    """The gradient of `rows` contiguous rows of `n` into `dx`: its
+    strategies "register", "smem", "cluster2", "cluster4", "split_stream",
+    "block"; for "register" also the plan kernel with its arguments
+    (`launch_register_plan`)."""
+
+    @staticmethod
+    def op_name() -> String:
+        """The op's name in error messages."""
+        return "log_softmax_backward" if Self.log_in else "softmax_backward"
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient rows."""
+    var a: HeldRows[Self.dtype]
+    """Forward output rows (y or log p)."""
+    var dy: HeldRows[Self.dtype]
+    """Incoming gradient rows."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var aligned: Bool
+    """Whether the buffers start 16-byte aligned."""
+
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Every strategy but the forward's register forms and "split"."""
+        return s.kind == Strategy.SMEM.kind or (
+            s == Strategy.REGISTER
+            or s == Strategy.SPLIT_STREAM
+            or s == Strategy.BLOCK
+        )
+
+    def auto(self, ctx: DeviceContext) raises -> Strategy:
+        """`backward_kernel_for`; as the forward, a GPU too small for a
+        row's chunks (a MIG slice) gets the block-per-row kernel."""
+        var s = backward_kernel_for(
+            self.rows,
+            self.n,
+            vector_width[Self.dtype](),
+            backward_stream_chunk[Self.dtype](),
+        )
+        if s == Strategy.SPLIT_STREAM and not split_stream_fits[
+            Self.dtype, BACKWARD_TENSORS
+        ](ctx, self.n):
+            return Strategy.BLOCK
+        return s
+
+    def launch[s: Strategy](self, ctx: DeviceContext) raises:
+        """Enqueue the rows under `s`."""
+        var dx = kernel_arg(self.dx)
+        var a = kernel_arg(self.a)
+        var dy = kernel_arg(self.dy)
+        comptime if s == Strategy.REGISTER:
+            comptime V = vector_width[Self.dtype]()
+            var plan = register_plan(self.n, V, 0, backward_plan_registers(V))
+            if plan < 0:
+                raise Error(
+                    "max_softmax: the backward's register kernel cannot hold"
+                    " rows of "
+                    + String(self.n)
+                )
+            launch_register_plan[
+                V, backward_plan_registers(V), 0, MAX_PLAN_THREADS
+            ](ctx, self, plan, self.rows)
+        elif s == Strategy.SMEM:
+            launch_backward_smem[Self.dtype, Self.log_in](
+                ctx, dx, a, dy, self.rows, self.n, self.aligned
+            )
+        elif s.kind == Strategy.SMEM.kind:
+            launch_backward_cluster[Self.dtype, Self.log_in, s.form](
+                ctx, dx, a, dy, self.rows, self.n, self.aligned
+            )
+        elif s == Strategy.SPLIT_STREAM:
+            launch_backward_stream[Self.dtype, Self.log_in](
+                ctx, dx, a, dy, self.rows, self.n, self.aligned
+            )
+        elif s == Strategy.BLOCK:
+            launch_backward_block[Self.dtype, Self.log_in](
+                ctx, dx, a, dy, self.rows, self.n, self.aligned
+            )
+        else:
+            no_strategy(Self.op_name())
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue the register kernel for T threads a row, K chunks of each
+        tensor a thread (`backward_register_kernel_for`)."""
+        comptime kernel = backward_register_kernel_for[
+            Self.dtype, Self.log_in, T, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dx),
+            kernel_arg(self.a),
+            kernel_arg(self.dy),
+            Int64(self.rows),
+            Int64(self.n),
+            vector_flag_of(self.aligned, self.n, vector_width[Self.dtype]()),
+            grid_dim=grid,
+            block_dim=block,
+        )
+
+
+def launch_backward_rows[
+    dtype: DType, log_in: Bool, variant: StaticString
 ](
     ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    dx: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    dy: Pointer[Scalar[dtype], MutAnyOrigin],
     rows: Int,
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch the family `gpu_kernel_for` picks for `rows` rows of `n`."""
-    comptime V = vector_width[dtype]()
-    var family = gpu_kernel_for(
-        rows, n, V, wide_warp_rows[dtype](vector_flag_of(aligned, n, V))
+    """Launch the backward on `rows` contiguous rows of `n` under the
+    strategy `variant` names ("auto": `backward_kernel_for`)."""
+    launch_strategy[BackwardRows[dtype, log_in], variant](
+        BackwardRows[dtype, log_in](
+            held(dx), held(a), held(dy), rows, n, aligned
+        ),
+        ctx,
     )
-    # A GPU too small to hold a row's chunks at once (a MIG slice) gets
-    # the kernel that needs no co-residency.
-    if family == "split_stream" and not split_stream_fits[dtype](ctx, n):
-        family = "split"
-    if family == "warp":
-        launch_register_rows[dtype, log_out, False](
-            ctx, dst, src, rows, n, aligned
-        )
-    elif family == "block":
-        launch_register_rows[dtype, log_out, True](
-            ctx, dst, src, rows, n, aligned
-        )
-    elif family == "smem":
-        launch_smem_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
-    elif family == "split_stream":
-        launch_split_stream[dtype, log_out](ctx, dst, src, rows, n, aligned)
-    else:
-        launch_split_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
 
 
 def softmax_backward_rows[
-    target: StaticString, dtype: DType, log_in: Bool
+    target: StaticString,
+    dtype: DType,
+    log_in: Bool,
+    variant: StaticString = "auto",
 ](
     ctx: DeviceContext,
     dx: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -210,7 +443,8 @@ def softmax_backward_rows[
     inner: Int,
 ) raises:
     """Run softmax_backward (or log_softmax_backward) of the (outer, n,
-    inner) view on `target`."""
+    inner) view on `target`: contiguous GPU rows under `variant`
+    (`launch_backward_rows`)."""
     if outer * n * inner == 0:
         return
     comptime if target == "cpu":
@@ -221,48 +455,8 @@ def softmax_backward_rows[
                 ctx, dx, a, dy, outer, n, inner
             )
         else:
-            launch_backward_auto[dtype, log_in](
+            launch_backward_rows[dtype, log_in, variant](
                 ctx, dx, a, dy, outer, n, aligned16(Int(dx), Int(a), Int(dy))
             )
     else:
         raise Error("max_softmax: unsupported target " + String(target))
-
-
-def launch_backward_auto[
-    dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the family `backward_kernel_for` picks for `rows` rows of `n`."""
-    var family = backward_kernel_for(
-        rows, n, vector_width[dtype](), backward_stream_chunk[dtype]()
-    )
-    # As in the forward: a GPU too small for a row's chunks (a MIG slice).
-    if family == "split_stream" and not split_stream_fits[
-        dtype, BACKWARD_TENSORS
-    ](ctx, n):
-        family = "block"
-    if family == "register":
-        launch_backward_register[dtype, log_in](
-            ctx, dx, a, dy, rows, n, aligned
-        )
-    elif family == "smem":
-        launch_backward_smem[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
-    elif family == "cluster4":
-        launch_backward_cluster[dtype, log_in, 4](
-            ctx, dx, a, dy, rows, n, aligned
-        )
-    elif family == "cluster2":
-        launch_backward_cluster[dtype, log_in, 2](
-            ctx, dx, a, dy, rows, n, aligned
-        )
-    elif family == "split_stream":
-        launch_backward_stream[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)
-    else:
-        launch_backward_block[dtype, log_in](ctx, dx, a, dy, rows, n, aligned)

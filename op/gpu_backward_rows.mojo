@@ -8,7 +8,8 @@ chunk loaders and plan launcher (gpu_register_rows), so each is read once.
 16-bit rows are held in their own dtype, as the forward holds them, and
 widened a chunk at a time: a 16-byte chunk is 4 registers in any dtype.
 Longer rows go on chip (gpu_backward_smem_rows, gpu_backward_stream_rows;
-dispatch.mojo's `backward_kernel_for` picks). Rows those cannot take (over
+dispatch.mojo's `backward_kernel_for` picks; `BackwardRows` there launches
+the register plans). Rows those cannot take (over
 8 MB, or a GPU too small for a row's chunks): a block per row sums dy * y
 (or dy), then re-reads the row (mostly from L2) to write the gradient.
 Rows along another axis use a thread per column, as gpu_strided_rows does.
@@ -21,17 +22,13 @@ from std.memory import bitcast
 from std.sys import inlined_assembly, size_of
 from std.utils import StaticTuple
 
-from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
+from .gpu_launch import vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
-    MAX_PLAN_THREADS,
     WARP_THREADS,
-    RegisterPlanKernel,
     block_threads,
     chunk_registers,
-    launch_register_plan,
     load_row_chunks,
-    register_plan,
     store_row_chunks,
 )
 from .row_math import accum_dtype, backward_out, backward_term, vector_width
@@ -397,84 +394,19 @@ def backward_strided_kernel[
         ).cast[dtype]()
 
 
-@fieldwise_init
-struct BackwardRegisterRows[dtype: DType, log_in: Bool](RegisterPlanKernel):
-    """The backward's register kernel with its arguments: the gradient of
-    `rows` rows of `n` into `dx`."""
-
-    var dx: HeldRows[Self.dtype]
-    """Output gradient rows."""
-    var a: HeldRows[Self.dtype]
-    """Forward output rows (y or log p)."""
-    var dy: HeldRows[Self.dtype]
-    """Incoming gradient rows."""
-    var rows: Int
-    """Number of rows."""
-    var n: Int
-    """Row length."""
-    var vector_flag: Int32
-    """`vector_flag` of the buffers and `n`."""
-
-    def enqueue[
-        T: Int, K: Int
-    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
-        """Enqueue the register kernel for T threads a row, K chunks of each
-        tensor a thread: `backward_resident_register_kernel` where the plan
-        asks for resident blocks, else `backward_register_kernel`."""
-        comptime V = vector_width[Self.dtype]()
-        comptime kernel = backward_register_kernel[
-            Self.dtype, Self.log_in, T, V, K
-        ] if backward_min_blocks_per_sm[
-            Self.dtype, T, K
-        ]() == 1 else backward_resident_register_kernel[
-            Self.dtype, Self.log_in, T, V, K
-        ]
-        ctx.enqueue_function[kernel](
-            kernel_arg(self.dx),
-            kernel_arg(self.a),
-            kernel_arg(self.dy),
-            Int64(self.rows),
-            Int64(self.n),
-            self.vector_flag,
-            grid_dim=grid,
-            block_dim=block,
-        )
-
-
-def backward_register_fits(n: Int, V: Int) -> Bool:
-    """Whether a register plan holds rows of `n` of both tensors at
-    `BACKWARD_ROW_REGISTERS` registers each, as held."""
-    return register_plan(n, V, 0, backward_plan_registers(V)) >= 0
-
-
-def launch_backward_register[
-    dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the register kernel for `rows` contiguous rows of `n`, both
-    tensors in registers. Raises unless `backward_register_fits`."""
-    comptime V = vector_width[dtype]()
-    var plan = register_plan(n, V, 0, backward_plan_registers(V))
-    if plan < 0:
-        raise Error(
-            "max_softmax: the backward's register kernel cannot hold rows of "
-            + String(n)
-        )
-    launch_register_plan[V, backward_plan_registers(V), 0, MAX_PLAN_THREADS](
-        ctx,
-        BackwardRegisterRows[dtype, log_in](
-            held(dx), held(a), held(dy), rows, n, vector_flag_of(aligned, n, V)
-        ),
-        plan,
-        rows,
-    )
+comptime backward_register_kernel_for[
+    dtype: DType, log_in: Bool, T: Int, K: Int
+] = backward_register_kernel[
+    dtype, log_in, T, vector_width[dtype](), K
+] if backward_min_blocks_per_sm[
+    dtype, T, K
+]() == 1 else backward_resident_register_kernel[
+    dtype, log_in, T, vector_width[dtype](), K
+]
+"""The register kernel for T threads a row, K chunks of each tensor a
+thread: `backward_resident_register_kernel` where the plan asks for
+resident blocks, else `backward_register_kernel` (`BackwardRows` in
+dispatch.mojo enqueues it)."""
 
 
 def launch_backward_block[

@@ -128,16 +128,19 @@ def ce_options_kernel[
                 u = weights[unsafe_offset=c].cast[acc]()
             su += u
             suy += u * y
+    # The target's logit and weight are read before the block's first
+    # barrier: the gradient may be written over the logits (in place), and
+    # no thread writes before every thread has passed that barrier.
+    var w_t = Scalar[acc](1)
+    if has_weight != 0:
+        w_t = weights[unsafe_offset=Int(tgt)].cast[acc]()
+    var y_t = softcap_of[acc, 1](x[unsafe_offset=Int(tgt)].cast[acc](), cap)
     var stats = block_max_sum[acc, T](m, s)
     var row_max = stats[0]
     var row_sum = online_sum_guard[acc](row_max, stats[1])
     if eps != 0:
         su = block_sum[acc, T](su)
         suy = block_sum[acc, T](suy)
-    var w_t = Scalar[acc](1)
-    if has_weight != 0:
-        w_t = weights[unsafe_offset=Int(tgt)].cast[acc]()
-    var y_t = softcap_of[acc, 1](x[unsafe_offset=Int(tgt)].cast[acc](), cap)
     if t == 0:
         var value = extended_row_loss[acc](
             row_max, row_sum, y_t, w_t, su, suy, eps, z_loss, len

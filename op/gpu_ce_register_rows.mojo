@@ -5,8 +5,8 @@ reduced with warp shuffles, the gradient written once.
 
 `ce_kernel_for` (gpu_cross_entropy) gives it rows to 32K values, and where
 the smem kernel can take the rows, only those of up to `CE_PLAN_THREADS`
-threads a row. `CERegisterRows` is the kernel with its arguments, for
-`launch_register_plan`.
+threads a row. `CERows` (gpu_cross_entropy) holds its arguments and
+enqueues it for `launch_register_plan`.
 """
 
 from max.gpu import (
@@ -15,7 +15,6 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
-from max.gpu.host import DeviceContext
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -29,18 +28,16 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_common import ce_options, grad_scale
-from .gpu_launch import HeldRows, kernel_arg
 from .gpu_reductions import block_max, block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
-    RegisterPlanKernel,
     block_threads,
     chunk_registers,
     load_row_chunks,
     min_blocks_per_sm,
     store_row_chunks,
 )
-from .row_math import accum_dtype, exp_nan, vector_width
+from .row_math import accum_dtype, exp_nan
 
 
 @always_inline
@@ -290,56 +287,4 @@ def ce_register_kernel[
         )
         store_row_chunks[dtype, threads, V, K, dtype](
             dlogits.unsafe_offset(row * Int(n)), out, len, t, vector_loads
-        )
-
-
-@fieldwise_init
-struct CERegisterRows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
-    RegisterPlanKernel
-):
-    """`ce_register_kernel` with its arguments, for `launch_register_plan`."""
-
-    var dlogits: HeldRows[Self.dtype]
-    """Gradient rows."""
-    var logits: HeldRows[Self.dtype]
-    """Logit rows."""
-    var targets: HeldRows[DType.int64]
-    """A class index a row."""
-    var options: HeldRows[DType.float64]
-    """(ignore_index, label smoothing)."""
-    var count: HeldRows[DType.float64]
-    """Rows kept ("mean")."""
-    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
-    """A loss a row, accumulator type ("mean", "sum")."""
-    var loss: HeldRows[Self.dtype]
-    """A loss a row ("none")."""
-    var rows: Int
-    """Number of rows."""
-    var n: Int
-    """Row length."""
-    var vector_flag: Int32
-    """`vector_flag_of` the buffers and `n`."""
-
-    def enqueue[
-        T: Int, K: Int
-    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
-        """Enqueue `ce_register_kernel` for T threads a row, K chunks a
-        thread."""
-        comptime V = vector_width[Self.dtype]()
-        comptime kernel = ce_register_kernel[
-            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, V, K
-        ]
-        ctx.enqueue_function[kernel](
-            kernel_arg(self.dlogits),
-            kernel_arg(self.logits),
-            kernel_arg(self.targets),
-            kernel_arg(self.options),
-            kernel_arg(self.count),
-            kernel_arg(self.row_losses),
-            kernel_arg(self.loss),
-            Int64(self.rows),
-            Int64(self.n),
-            self.vector_flag,
-            grid_dim=grid,
-            block_dim=block,
         )

@@ -10,7 +10,8 @@ capturable for device-graph replay):
    scale 1 / count must be known before any gradient is written, and
    counting 8 bytes a row first is what keeps the logits read once.
 2. The row kernel, choosing by rows and row length like the softmax
-   table (`ce_kernel_for`), each family in a file of its own:
+   table (`ce_kernel_for`, a `Strategy`; `CERows` launches each, and a
+   forced `variant=` one), each family in a file of its own:
    - rows that a register plan holds (to 32K values, gpu_register_rows;
      to 256 threads a row where the smem kernel can take the rows):
      `ce_register_kernel` (gpu_ce_register_rows), the row in registers;
@@ -50,19 +51,22 @@ from .gpu_ce_block_rows import (
     launch_ce_block,
 )
 from .gpu_ce_pair_rows import launch_ce_pair
-from .gpu_ce_register_rows import CERegisterRows
+from .gpu_ce_register_rows import ce_register_kernel
 from .gpu_ce_smem_rows import launch_ce_smem
-from .gpu_launch import aligned16, held, vector_flag_of
+from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
     MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
+    RegisterPlanKernel,
     launch_register_plan,
     plan_threads,
+    register_capacity,
     register_plan,
 )
 from .gpu_smem_rows import pair_capacity, smem_capacity
 from .row_math import accum_dtype, vector_width
+from .variants import RowStrategies, Strategy, launch_strategy, no_strategy
 
 # Threads of the one-block count and reduce kernels.
 comptime CE_SMALL_THREADS = 1024
@@ -127,9 +131,11 @@ def ce_reduce_kernel[
         loss[unsafe_offset=0] = total.cast[dtype]()
 
 
-def ce_kernel_for(rows: Int, n: Int, V: Int, with_grad: Bool = True) -> String:
-    """The row kernel `launch_cross_entropy` picks for `rows` rows of `n`
-    classes: "register", "smem", "pair" or "block".
+def ce_kernel_for(
+    rows: Int, n: Int, V: Int, with_grad: Bool = True
+) -> Strategy:
+    """The strategy `launch_cross_entropy` picks for `rows` rows of `n`
+    classes: `REGISTER`, `SMEM`, `CLUSTER2` (the pair kernel) or `BLOCK`.
 
     The loss alone keeps the register plans that the gradient keeps and
     sends every other row to the block kernel, which reads a row once
@@ -161,111 +167,183 @@ def ce_kernel_for(rows: Int, n: Int, V: Int, with_grad: Bool = True) -> String:
     if not with_grad:
         var many = rows >= SPLIT_BELOW_ROWS
         if plan >= 0 and (not many or plan_threads(plan) <= CE_PLAN_THREADS):
-            return "register"
-        return "block"
+            return Strategy.REGISTER
+        return Strategy.BLOCK
     if rows >= SPLIT_BELOW_ROWS and n <= smem_capacity(V):
         if plan >= 0 and plan_threads(plan) <= CE_PLAN_THREADS:
-            return "register"
-        return "smem"
+            return Strategy.REGISTER
+        return Strategy.SMEM
     if plan >= 0:
-        return "register"
+        return Strategy.REGISTER
     if rows >= SPLIT_BELOW_ROWS and n <= pair_capacity(V):
-        return "pair"
-    return "block"
+        return Strategy.CLUSTER2
+    return Strategy.BLOCK
 
 
-def _launch_ce_rows[
-    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
-](
-    ctx: DeviceContext,
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-) raises:
-    """Enqueue the row kernel `ce_kernel_for` picks for `rows > 0` rows of
-    `n`: each row's loss (to `row_losses` if `reduce`, else to `loss`) and,
-    `with_grad`, its gradient."""
-    comptime V = vector_width[dtype]()
-    var aligned = aligned16(Int(logits), Int(dlogits))
-    var family = ce_kernel_for(rows, n, V, with_grad)
-    if family == "smem":
-        launch_ce_smem[dtype, with_grad, mean, reduce](
-            ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count,
-            row_losses,
-            loss,
-            rows,
-            n,
-            aligned,
+comptime CELauncher[dtype: DType] = def(
+    DeviceContext,
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Pointer[Int64, MutAnyOrigin],
+    Pointer[Float64, MutAnyOrigin],
+    Pointer[Float64, MutAnyOrigin],
+    Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    Pointer[Scalar[dtype], MutAnyOrigin],
+    Int,
+    Int,
+    Bool,
+) raises thin -> None
+"""A cross-entropy family's launcher on (ctx, dlogits, logits, targets,
+options, count, row_losses, loss, rows, n, aligned)."""
+
+
+@fieldwise_init
+struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
+    RegisterPlanKernel, RowStrategies
+):
+    """The cross-entropy rows with every buffer the row kernels take: its
+    strategies "register", "smem", "pair" (`Strategy.CLUSTER2`) and
+    "block"; for "register" also the plan kernel with its arguments
+    (`launch_register_plan`). Each row's loss goes to `row_losses` if
+    `reduce`, else to `loss`; `with_grad`, its gradient to `dlogits`."""
+
+    var dlogits: HeldRows[Self.dtype]
+    """Gradient rows."""
+    var logits: HeldRows[Self.dtype]
+    """Logit rows."""
+    var targets: HeldRows[DType.int64]
+    """A class index a row."""
+    var options: HeldRows[DType.float64]
+    """(ignore_index, label smoothing)."""
+    var count: HeldRows[DType.float64]
+    """Rows kept ("mean")."""
+    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
+    """A loss a row, accumulator type ("mean", "sum")."""
+    var loss: HeldRows[Self.dtype]
+    """A loss a row ("none")."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var aligned: Bool
+    """Whether logits and dlogits start 16-byte aligned."""
+
+    @staticmethod
+    def op_name() -> String:
+        """The op's name in error messages."""
+        return "cross_entropy_with_grad" if Self.with_grad else "cross_entropy"
+
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Strategies "register", "smem", "pair" (`CLUSTER2`), "block"."""
+        return (
+            s == Strategy.REGISTER
+            or s == Strategy.SMEM
+            or s == Strategy.CLUSTER2
+            or s == Strategy.BLOCK
         )
-    elif family == "pair":
-        launch_ce_pair[dtype, with_grad, mean, reduce](
-            ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count,
-            row_losses,
-            loss,
-            rows,
-            n,
-            aligned,
+
+    def auto(self, ctx: DeviceContext) raises -> Strategy:
+        """`ce_kernel_for`."""
+        return ce_kernel_for(
+            self.rows, self.n, vector_width[Self.dtype](), Self.with_grad
         )
-    elif family == "register":
-        var plan = register_plan(n, V, 0)
-        launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+
+    def launch[s: Strategy](self, ctx: DeviceContext) raises:
+        """Enqueue the row kernel of `s`."""
+        comptime V = vector_width[Self.dtype]()
+        comptime if s == Strategy.REGISTER:
+            var plan = register_plan(self.n, V, 0)
+            if plan < 0:
+                raise Error(
+                    "max_softmax: the cross-entropy 'register' kernel handles"
+                    " rows up to "
+                    + String(register_capacity(V, 1, MAX_PLAN_THREADS))
+                    + " classes, got "
+                    + String(self.n)
+                )
+            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+                ctx, self, plan, self.rows
+            )
+        elif s == Strategy.SMEM:
+            self.call[
+                launch_ce_smem[
+                    Self.dtype, Self.with_grad, Self.mean, Self.reduce
+                ]
+            ](ctx)
+        elif s == Strategy.CLUSTER2:
+            self.call[
+                launch_ce_pair[
+                    Self.dtype, Self.with_grad, Self.mean, Self.reduce
+                ]
+            ](ctx)
+        elif s == Strategy.BLOCK:
+            # The loss alone streams the row with four loads a thread in
+            # flight (CE_BLOCK_LOSS_UNROLL); with the gradient the first
+            # pass keeps one (CE_BLOCK_UNROLL).
+            comptime U = (
+                CE_BLOCK_UNROLL if Self.with_grad else CE_BLOCK_LOSS_UNROLL
+            )
+            comptime T = (
+                CE_BLOCK_THREADS if Self.with_grad else ce_block_loss_threads[
+                    Self.dtype
+                ]()
+            )
+            self.call[
+                launch_ce_block[
+                    Self.dtype, Self.with_grad, Self.mean, Self.reduce, U, T
+                ]
+            ](ctx)
+        else:
+            no_strategy(Self.op_name())
+
+    def call[launcher: CELauncher[Self.dtype]](self, ctx: DeviceContext) raises:
+        """Call a family's launcher (`launch_ce_smem`, `launch_ce_pair`,
+        `launch_ce_block`) on these rows."""
+        launcher(
             ctx,
-            CERegisterRows[dtype, with_grad, mean, reduce](
-                held(dlogits),
-                held(logits),
-                held(targets),
-                held(options),
-                held(count),
-                held(row_losses),
-                held(loss),
-                rows,
-                n,
-                vector_flag_of(aligned, n, V),
-            ),
-            plan,
-            rows,
+            kernel_arg(self.dlogits),
+            kernel_arg(self.logits),
+            kernel_arg(self.targets),
+            kernel_arg(self.options),
+            kernel_arg(self.count),
+            kernel_arg(self.row_losses),
+            kernel_arg(self.loss),
+            self.rows,
+            self.n,
+            self.aligned,
         )
-    else:
-        # The loss alone streams the row with four loads a thread in flight
-        # (CE_BLOCK_LOSS_UNROLL, measured); with the gradient the first pass
-        # keeps one (more is unmeasured there).
-        comptime U = CE_BLOCK_UNROLL if with_grad else CE_BLOCK_LOSS_UNROLL
-        comptime T = (
-            CE_BLOCK_THREADS if with_grad else ce_block_loss_threads[dtype]()
-        )
-        launch_ce_block[dtype, with_grad, mean, reduce, U, T](
-            ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count,
-            row_losses,
-            loss,
-            rows,
-            n,
-            aligned,
+
+    def enqueue[
+        T: Int, K: Int
+    ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
+        """Enqueue `ce_register_kernel` for T threads a row, K chunks a
+        thread."""
+        comptime V = vector_width[Self.dtype]()
+        comptime kernel = ce_register_kernel[
+            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, V, K
+        ]
+        ctx.enqueue_function[kernel](
+            kernel_arg(self.dlogits),
+            kernel_arg(self.logits),
+            kernel_arg(self.targets),
+            kernel_arg(self.options),
+            kernel_arg(self.count),
+            kernel_arg(self.row_losses),
+            kernel_arg(self.loss),
+            Int64(self.rows),
+            Int64(self.n),
+            vector_flag_of(self.aligned, self.n, V),
+            grid_dim=grid,
+            block_dim=block,
         )
 
 
 def launch_cross_entropy[
-    dtype: DType, with_grad: Bool, reduction: StaticString
+    dtype: DType,
+    with_grad: Bool,
+    reduction: StaticString,
+    variant: StaticString = "auto",
 ](
     ctx: DeviceContext,
     loss: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -278,8 +356,8 @@ def launch_cross_entropy[
 ) raises:
     """Enqueue the cross-entropy of `rows` rows of `n` logits (see the
     module docstring): the count ("mean"), the row kernel the row length
-    picks (`_launch_ce_rows`), the reduction ("mean", "sum"). Arguments as
-    `cross_entropy_cpu`, with `options` on the device."""
+    picks (or `variant` forces: `CERows`), the reduction ("mean", "sum").
+    Arguments as `cross_entropy_cpu`, with `options` on the device."""
     comptime acc = accum_dtype[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
@@ -303,17 +381,20 @@ def launch_cross_entropy[
             block_dim=CE_SMALL_THREADS,
         )
     if rows > 0:
-        _launch_ce_rows[dtype, with_grad, mean, reduce](
+        launch_strategy[CERows[dtype, with_grad, mean, reduce], variant](
+            CERows[dtype, with_grad, mean, reduce](
+                held(dlogits),
+                held(logits),
+                held(targets),
+                held(options),
+                held(count_ptr),
+                held(losses_ptr),
+                held(loss),
+                rows,
+                n,
+                aligned16(Int(logits), Int(dlogits)),
+            ),
             ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count_ptr,
-            losses_ptr,
-            loss,
-            rows,
-            n,
         )
     comptime if reduce:
         comptime kernel = ce_reduce_kernel[dtype, mean]

@@ -18,6 +18,9 @@ mask and whether it is causal are compile-time flags.
 - longer rows: a block of 512 threads a row, an online (max, sum of exp)
   pass, then a pass that reads x (and the mask) again and writes.
 
+`MaskedRows` holds the buffers and launches either; `variant=` forces one
+("register", "block").
+
 16-byte vector loads where x, the mask and the output start aligned and
 n % V == 0; coalesced scalar loads otherwise. Nothing synchronises with the
 host: the launch is capture-safe.
@@ -47,6 +50,7 @@ from .gpu_register_rows import (
     enqueue_split_aligned,
     launch_register_plan,
     pdl_start,
+    register_capacity,
     register_plan,
     vector_path,
 )
@@ -59,6 +63,7 @@ from .row_math import (
     sum_shift,
     vector_width,
 )
+from .variants import RowStrategies, Strategy, launch_strategy, no_strategy
 
 # Threads of the block-per-row kernel for rows past the register plans.
 comptime BLOCK_ROW_THREADS = 512
@@ -311,10 +316,13 @@ def masked_block_kernel[
 
 
 @fieldwise_init
-struct MaskedRegisterRows[
-    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
-](AlignedInstances, RegisterPlanKernel):
-    """`masked_register_kernel` with its arguments."""
+struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
+    AlignedInstances, RegisterPlanKernel, RowStrategies
+):
+    """Masked rows with their buffers: the strategies "register"
+    (`masked_register_kernel`, rows to 32K elements) and "block"
+    (`masked_block_kernel`, any length); for "register" also the plan
+    kernel with its arguments (`launch_register_plan`)."""
 
     var dst: HeldRows[Self.dtype]
     """Output rows."""
@@ -322,7 +330,7 @@ struct MaskedRegisterRows[
     """Input rows."""
     var mask: HeldRows[Self.dtype]
     """Mask rows."""
-    var options: Pointer[Float64, MutUntrackedOrigin]
+    var options: HeldRows[DType.float64]
     """(scale,) on the device."""
     var rows: Int
     """Number of rows."""
@@ -333,7 +341,63 @@ struct MaskedRegisterRows[
     var causal_rows: Int
     """L of the causal rows."""
     var vector_flag: Int32
-    """Whether the rows start 16-byte aligned."""
+    """Whether the rows start 16-byte aligned (`vector_flag_of`)."""
+
+    @staticmethod
+    def op_name() -> String:
+        """The op's name in error messages."""
+        return "log_softmax_masked" if Self.log_out else "softmax_masked"
+
+    @staticmethod
+    def has(s: Strategy) -> Bool:
+        """Strategies "register" and "block"."""
+        return s == Strategy.REGISTER or s == Strategy.BLOCK
+
+    def auto(self, ctx: DeviceContext) raises -> Strategy:
+        """A register plan where one holds the row, else a block a row."""
+        if register_plan(self.n, vector_width[Self.dtype](), 1) >= 0:
+            return Strategy.REGISTER
+        return Strategy.BLOCK
+
+    def launch[s: Strategy](self, ctx: DeviceContext) raises:
+        """Enqueue the rows under `s`."""
+        comptime V = vector_width[Self.dtype]()
+        comptime if s == Strategy.REGISTER:
+            var plan = register_plan(self.n, V, 1)
+            if plan < 0:
+                raise Error(
+                    "max_softmax: the masked 'register' kernel handles rows up"
+                    " to "
+                    + String(register_capacity(V, 1, MAX_PLAN_THREADS))
+                    + " elements, got "
+                    + String(self.n)
+                )
+            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
+                ctx, self, plan, self.rows
+            )
+        elif s == Strategy.BLOCK:
+            comptime kernel = masked_block_kernel[
+                Self.dtype,
+                Self.log_out,
+                Self.has_mask,
+                Self.causal,
+                V,
+                BLOCK_ROW_THREADS,
+            ]
+            ctx.enqueue_function[kernel](
+                kernel_arg(self.dst),
+                kernel_arg(self.src),
+                kernel_arg(self.mask),
+                kernel_arg(self.options),
+                Int64(self.n),
+                Int64(self.mask_rows),
+                Int64(self.causal_rows),
+                self.vector_flag,
+                grid_dim=self.rows,
+                block_dim=BLOCK_ROW_THREADS,
+            )
+        else:
+            no_strategy(Self.op_name())
 
     def enqueue[
         T: Int, K: Int
@@ -365,7 +429,7 @@ struct MaskedRegisterRows[
             kernel_arg(self.dst),
             kernel_arg(self.src),
             kernel_arg(self.mask),
-            rebind[Pointer[Float64, MutAnyOrigin]](self.options),
+            kernel_arg(self.options),
             Int64(self.rows),
             Int64(self.n),
             Int64(self.mask_rows),
@@ -378,7 +442,11 @@ struct MaskedRegisterRows[
 
 
 def launch_masked_rows[
-    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+    variant: StaticString = "auto",
 ](
     ctx: DeviceContext,
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -390,44 +458,25 @@ def launch_masked_rows[
     mask_rows: Int,
     causal_rows: Int,
 ) raises:
-    """Masked softmax of `rows` rows of `n` on the GPU: a register plan for
-    rows up to 32K elements, else a block a row (any length)."""
+    """Masked softmax of `rows` rows of `n` on the GPU under the strategy
+    `variant` names ("auto": a register plan for rows up to 32K elements,
+    else a block a row; "register"; "block")."""
     comptime V = vector_width[dtype]()
     if rows == 0 or n == 0:
         return
     var aligned = aligned16(Int(dst), Int(src), Int(mask) if has_mask else 0)
-    var flag = vector_flag_of(aligned, n, V)
-    var plan = register_plan(n, V, 1)
-    if plan >= 0:
-        launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
-            ctx,
-            MaskedRegisterRows[dtype, log_out, has_mask, causal](
-                held(dst),
-                held(src),
-                held(mask),
-                rebind[Pointer[Float64, MutUntrackedOrigin]](options),
-                rows,
-                n,
-                mask_rows,
-                causal_rows,
-                flag,
-            ),
-            plan,
+    comptime L = MaskedRows[dtype, log_out, has_mask, causal]
+    launch_strategy[L, variant](
+        L(
+            held(dst),
+            held(src),
+            held(mask),
+            held(options),
             rows,
-        )
-        return
-    comptime kernel = masked_block_kernel[
-        dtype, log_out, has_mask, causal, V, BLOCK_ROW_THREADS
-    ]
-    ctx.enqueue_function[kernel](
-        dst,
-        src,
-        mask,
-        options,
-        Int64(n),
-        Int64(mask_rows),
-        Int64(causal_rows),
-        flag,
-        grid_dim=rows,
-        block_dim=BLOCK_ROW_THREADS,
+            n,
+            mask_rows,
+            causal_rows,
+            vector_flag_of(aligned, n, V),
+        ),
+        ctx,
     )

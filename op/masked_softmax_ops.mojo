@@ -9,9 +9,11 @@ device) serves every scale and shape. x is viewed as (outer, L, n): L, the
 causal rows, is a dim of the view (symbolic in a graph, where a constant
 could not hold it). `has_mask` (else the mask, a
 placeholder, is not read) and `causal` (row r keeps columns j <= r % L) are
-compile-time flags (row r = o * L + i keeps columns j <= i). A row with nothing kept gives 0 (softmax) or -inf
-(log-softmax): see row_math. The `*_into` twins write into a given buffer,
-for the torch bridge (see registered_ops.mojo).
+compile-time flags (row r = o * L + i keeps columns j <= i). A row with
+nothing kept gives 0 (softmax) or -inf (log-softmax): see row_math. The
+`*_into` twins write into a given buffer, for the torch bridge (see
+registered_ops.mojo). Each struct names its flag; its `execute` is its
+trait's (`MaskedOp`, `MaskedIntoOp`).
 """
 
 import extensibility
@@ -21,16 +23,7 @@ from max.gpu.host import DeviceContext
 
 from .cpu_masked_rows import masked_softmax_cpu
 from .gpu_masked_rows import launch_masked_rows
-
-
-@always_inline
-def _ptr[
-    dtype: DType, rank: Int
-](t: ManagedTensorSlice[dtype=dtype, rank=rank, ...]) -> Pointer[
-    Scalar[dtype], MutAnyOrigin
-]:
-    """The tensor's elements, as the kernels take them."""
-    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](t.unsafe_ptr())
+from .registered_ops import rows_ptr as _ptr
 
 
 def masked_rows[
@@ -39,6 +32,7 @@ def masked_rows[
     log_out: Bool,
     has_mask: Bool,
     causal: Bool,
+    variant: StaticString = "auto",
 ](
     ctx: DeviceContext,
     output: ManagedTensorSlice[dtype=dtype, rank=3, ...],
@@ -48,7 +42,8 @@ def masked_rows[
 ) raises:
     """Softmax (or log-softmax) of scale * x + mask along the rows of the
     (outer, L, n) view `x`, on `target`: row r = o * L + i uses mask row
-    r % mask_rows and, when causal, keeps columns j <= i."""
+    r % mask_rows and, when causal, keeps columns j <= i; GPU rows under
+    `variant` (`launch_masked_rows`)."""
     var causal_rows = x.dim_size(1)
     var rows = x.dim_size(0) * causal_rows
     var n = x.dim_size(2)
@@ -76,7 +71,7 @@ def masked_rows[
             max(causal_rows, 1),
         )
     elif target == "gpu":
-        launch_masked_rows[dtype, log_out, has_mask, causal](
+        launch_masked_rows[dtype, log_out, has_mask, causal, variant](
             ctx,
             _ptr(output),
             _ptr(x),
@@ -91,9 +86,11 @@ def masked_rows[
         raise Error("max_softmax: unsupported target " + String(target))
 
 
-@extensibility.register("softmax_masked")
-struct SoftmaxMasked:
-    """Softmax of scale * x + mask (and causal) along the rows of (rows, n)."""
+trait MaskedOp:
+    """softmax_masked or log_softmax_masked (`log_out`) into a new tensor."""
+
+    comptime log_out: Bool
+    """Log-softmax rather than softmax."""
 
     @staticmethod
     def execute[
@@ -105,6 +102,8 @@ struct SoftmaxMasked:
         has_mask: Bool = False,
         # Whether row r keeps only columns j <= r % L.
         causal: Bool = False,
+        # Strategy: "auto", "register" or "block" (gpu_masked_rows).
+        variant: StaticString = "auto",
     ](
         output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
         x: InputTensor[dtype=dtype, rank=3, static_spec=_],
@@ -112,76 +111,60 @@ struct SoftmaxMasked:
         options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """Run the op."""
-        masked_rows[target, dtype, False, has_mask, causal](
+        """Run the op along the rows of (rows, n)."""
+        masked_rows[target, dtype, Self.log_out, has_mask, causal, variant](
             ctx, output, x, mask, options
         )
+
+
+trait MaskedIntoOp:
+    """`MaskedOp` into a given buffer (the `*_into` twin)."""
+
+    comptime log_out: Bool
+    """Log-softmax rather than softmax."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+        has_mask: Bool = False,
+        causal: Bool = False,
+    ](
+        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op along the rows of (rows, n), into `output`."""
+        masked_rows[target, dtype, Self.log_out, has_mask, causal](
+            ctx, output, x, mask, options
+        )
+
+
+@extensibility.register("softmax_masked")
+struct SoftmaxMasked(MaskedOp):
+    """Softmax of scale * x + mask (and causal) along the rows of (rows, n)."""
+
+    comptime log_out = False
 
 
 @extensibility.register("log_softmax_masked")
-struct LogSoftmaxMasked:
+struct LogSoftmaxMasked(MaskedOp):
     """Log-softmax of scale * x + mask (and causal) along the rows."""
 
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        has_mask: Bool = False,
-        causal: Bool = False,
-    ](
-        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        masked_rows[target, dtype, True, has_mask, causal](
-            ctx, output, x, mask, options
-        )
+    comptime log_out = True
 
 
 @extensibility.register("softmax_masked_into")
-struct SoftmaxMaskedInto:
+struct SoftmaxMaskedInto(MaskedIntoOp):
     """`softmax_masked`, into `output`."""
 
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        has_mask: Bool = False,
-        causal: Bool = False,
-    ](
-        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        masked_rows[target, dtype, False, has_mask, causal](
-            ctx, output, x, mask, options
-        )
+    comptime log_out = False
 
 
 @extensibility.register("log_softmax_masked_into")
-struct LogSoftmaxMaskedInto:
+struct LogSoftmaxMaskedInto(MaskedIntoOp):
     """`log_softmax_masked`, into `output`."""
 
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        has_mask: Bool = False,
-        causal: Bool = False,
-    ](
-        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        x: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        masked_rows[target, dtype, True, has_mask, causal](
-            ctx, output, x, mask, options
-        )
+    comptime log_out = True

@@ -12,7 +12,8 @@ one more read and write of the whole tensor, which doubles the traffic of a
 memory-bound softmax. Used by python/max_softmax/torch.py through
 `ops.inplace_custom`.
 
-Every struct's body is one call to `_forward` or `_backward`.
+Each struct names its op and its flag; its `execute` is its trait's
+(`RowOp`, `RowIntoOp`, `BackwardOp`, `BackwardIntoOp`): one body an op kind.
 """
 
 import extensibility
@@ -20,14 +21,18 @@ from extensibility import InputTensor, ManagedTensorSlice, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
-from .dispatch import RowsLauncher, softmax_backward_rows, softmax_rows
-from .variants import launch_variant
+from .dispatch import (
+    RowsLauncher,
+    launch_variant,
+    softmax_backward_rows,
+    softmax_rows,
+)
 
 
 @always_inline
 def rows_ptr[
-    dtype: DType
-](t: ManagedTensorSlice[dtype=dtype, rank=3, ...]) -> Pointer[
+    dtype: DType, rank: Int
+](t: ManagedTensorSlice[dtype=dtype, rank=rank, ...]) -> Pointer[
     Scalar[dtype], MutAnyOrigin
 ]:
     """The tensor's elements, as the kernels take them."""
@@ -56,22 +61,8 @@ def forward_rows[
     )
 
 
-def _forward[
-    target: StaticString, dtype: DType, log_out: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    output: ManagedTensorSlice[dtype=dtype, rank=3, ...],
-    input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-) raises:
-    """Softmax (or log-softmax) of `input` into `output` by the live family
-    `variant` names ("auto": the table)."""
-    forward_rows[
-        target, dtype, log_out, launch_variant[dtype, log_out, variant]
-    ](ctx, output, input)
-
-
 def _backward[
-    target: StaticString, dtype: DType, log_in: Bool
+    target: StaticString, dtype: DType, log_in: Bool, variant: StaticString
 ](
     ctx: DeviceContext,
     dx: ManagedTensorSlice[dtype=dtype, rank=3, ...],
@@ -79,8 +70,8 @@ def _backward[
     dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
 ) raises:
     """The gradient of softmax (`a` = y) or log-softmax (`a` = log p) into
-    `dx`, along axis 1."""
-    softmax_backward_rows[target, dtype, log_in](
+    `dx`, along axis 1, contiguous GPU rows under `variant`."""
+    softmax_backward_rows[target, dtype, log_in, variant](
         ctx,
         rows_ptr(dx),
         rows_ptr(a),
@@ -91,9 +82,11 @@ def _backward[
     )
 
 
-@extensibility.register("softmax")
-struct Softmax:
-    """Softmax along axis 1 of an (outer, n, inner) tensor."""
+trait RowOp:
+    """softmax or log_softmax (`log_out`) into a new tensor."""
+
+    comptime log_out: Bool
+    """Log-softmax rather than softmax."""
 
     @staticmethod
     def execute[
@@ -101,133 +94,138 @@ struct Softmax:
         target: StaticString,
         # Element type of input and output.
         dtype: DType,
-        # Kernel family: "auto" (the dispatch table) or one named in it.
+        # Strategy: "auto" (the dispatch table) or a name (variants.mojo).
         variant: StaticString = "auto",
     ](
         output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
         input: InputTensor[dtype=dtype, rank=3, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """Run the op."""
-        _forward[target, dtype, False, variant](ctx, output, input)
+        """Run the op along axis 1 of an (outer, n, inner) tensor."""
+        forward_rows[
+            target,
+            dtype,
+            Self.log_out,
+            launch_variant[dtype, Self.log_out, variant],
+        ](ctx, output, input)
+
+
+trait RowIntoOp:
+    """`RowOp` into a given buffer (the `*_into` twin)."""
+
+    comptime log_out: Bool
+    """Log-softmax rather than softmax."""
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType
+    ](
+        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
+        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op along axis 1, into `output`."""
+        forward_rows[
+            target,
+            dtype,
+            Self.log_out,
+            launch_variant[dtype, Self.log_out, "auto"],
+        ](ctx, output, input)
+
+
+trait BackwardOp:
+    """The gradient of softmax (dx = y * (dy - sum(dy * y))) or, with
+    `log_in`, of log-softmax (dx = dy - exp(logp) * sum(dy))."""
+
+    comptime log_in: Bool
+    """The first input is log p (log_softmax_backward)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+        # Strategy: "auto" (the dispatch table) or a name (variants.mojo).
+        variant: StaticString = "auto",
+    ](
+        dx: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        a: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op along axis 1 (`a` = y or log p)."""
+        _backward[target, dtype, Self.log_in, variant](ctx, dx, a, dy)
+
+
+trait BackwardIntoOp:
+    """`BackwardOp` into a given buffer (the `*_into` twin)."""
+
+    comptime log_in: Bool
+    """The first input is log p (log_softmax_backward)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType
+    ](
+        dx: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
+        a: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op along axis 1, into `dx`."""
+        _backward[target, dtype, Self.log_in, "auto"](ctx, dx, a, dy)
+
+
+@extensibility.register("softmax")
+struct Softmax(RowOp):
+    """Softmax along axis 1 of an (outer, n, inner) tensor."""
+
+    comptime log_out = False
 
 
 @extensibility.register("log_softmax")
-struct LogSoftmax:
+struct LogSoftmax(RowOp):
     """Log-softmax along axis 1 of an (outer, n, inner) tensor."""
 
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        variant: StaticString = "auto",
-    ](
-        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _forward[target, dtype, True, variant](ctx, output, input)
-
-
-@extensibility.register("softmax_backward")
-struct SoftmaxBackward:
-    """Gradient of softmax along axis 1: dx = y * (dy - sum(dy * y))."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-    ](
-        dx: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        y: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _backward[target, dtype, False](ctx, dx, y, dy)
-
-
-@extensibility.register("log_softmax_backward")
-struct LogSoftmaxBackward:
-    """Gradient of log-softmax along axis 1: dx = dy - exp(logp) * sum(dy)."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-    ](
-        dx: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        logp: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _backward[target, dtype, True](ctx, dx, logp, dy)
+    comptime log_out = True
 
 
 @extensibility.register("softmax_into")
-struct SoftmaxInto:
-    """Softmax along axis 1 of an (outer, n, inner) tensor, into `output`."""
+struct SoftmaxInto(RowIntoOp):
+    """Softmax along axis 1, into `output`."""
 
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _forward[target, dtype, False, "auto"](ctx, output, input)
+    comptime log_out = False
 
 
 @extensibility.register("log_softmax_into")
-struct LogSoftmaxInto:
-    """Log-softmax along axis 1 of an (outer, n, inner) tensor, into `output`.
-    """
+struct LogSoftmaxInto(RowIntoOp):
+    """Log-softmax along axis 1, into `output`."""
 
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _forward[target, dtype, True, "auto"](ctx, output, input)
+    comptime log_out = True
+
+
+@extensibility.register("softmax_backward")
+struct SoftmaxBackward(BackwardOp):
+    """Gradient of softmax along axis 1: dx = y * (dy - sum(dy * y))."""
+
+    comptime log_in = False
+
+
+@extensibility.register("log_softmax_backward")
+struct LogSoftmaxBackward(BackwardOp):
+    """Gradient of log-softmax along axis 1: dx = dy - exp(logp) * sum(dy)."""
+
+    comptime log_in = True
 
 
 @extensibility.register("softmax_backward_into")
-struct SoftmaxBackwardInto:
+struct SoftmaxBackwardInto(BackwardIntoOp):
     """Gradient of softmax along axis 1, into `dx`."""
 
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        dx: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        y: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _backward[target, dtype, False](ctx, dx, y, dy)
+    comptime log_in = False
 
 
 @extensibility.register("log_softmax_backward_into")
-struct LogSoftmaxBackwardInto:
+struct LogSoftmaxBackwardInto(BackwardIntoOp):
     """Gradient of log-softmax along axis 1, into `dx`."""
 
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        dx: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        logp: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _backward[target, dtype, True](ctx, dx, logp, dy)
+    comptime log_in = True

@@ -36,6 +36,12 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             ]
             ext(ctx, loss, dlogits, logits, targets, options, 4, 16, 1000)
             ext(ctx, loss, dlogits, logits, targets, options, 1004, 16, 1000)
+            # Each strategy forced (variant=): the same kernels.
+            comptime for variant in ["register", "smem", "pair", "block"]:
+                comptime forced = launch_cross_entropy[
+                    dtype, with_grad, reduction, variant
+                ]
+                forced(ctx, loss, dlogits, logits, targets, options, 16, 1000)
 
 
 def main() raises:

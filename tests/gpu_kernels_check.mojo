@@ -4,9 +4,8 @@
 from max.gpu.host import DeviceContext
 
 from op.baselines.registered_ops import launch_baseline
-from op.dispatch import softmax_backward_rows, softmax_rows
+from op.dispatch import launch_variant, softmax_backward_rows, softmax_rows
 from op.gpu_scale_rows import launch_scale_rows
-from op.variants import launch_variant
 
 
 def launch_all[dtype: DType](ctx: DeviceContext) raises:
@@ -59,6 +58,18 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
         ]:
             softmax_backward_rows["gpu", dtype, log_out](
                 ctx, big_dst, big_src, big_src, shape[0], shape[1], 1
+            )
+        # Each backward strategy forced (variant=): the same kernels.
+        comptime for variant in [
+            "register",
+            "smem",
+            "cluster2",
+            "cluster4",
+            "split_stream",
+            "block",
+        ]:
+            softmax_backward_rows["gpu", dtype, log_out, variant](
+                ctx, big_dst, big_src, big_src, 300, 1000, 1
             )
     # The torch bridge's cross-entropy backward: one factor, one a row.
     launch_scale_rows[dtype](ctx, dst, src, 4, 1000, False)

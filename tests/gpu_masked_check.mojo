@@ -27,6 +27,12 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
                 # compiles all), and the block-per-row kernel (n = 50257).
                 launch(ctx, y, x, m, o, 16, 1000, 16, 4)
                 launch(ctx, y, x, m, o, 16, 50257, 1, 16)
+                # Each strategy forced (variant=): the same kernels.
+                comptime for variant in ["register", "block"]:
+                    comptime forced = launch_masked_rows[
+                        dtype, log_out, has_mask, causal, variant
+                    ]
+                    forced(ctx, y, x, m, o, 16, 1000, 16, 4)
 
 
 def main() raises:

@@ -6,7 +6,7 @@
 #                              # LD_LIBRARY_PATH)
 #   ./backward_sweep once      # each config launched once, no timing or
 #                              # checks (for ncu)
-# Families: "dispatch" (launch_backward_auto: what the op runs), the row
+# Families: "dispatch" (launch_backward_rows "auto": what the op runs), the row
 # kernels alone ("smem" where n <= smem_capacity, "cluster2" / "cluster4"
 # where n <= cluster_capacity, "stream" where the split stream takes the
 # row) and "copy".
@@ -19,7 +19,7 @@ from std.sys import argv, size_of
 
 from max.gpu.host import DeviceBuffer, DeviceContext
 
-from op.dispatch import backward_kernel_for, launch_backward_auto
+from op.dispatch import backward_kernel_for, launch_backward_rows
 from op.gpu_backward_smem_rows import (
     SMEM_TENSORS,
     launch_backward_cluster,
@@ -85,7 +85,9 @@ def launch[
     comptime if family == "copy":
         ctx.enqueue_copy(b.dx, b.ys[k])
     elif family == "dispatch":
-        launch_backward_auto[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
+        launch_backward_rows[dtype, False, "auto"](
+            ctx, dx, y, dy, b.rows, b.n, True
+        )
     elif family == "smem":
         launch_backward_smem[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
     elif family == "cluster2":
@@ -148,9 +150,10 @@ def time_config[
         err = "err=" + String(check_error[dtype, family](ctx, b))
     var params = String("-")
     comptime if family == "dispatch":
-        params = "picks=" + backward_kernel_for(
+        var s = backward_kernel_for(
             b.rows, b.n, vector_width[dtype](), backward_stream_chunk[dtype]()
         )
+        params = "picks=" + String(s.kind) + "/" + String(s.form)
     print(
         String(dtype),
         String(b.rows) + "x" + String(b.n),

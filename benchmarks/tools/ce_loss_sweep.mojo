@@ -235,9 +235,10 @@ def time_config[
     comptime if family == "block":
         params = "U=" + String(U) + " T=" + String(T)
     elif family == "dispatch":
-        params = "picks=" + ce_kernel_for(
+        var s = ce_kernel_for(
             b.rows, b.n, vector_width[dtype](), with_grad=False
         )
+        params = "picks=" + String(s.kind) + "/" + String(s.form)
     print(
         String(dtype),
         String(b.rows) + "x" + String(b.n),

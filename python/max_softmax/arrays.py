@@ -1,14 +1,27 @@
 """Array-level functions: numpy (or any DLPack array) in, numpy out.
 
-This is an edge: arguments are checked here, once, then the cached model
-(models.row_op_model) runs on the (outer, n, inner) view of the array.
+This is an edge: arguments are checked here, once. On the CPU every op
+then runs through the launch extension (`launch.py`) on the arrays' memory,
+with no graph compile and ~1 µs of host work; elsewhere (a GPU, or the
+extension switched off or still building) the cached model runs on the
+(outer, n, inner) view of the array.
+
+Every function takes `out=`, a numpy array to write the result into (as
+numpy's ufuncs): the way to avoid a fresh output's page faults call after
+call. Without it, outputs of `POOLED_BYTES` and more come from MAX's host
+memory pool (a `Buffer` handed to numpy by DLPack, returned to the pool
+when the array is freed), so a repeated large call reuses mapped pages
+instead of taking fresh ones from the kernel.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from max.driver import Buffer
+from max.dtype import DType
 
 from . import eager, launch
 from .devices import device, device_kind, resolve_device
@@ -48,6 +61,7 @@ def softmax(
     scale: float | None = None,
     mask: Any = None,
     causal: bool = False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray | Tensor:
     """Softmax of array `x` along `axis`, computed by our Mojo kernels.
 
@@ -65,6 +79,8 @@ def softmax(
             -inf drops).
         causal: Over the last two axes (L, n), row i keeps columns j <= i
             (torch's `is_causal`, top-left aligned), computed in the kernel.
+        out: A numpy array of x's shape and dtype to write the result into
+            (returned); it may be x itself. numpy inputs only.
 
     A `max.experimental.tensor.Tensor` gives a `Tensor` on its own device
     (see `max_softmax.eager`), scale, mask and causal included.
@@ -76,8 +92,8 @@ def softmax(
         comes out 0. An empty array gives an empty array.
     """
     if is_masked_call(scale, mask, causal):
-        return _run_masked("softmax", x, axis, device, variant, scale, mask, causal)
-    return _run("softmax", x, axis, device, variant)
+        return _run_masked("softmax", x, axis, device, variant, scale, mask, causal, out)
+    return _run("softmax", x, axis, device, variant, out=out)
 
 
 def log_softmax(
@@ -89,16 +105,23 @@ def log_softmax(
     scale: float | None = None,
     mask: Any = None,
     causal: bool = False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray | Tensor:
     """Log-softmax of array `x` along `axis`; arguments as for `softmax`. A
     row with nothing kept comes out -inf."""
     if is_masked_call(scale, mask, causal):
-        return _run_masked("log_softmax", x, axis, device, variant, scale, mask, causal)
-    return _run("log_softmax", x, axis, device, variant)
+        return _run_masked("log_softmax", x, axis, device, variant, scale, mask, causal, out)
+    return _run("log_softmax", x, axis, device, variant, out=out)
 
 
 def softmax_backward(
-    y: Any, dy: Any, axis: int = -1, *, device: str = "auto", scale: float | None = None
+    y: Any,
+    dy: Any,
+    axis: int = -1,
+    *,
+    device: str = "auto",
+    scale: float | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray | Tensor:
     """Gradient of softmax, dx = y * (dy - sum(dy * y, axis)), as numpy.
 
@@ -109,12 +132,22 @@ def softmax_backward(
         device: "auto", "cpu", "gpu" or "gpu:N", as for `softmax`.
         scale: The forward's scale; dx is multiplied by it. Masked
             positions (y = 0) get 0.
+        out: A numpy array of y's shape and dtype to write dx into
+            (returned); it may be y or dy.
     """
-    return _scaled("softmax_backward", _run("softmax_backward", y, axis, device, "auto", dy), scale)
+    value = check_scale("softmax_backward", scale)
+    dx = _run("softmax_backward", y, axis, device, "auto", dy, out)
+    return _scaled("softmax_backward", dx, value)
 
 
 def log_softmax_backward(
-    logp: Any, dy: Any, axis: int = -1, *, device: str = "auto", scale: float | None = None
+    logp: Any,
+    dy: Any,
+    axis: int = -1,
+    *,
+    device: str = "auto",
+    scale: float | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray | Tensor:
     """Gradient of log-softmax, dx = dy - exp(logp) * sum(dy, axis), as numpy.
 
@@ -122,9 +155,9 @@ def log_softmax_backward(
     The formula applies as it is at masked positions (logp = -inf): dx =
     scale * dy there; the torch bridge gives 0 (the gradient of masked_fill).
     """
-    return _scaled(
-        "log_softmax_backward", _run("log_softmax_backward", logp, axis, device, "auto", dy), scale
-    )
+    value = check_scale("log_softmax_backward", scale)
+    dx = _run("log_softmax_backward", logp, axis, device, "auto", dy, out)
+    return _scaled("log_softmax_backward", dx, value)
 
 
 def cross_entropy(
@@ -186,18 +219,29 @@ def cross_entropy_with_grad(
     z_loss: float = 0.0,
     softcap: float | None = None,
     device: str = "auto",
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`cross_entropy` and dlogits = d loss / d logits, from one fused pass
     over the logits (read once, gradient written once on the GPU's
     on-chip path).
 
-    Arguments as `cross_entropy`. Returns (loss, dlogits); dlogits has the
+    Arguments as `cross_entropy`, and `out`: a numpy array of the logits'
+    shape and dtype to write dlogits into (returned as dlogits; it may be
+    the logits themselves). Returns (loss, dlogits); dlogits has the
     shape and dtype of `logits`. For reduction "none" it is the gradient of
     the sum of the row losses (multiply row i by d total / d loss[i]).
     """
     extras = (weight, z_loss, softcap)
     loss, dlogits = _cross_entropy(
-        logits, targets, ignore_index, reduction, label_smoothing, device, True, *extras
+        logits,
+        targets,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        device,
+        True,
+        *extras,
+        out=out,
     )
     return loss, dlogits
 
@@ -213,9 +257,10 @@ def _cross_entropy(
     weight: Any = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    out: np.ndarray | None = None,
 ) -> list[Any]:
     if eager.is_max_tensor(logits):
-        _check_tensor_options(device_name, "auto")
+        _check_tensor_options(device_name, "auto", out)
         if not eager.is_max_tensor(targets):
             targets = as_array(targets)
         if weight is not None and not eager.is_max_tensor(weight):
@@ -252,6 +297,7 @@ def _cross_entropy(
     # The targets are on the host here: a bad one is an exception now,
     # before anything runs (the GPU kernel could only mark its row NaN).
     check_targets_in_range(target_array, classes, ignore_index)
+    _check_out(out, array)
     kind = resolve_device(device_name)
     rows = int(np.prod(array.shape[:-1], dtype=np.int64))
     loss_shape = array.shape[:-1] if reduction == "none" else ()
@@ -259,8 +305,13 @@ def _cross_entropy(
         # Nothing to run (every row ignored when there are no classes):
         # torch's values for empty sums and means.
         empty = EMPTY_LOSS[reduction]
-        out = [np.full(loss_shape, empty, dtype=array.dtype)]
-        return out + ([np.zeros(array.shape, dtype=array.dtype)] if with_grad else [])
+        result = [np.full(loss_shape, empty, dtype=array.dtype)]
+        if not with_grad:
+            return result
+        if out is None:
+            return [*result, np.zeros(array.shape, dtype=array.dtype)]
+        out.fill(0)
+        return [*result, out]
     inputs = [
         np.ascontiguousarray(array).reshape(rows, classes),
         np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
@@ -270,7 +321,7 @@ def _cross_entropy(
     # (z-loss, softcap, weights) run the model.
     plain = len(inputs[2]) == 2
     if kind == "cpu" and plain and launch.available_for_arrays():
-        return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape)
+        return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape, out)
     model = cross_entropy_model(with_grad, dtype, kind, reduction)
     buffers = [to_buffer(a) for a in inputs]
     if kind != "cpu":
@@ -278,7 +329,7 @@ def _cross_entropy(
     outs = model.execute(*buffers)
     result = [to_numpy(outs[0]).reshape(loss_shape)]
     if with_grad:
-        result.append(to_numpy(outs[1]).reshape(array.shape))
+        result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
     return result
 
 
@@ -295,9 +346,17 @@ def as_array(x: Any) -> np.ndarray:
     return array
 
 
-def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = None) -> Any:
+def _run(
+    op: str,
+    x: Any,
+    axis: int,
+    device_name: str,
+    variant: str,
+    dy: Any = None,
+    out: np.ndarray | None = None,
+) -> Any:
     if eager.is_max_tensor(x):
-        _check_tensor_options(device_name, variant)
+        _check_tensor_options(device_name, variant, out)
         return eager.run(op, x, axis, dy)
     array = as_array(x)
     dtype = max_dtype(array.dtype)
@@ -306,19 +365,20 @@ def _run(op: str, x: Any, axis: int, device_name: str, variant: str, dy: Any = N
     if dy is not None:
         arrays.append(as_array(dy))
         check_dy_like(op, array, arrays[1], lambda a: list(a.shape))
+    _check_out(out, array)
     kind = resolve_device(device_name)
     check_variant(variant, device_kind(kind))
     if array.size == 0:
-        return np.empty(array.shape, dtype=array.dtype)
+        return np.empty(array.shape, dtype=array.dtype) if out is None else out
     view = canonical_shape(array.shape, axis)
     if kind == "cpu" and launch.available_for_arrays():
-        return _launch_rows(op, arrays, view)
+        return _launch_rows(op, arrays, view, out)
     model = row_op_model(ModelKey(op, dtype, kind, variant))
     buffers = [to_buffer(np.ascontiguousarray(a).reshape(view)) for a in arrays]
     if kind != "cpu":
         buffers = [b.to(device(kind)) for b in buffers]
-    (out,) = model.execute(*buffers)
-    return to_numpy(out).reshape(array.shape)
+    (result,) = model.execute(*buffers)
+    return _deliver(to_numpy(result).reshape(array.shape), out)
 
 
 _LAUNCH_CODES: dict[np.dtype, int] = {
@@ -328,22 +388,78 @@ _LAUNCH_CODES: dict[np.dtype, int] = {
 more than the launch on the per-call path)."""
 
 
-def _launch_rows(op: str, arrays: list[np.ndarray], view: tuple[int, int, int]) -> np.ndarray:
+POOLED_BYTES = 32 << 20
+"""Outputs of at least this many bytes come from MAX's host memory pool
+(`empty`). glibc maps allocations this large afresh each time (its mmap
+threshold tops out at 32 MiB), so each numpy output of them pays page
+faults and zeroing: 10.1 ms against 2.6 ms pooled for a 64 MiB output
+filled once; smaller ones reuse glibc's heap and are cheaper from numpy
+(docs/drafts/cpu_roof.md)."""
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous host array: from MAX's host memory
+    pool at `POOLED_BYTES` and more (a byte `Buffer` handed to numpy by
+    DLPack, which keeps it alive and returns it to the pool when the array
+    is freed), else from numpy."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < POOLED_BYTES:
+        return np.empty(shape, dtype=dtype)
+    raw = np.from_dlpack(Buffer(DType.uint8, (nbytes,), device=device("cpu")))
+    return raw.view(dtype).reshape(shape)
+
+
+def _check_out(out: Any, like: np.ndarray) -> None:
+    """`out=`: a writeable numpy array of `like`'s shape and dtype."""
+    if out is None:
+        return
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"max_softmax: out= needs a numpy array, got {type(out).__name__}")
+    if out.shape != like.shape or out.dtype != like.dtype:
+        raise ValueError(
+            f"max_softmax: out= must have the input's shape {like.shape} and dtype "
+            f"{like.dtype}, got {out.shape} {out.dtype}"
+        )
+    if not out.flags.writeable:
+        raise ValueError("max_softmax: out= is read-only")
+
+
+def _destination(out: np.ndarray | None, inputs: list[np.ndarray]) -> np.ndarray:
+    """Where a launch writes: `out` itself where it is C-contiguous and
+    shares no memory with an input (the kernels take no overlap), else a
+    new array (`_deliver` copies it into `out`)."""
+    if out is not None and out.flags.c_contiguous:
+        if not any(np.may_share_memory(out, a) for a in inputs):
+            return out
+    return empty(inputs[0].shape, inputs[0].dtype)
+
+
+def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """`result`, or `out` holding it."""
+    if out is None or out is result:
+        return result
+    np.copyto(out, result)
+    return out
+
+
+def _launch_rows(
+    op: str, arrays: list[np.ndarray], view: tuple[int, int, int], out: np.ndarray | None
+) -> np.ndarray:
     """Row op `op` of host `arrays` (x, or y and dy) through the launch
     extension (`launch.py`): the row function MAX's op calls, on the arrays'
     memory, ~1 µs of host work where `Model.execute` costs 35-60 µs."""
     inputs = [np.ascontiguousarray(a) for a in arrays]
-    out = np.empty(inputs[0].shape, dtype=inputs[0].dtype)
+    dst = _destination(out, inputs)
     launch.run_rows(
         op,
         launch.cpu_context(),
         None,
-        _LAUNCH_CODES[out.dtype],
-        out.ctypes.data,
+        _LAUNCH_CODES[dst.dtype],
+        dst.ctypes.data,
         [a.ctypes.data for a in inputs],
         *view,
     )
-    return out
+    return _deliver(dst.reshape(arrays[0].shape), out)
 
 
 def _launch_cross_entropy(
@@ -352,14 +468,16 @@ def _launch_cross_entropy(
     with_grad: bool,
     loss_shape: tuple[int, ...],
     shape: tuple[int, ...],
+    out: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Cross-entropy of host (rows, classes) logits, (rows,) int64 targets
-    and the float64 (ignore_index, label_smoothing) options through the
-    launch extension, as `_launch_rows` runs the row ops."""
+    and the float64 options (ignore_index, label_smoothing; passed to the
+    extension as they are) through the launch extension, as `_launch_rows`
+    runs the row ops; dlogits into `out` where given."""
     logits = inputs[0]
     rows = logits.shape[0]
     loss = np.empty(rows if reduction == "none" else 1, dtype=logits.dtype)
-    dlogits = np.empty(shape, dtype=logits.dtype) if with_grad else None
+    dlogits = _destination(out, inputs[:1]) if with_grad else None
     launch.run_cross_entropy(
         launch.cpu_context(),
         None,
@@ -370,11 +488,16 @@ def _launch_cross_entropy(
         *[a.ctypes.data for a in inputs],
         *logits.shape,
     )
-    return [loss.reshape(loss_shape)] + ([dlogits] if with_grad else [])
+    if dlogits is None:
+        return [loss.reshape(loss_shape)]
+    return [loss.reshape(loss_shape), _deliver(dlogits.reshape(shape), out)]
 
 
-def _check_tensor_options(device_name: str, variant: str) -> None:
-    """A MAX Tensor runs where it is, with the dispatch table."""
+def _check_tensor_options(device_name: str, variant: str, out: Any = None) -> None:
+    """A MAX Tensor runs where it is, with the dispatch table, into a new
+    Tensor."""
+    if out is not None:
+        raise ValueError("max_softmax: out= takes numpy arrays; a MAX Tensor gives a new Tensor")
     if device_name != "auto" or variant != "auto":
         raise ValueError(
             "max_softmax: a MAX Tensor runs on its own device with the dispatch "
@@ -382,16 +505,21 @@ def _check_tensor_options(device_name: str, variant: str) -> None:
         )
 
 
-def _scaled(op: str, dx: Any, scale: float | None) -> Any:
-    """dx * scale, on the host in the accumulator type, rounded once (the
-    result is numpy anyway; a MAX Tensor's dx is scaled in its graph)."""
-    value = check_scale(op, scale)
+def _scaled(op: str, dx: Any, value: float) -> Any:
+    """dx * value (the checked scale), in place on the host in the
+    accumulator type, rounded once (a MAX Tensor's dx is scaled in its
+    graph)."""
     if value == 1.0:
         return dx
     if eager.is_max_tensor(dx):
         return eager.scaled(op, dx, value)
-    wide = np.float64 if dx.dtype == np.float64 else np.float32
-    return (dx.astype(wide) * wide(value)).astype(dx.dtype)
+    if not dx.flags.writeable:
+        dx = dx.copy()
+    if dx.dtype in (np.float32, np.float64):
+        np.multiply(dx, dx.dtype.type(value), out=dx)
+        return dx
+    dx[...] = (dx.astype(np.float32) * np.float32(value)).astype(dx.dtype)
+    return dx
 
 
 def additive_mask(op: str, mask: Any, dtype: np.dtype) -> np.ndarray:
@@ -414,12 +542,14 @@ def _run_masked(
     scale: float | None,
     mask: Any,
     causal: bool,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax / log_softmax with scale, mask, causal: the edge (checks
     once, the mask reduced to (mask_rows, n) rows, the axis moved last if
-    it is not), then the masked model."""
+    it is not), then the launch extension on the CPU, else the masked
+    model."""
     if eager.is_max_tensor(x):
-        _check_tensor_options(device_name, variant)
+        _check_tensor_options(device_name, variant, out)
         if mask is not None and not eager.is_max_tensor(mask):
             mask = as_array(mask)
         return eager.run_masked(op, x, axis, scale, mask, causal)
@@ -427,6 +557,7 @@ def _run_masked(
     dtype = max_dtype(array.dtype)
     axis = normalize_axis(axis, array.ndim)
     value, causal = check_masked_options(op, scale, causal, array.ndim, axis, variant)
+    _check_out(out, array)
     kind = resolve_device(device_name)
     last = axis == array.ndim - 1
     work = array if last else np.moveaxis(array, axis, -1)
@@ -435,7 +566,7 @@ def _run_masked(
         m = additive_mask(op, mask, array.dtype)
         k = mask_suffix(op, list(array.shape), list(m.shape), last)
         if array.size == 0:
-            return np.empty(array.shape, dtype=array.dtype)
+            return np.empty(array.shape, dtype=array.dtype) if out is None else out
         if not k:  # one mask row per row of x
             m = np.broadcast_to(m, array.shape)
             m = m if last else np.moveaxis(m, axis, -1)
@@ -443,16 +574,43 @@ def _run_masked(
         # (mask_rows, n) with row r of x reading mask row r % mask_rows.
         m = np.ascontiguousarray(m).reshape(-1, work.shape[-1])
     if array.size == 0:
-        return np.empty(array.shape, dtype=array.dtype)
-    model = masked_model(f"{op}_masked", dtype, kind, mask is not None, causal)
+        return np.empty(array.shape, dtype=array.dtype) if out is None else out
     view = masked_view(list(work.shape))
-    buffers = [
-        to_buffer(np.ascontiguousarray(work).reshape(view)),
-        to_buffer(m),
-        to_buffer(np.array([value], dtype=np.float64)),
-    ]
-    if kind != "cpu":
-        buffers = [b.to(device(kind)) for b in buffers]
-    (out,) = model.execute(*buffers)
-    result = to_numpy(out).reshape(work.shape)
-    return result if last else np.moveaxis(result, -1, axis).copy()
+    options = np.array([value], dtype=np.float64)
+    if kind == "cpu" and launch.available_for_arrays():
+        x3 = np.ascontiguousarray(work)
+        # The kernel writes the moved-axis layout; `out` takes it directly
+        # only where the axis is already last.
+        dst = _destination(out if last else None, [x3, m])
+        flags = (launch.MASK_FLAG if mask is not None else 0) | (
+            launch.CAUSAL_FLAG if causal else 0
+        )
+        launch.run_masked(
+            f"{op}_masked",
+            launch.cpu_context(),
+            None,
+            _LAUNCH_CODES[dst.dtype],
+            flags,
+            dst.ctypes.data,
+            x3.ctypes.data,
+            m.ctypes.data,
+            options.ctypes.data,
+            *view,
+            m.shape[0],
+        )
+        result = dst.reshape(work.shape)
+    else:
+        model = masked_model(f"{op}_masked", dtype, kind, mask is not None, causal)
+        buffers = [
+            to_buffer(np.ascontiguousarray(work).reshape(view)),
+            to_buffer(m),
+            to_buffer(options),
+        ]
+        if kind != "cpu":
+            buffers = [b.to(device(kind)) for b in buffers]
+        (y,) = model.execute(*buffers)
+        result = to_numpy(y).reshape(work.shape)
+    if not last:
+        result = np.moveaxis(result, -1, axis)
+        return result.copy() if out is None else _deliver(result, out)
+    return _deliver(result, out)

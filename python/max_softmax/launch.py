@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import kernels, settings
+from . import kernels, registry, settings
 from .devices import check_gpu_index, gpu_available, gpu_name
 from .devices import device as max_device
 
@@ -68,14 +68,41 @@ DTYPE_CODES: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2, "float
 REDUCTION_CODES: dict[str, int] = {"mean": 0, "sum": 1, "none": 2}
 """Cross-entropy reductions, and their codes (`_reduction_of`)."""
 
-ROW_OPS: tuple[str, ...] = (
-    "softmax",
-    "log_softmax",
-    "softmax_backward",
-    "log_softmax_backward",
-)
-"""The row ops the extension takes: the forward ops take one input, the
-backward ops two (the forward's output, then dy)."""
+_ENTRY_OF_KIND: dict[str, Callable[[str], str]] = {
+    "row": lambda name: name,
+    "masked": lambda name: name,
+    # One function serves the loss and the loss with its gradient: the
+    # gradient is written where its address is not 0.
+    "loss": lambda name: "cross_entropy",
+}
+"""How an op of each registry kind is reached in the extension: the name of
+the function that serves it."""
+
+ENTRIES: dict[str, str] = {
+    name: _ENTRY_OF_KIND[spec.kind](name) for name, spec in registry.OPS.items()
+}
+"""The extension function that serves each op of the registry
+(`registry.OPS`): every op, so a numpy or torch call of any op on the CPU
+(and torch's on CUDA) waits for no graph compile. A test checks each is
+in the built extension."""
+
+HELPERS: tuple[str, ...] = ("scale_rows",)
+"""Extension functions beside the registry's ops (the cross-entropy
+backward's scaling on CUDA)."""
+
+ROW_OPS: tuple[str, ...] = tuple(n for n, s in registry.OPS.items() if s.kind == "row")
+"""The row ops the extension takes, (ctx, stream, dtype, out, *inputs,
+outer, n, inner): the forward ops take one input, the backward ops two (the
+forward's output, then dy)."""
+
+MASKED_OPS: tuple[str, ...] = tuple(n for n, s in registry.OPS.items() if s.kind == "masked")
+"""The masked ops the extension takes (`run_masked`)."""
+
+MASK_FLAG = 1
+"""`run_masked`'s flags bit: the mask is read (MASK_FLAG in launch_ext.mojo)."""
+
+CAUSAL_FLAG = 2
+"""`run_masked`'s flags bit: row i of each (L, n) matrix keeps columns j <= i."""
 
 
 class LaunchError(RuntimeError):
@@ -238,11 +265,24 @@ def extension() -> ModuleType:
             except (OSError, ImportError) as err:
                 _failure = LaunchError(f"max_softmax: cannot load the launch extension: {err}")
                 raise _failure from err
-            _functions.update({name: getattr(module, name) for name in ROW_OPS})
-            _functions["cross_entropy"] = module.cross_entropy
-            _functions["scale_rows"] = module.scale_rows
+            _functions.update(_served(module))
             _module = module
     return _module
+
+
+def _served(module: ModuleType) -> dict[str, Callable[..., Any]]:
+    """The functions `module` serves, by op name (ENTRIES) and by their own
+    name; an entry it lacks is left out (`function` then says so)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for op, entry in ENTRIES.items():
+        fn = getattr(module, entry, None)
+        if fn is not None:
+            found[op] = found[entry] = fn
+    for name in HELPERS:
+        fn = getattr(module, name, None)
+        if fn is not None:
+            found[name] = fn
+    return found
 
 
 def available(cuda: bool = False) -> bool:
@@ -343,14 +383,17 @@ def gpu_context(index: int) -> int:
 
 
 def function(name: str) -> Callable[..., Any]:
-    """The extension's function `name`, the extension built and loaded on
-    first use; ValueError for a name it does not have."""
+    """The extension's function serving op `name` (a registry op, ENTRIES,
+    or a helper, HELPERS), the extension built and loaded on first use;
+    ValueError for a name it does not have."""
     fn = _functions.get(name)
     if fn is None:
         extension()
         fn = _functions.get(name)
         if fn is None:
-            raise ValueError(f"max_softmax: no launch for op {name!r}; one of {ROW_OPS}")
+            raise ValueError(
+                f"max_softmax: no launch for op {name!r}; one of {tuple(ENTRIES) + HELPERS}"
+            )
     return fn
 
 
@@ -412,4 +455,42 @@ def run_cross_entropy(
         options,
         rows,
         classes,
+    )
+
+
+def run_masked(
+    op: str,
+    ctx: int,
+    stream: int | None,
+    dtype_code: int,
+    flags: int,
+    out: int,
+    x: int,
+    mask: int,
+    options: int,
+    outer: int,
+    causal_rows: int,
+    n: int,
+    mask_rows: int,
+) -> None:
+    """Masked op `op` (one of MASKED_OPS): softmax / log-softmax of scale *
+    x + mask (and causal) of the contiguous (outer, causal_rows, n) buffer at
+    `x` into `out`; row r = o * L + i reads mask row r % mask_rows of the
+    (mask_rows, n) `mask` if `flags` has MASK_FLAG (else `mask` is not
+    read), and keeps columns j <= i if it has CAUSAL_FLAG. `options` is the
+    float64 (scale,) buffer on `ctx`'s device. Ordering as `run_rows`."""
+    call(
+        function(op),
+        ctx,
+        stream,
+        dtype_code,
+        flags,
+        out,
+        x,
+        mask,
+        options,
+        outer,
+        causal_rows,
+        n,
+        mask_rows,
     )

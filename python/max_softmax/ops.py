@@ -103,7 +103,12 @@ def log_softmax(
 
 
 def softmax_backward(
-    y: TensorValue, dy: TensorValue, axis: int = -1, *, scale: float | None = None
+    y: TensorValue,
+    dy: TensorValue,
+    axis: int = -1,
+    *,
+    scale: float | None = None,
+    variant: str = "auto",
 ) -> TensorValue:
     """Gradient of softmax: dx = y * (dy - sum(dy * y, axis)).
 
@@ -114,15 +119,21 @@ def softmax_backward(
         axis: The axis softmax was taken along.
         scale: The forward's scale: dx is multiplied by it (a graph
             multiply after the op). Masked positions (y = 0) get 0.
+        variant: GPU strategy (`BACKWARD_VARIANTS`); "auto" picks by shape.
 
     Returns:
         dx, the gradient with respect to `x`, shaped like `y`.
     """
-    return _scaled(_row_op("softmax_backward", y, axis, "auto", dy), "softmax_backward", scale)
+    return _scaled(_row_op("softmax_backward", y, axis, variant, dy), "softmax_backward", scale)
 
 
 def log_softmax_backward(
-    logp: TensorValue, dy: TensorValue, axis: int = -1, *, scale: float | None = None
+    logp: TensorValue,
+    dy: TensorValue,
+    axis: int = -1,
+    *,
+    scale: float | None = None,
+    variant: str = "auto",
 ) -> TensorValue:
     """Gradient of log-softmax: dx = dy - exp(logp) * sum(dy, axis).
 
@@ -134,12 +145,13 @@ def log_softmax_backward(
             multiply after the op). The formula is applied as it is: at a
             masked position (logp = -inf) dx = scale * dy; the torch bridge
             gives 0 there (the gradient of masked_fill).
+        variant: GPU strategy (`BACKWARD_VARIANTS`); "auto" picks by shape.
 
     Returns:
         dx, the gradient with respect to `x`, shaped like `logp`.
     """
     return _scaled(
-        _row_op("log_softmax_backward", logp, axis, "auto", dy), "log_softmax_backward", scale
+        _row_op("log_softmax_backward", logp, axis, variant, dy), "log_softmax_backward", scale
     )
 
 
@@ -152,7 +164,13 @@ def _scaled(dx: TensorValue, op: str, scale: float | None) -> TensorValue:
 
 
 def softmax_masked(
-    x: TensorValue, mask: TensorValue, options: TensorValue, *, has_mask: bool, causal: bool
+    x: TensorValue,
+    mask: TensorValue,
+    options: TensorValue,
+    *,
+    has_mask: bool,
+    causal: bool,
+    variant: str = "auto",
 ) -> TensorValue:
     """The fused masked softmax on its own view: `x` (outer, L, n), `mask`
     (mask_rows, n) additive in x's dtype (row r = o * L + i of x uses mask
@@ -160,15 +178,22 @@ def softmax_masked(
     `options` a float64 (1,) tensor (scale) on x's device, so that a model
     built on this (`models.masked_model`) serves every scale. `causal`:
     row i keeps columns j <= i. The front doors (`softmax(..., mask=...)`)
-    make this view; call it directly only to build such models."""
-    return _masked_rows("softmax_masked", x, mask, options, has_mask, causal)
+    make this view; call it directly only to build such models. `variant`:
+    the GPU strategy (`MASKED_VARIANTS`)."""
+    return _masked_rows("softmax_masked", x, mask, options, has_mask, causal, variant)
 
 
 def log_softmax_masked(
-    x: TensorValue, mask: TensorValue, options: TensorValue, *, has_mask: bool, causal: bool
+    x: TensorValue,
+    mask: TensorValue,
+    options: TensorValue,
+    *,
+    has_mask: bool,
+    causal: bool,
+    variant: str = "auto",
 ) -> TensorValue:
     """`softmax_masked`'s log-softmax twin; same arguments."""
-    return _masked_rows("log_softmax_masked", x, mask, options, has_mask, causal)
+    return _masked_rows("log_softmax_masked", x, mask, options, has_mask, causal, variant)
 
 
 def _masked_rows(
@@ -178,15 +203,17 @@ def _masked_rows(
     options: TensorValue,
     has_mask: bool,
     causal: bool,
+    variant: str = "auto",
 ) -> TensorValue:
     check_graph_device(x.device, f"the input of {name}")
+    check_variant(variant, x.device.device_type.value, name)
     _ensure_kernels_loaded()
     (y,) = ops.custom(
         name=name,
         device=x.device,
         values=[x, mask, options],
         out_types=[TensorType(x.dtype, x.shape, x.device)],
-        parameters={"has_mask": bool(has_mask), "causal": bool(causal)},
+        parameters={"has_mask": bool(has_mask), "causal": bool(causal), **_variant(variant)},
     )
     return y.tensor
 
@@ -289,6 +316,7 @@ def cross_entropy(
     weight: TensorValue | np.ndarray | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    variant: str = "auto",
 ) -> TensorValue:
     """Cross-entropy of `logits` (classes on the last axis) against class
     indices `targets`, as `torch.nn.functional.cross_entropy`.
@@ -311,6 +339,8 @@ def cross_entropy(
             after the softcap), unweighted, inside the "mean" too.
         softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
             before everything else (Gemma 2).
+        variant: GPU strategy (`CROSS_ENTROPY_VARIANTS`); "auto" picks by
+            shape.
 
     Returns:
         The loss in the logits' dtype: a scalar for "mean"/"sum", shaped
@@ -319,7 +349,16 @@ def cross_entropy(
         raise without a host sync); on the CPU it raises at execution.
     """
     return _cross_entropy(
-        logits, targets, ignore_index, reduction, label_smoothing, False, weight, z_loss, softcap
+        logits,
+        targets,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        False,
+        weight,
+        z_loss,
+        softcap,
+        variant=variant,
     )[0]
 
 
@@ -333,6 +372,7 @@ def cross_entropy_with_grad(
     weight: TensorValue | np.ndarray | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    variant: str = "auto",
 ) -> tuple[TensorValue, TensorValue]:
     """`cross_entropy` and dlogits = d loss / d logits, fused: the kernels
     read the logits once and write the gradient once.
@@ -342,7 +382,16 @@ def cross_entropy_with_grad(
     gradient). Returns (loss, dlogits), dlogits shaped and typed like `logits`.
     """
     loss, dlogits = _cross_entropy(
-        logits, targets, ignore_index, reduction, label_smoothing, True, weight, z_loss, softcap
+        logits,
+        targets,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        True,
+        weight,
+        z_loss,
+        softcap,
+        variant=variant,
     )
     return loss, dlogits
 
@@ -354,6 +403,7 @@ def cross_entropy_rows(
     *,
     reduction: str,
     with_grad: bool,
+    variant: str = "auto",
 ) -> list[TensorValue]:
     """The cross-entropy op on its own view: (rows, classes) logits, (rows,)
     int64 targets and `options`, a float64 tensor on the logits' device:
@@ -361,9 +411,11 @@ def cross_entropy_rows(
     z_loss, softcap[, a weight per class]) for the extended options
     (`validation.cross_entropy_options`), so that a model built on this
     (models.cross_entropy_model) serves every value of them. Returns [loss]
-    or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none"."""
+    or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none".
+    `variant`: the GPU strategy (`CROSS_ENTROPY_VARIANTS`)."""
     name = "cross_entropy_with_grad" if with_grad else "cross_entropy"
     check_graph_device(logits.device, f"the logits of {name}")
+    check_variant(variant, logits.device.device_type.value, name)
     _ensure_kernels_loaded()
     rows = logits.shape[0]
     loss_type = TensorType(logits.dtype, [rows] if reduction == "none" else [1], logits.device)
@@ -375,7 +427,7 @@ def cross_entropy_rows(
         device=logits.device,
         values=[logits, targets, options],
         out_types=out_types,
-        parameters={"reduction": reduction},
+        parameters={"reduction": reduction, **_variant(variant)},
     )
     return [v.tensor for v in outs]
 
@@ -391,10 +443,12 @@ def _cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     rows_op: Callable[..., list[TensorValue]] | None = None,
+    variant: str = "auto",
 ) -> list[TensorValue]:
     """Cross-entropy's edge: checks once, flattens to (rows, classes), runs
     `rows_op` (by default `cross_entropy_rows`; MAX eager passes its declared
-    op, `eager.run_cross_entropy`) and shapes the results back."""
+    op, `eager.run_cross_entropy`; a forced `variant` needs the default) and
+    shapes the results back."""
     logits, targets = TensorValue(logits), TensorValue(targets)
     check_dtype(logits.dtype)
     reduction, ignore_index, eps = check_cross_entropy_options(
@@ -415,8 +469,12 @@ def _cross_entropy(
     logits2 = logits if view else ops.reshape(logits, [rows, shape[-1]])
     targets1 = targets if view else ops.reshape(targets, [rows])
     options = _cross_entropy_options(logits, ignore_index, eps, weight, z_loss, softcap)
-    rows_op = rows_op or cross_entropy_rows
-    outs = rows_op(logits2, targets1, options, reduction=reduction, with_grad=with_grad)
+    extra = _variant(variant)
+    if rows_op is None:
+        rows_op = cross_entropy_rows
+    elif extra:
+        raise ValueError("max_softmax: variant= needs the graph's own cross_entropy op")
+    outs = rows_op(logits2, targets1, options, reduction=reduction, with_grad=with_grad, **extra)
     loss = ops.reshape(outs[0], shape[:-1] if reduction == "none" else [])
     if with_grad:
         return [loss, outs[1] if view else ops.reshape(outs[1], shape)]
@@ -472,7 +530,7 @@ def _row_op(
         dy = TensorValue(dy)
         check_dy_like(name, x, dy)
     check_graph_device(x.device, f"the input of {name}")
-    check_variant(variant, x.device.device_type.value)
+    check_variant(variant, x.device.device_type.value, name)
     shape = list(x.shape)
     axis = normalize_axis(axis, len(shape))
     _ensure_kernels_loaded()
@@ -486,9 +544,7 @@ def _row_op(
     canonical = len(shape) == 3 and axis == 1
     values = [v if canonical else ops.reshape(v, view) for v in ([x] if dy is None else [x, dy])]
     x3 = values[0]
-    parameters: dict[str, str | bool | int | float] = {}
-    if variant != "auto":
-        parameters["variant"] = variant
+    parameters = _variant(variant)
     # The baselines are ops of their own (op/baselines/registered_ops.mojo),
     # so the live package never imports them.
     kernel = f"{name}_baseline" if variant in BASELINE_VARIANTS else name
@@ -501,6 +557,12 @@ def _row_op(
     )
     y = y3.tensor
     return y if canonical else ops.reshape(y, shape)
+
+
+def _variant(variant: str) -> dict[str, str]:
+    """The op parameters that force `variant` (none for "auto": the
+    registrations' default)."""
+    return {} if variant == "auto" else {"variant": variant}
 
 
 def _ensure_kernels_loaded() -> None:

@@ -7,6 +7,7 @@ before anything reaches MAX or Mojo.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,35 @@ VARIANTS: tuple[str, ...] = (
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""
 
+BACKWARD_VARIANTS: tuple[str, ...] = (
+    "auto",
+    "register",
+    "smem",
+    "cluster2",
+    "cluster4",
+    "split_stream",
+    "block",
+)
+"""Strategies the backward ops' `variant=` forces (op/dispatch.mojo, `BackwardRows`)."""
+
+CROSS_ENTROPY_VARIANTS: tuple[str, ...] = ("auto", "register", "smem", "pair", "block")
+"""Strategies cross-entropy's `variant=` forces (op/gpu_cross_entropy.mojo, `CERows`)."""
+
+MASKED_VARIANTS: tuple[str, ...] = ("auto", "register", "block")
+"""Strategies the fused masked ops' `variant=` forces (op/gpu_masked_rows.mojo)."""
+
+OP_VARIANTS: dict[str, tuple[str, ...]] = {
+    "softmax": VARIANTS,
+    "log_softmax": VARIANTS,
+    "softmax_backward": BACKWARD_VARIANTS,
+    "log_softmax_backward": BACKWARD_VARIANTS,
+    "cross_entropy": CROSS_ENTROPY_VARIANTS,
+    "cross_entropy_with_grad": CROSS_ENTROPY_VARIANTS,
+    "softmax_masked": MASKED_VARIANTS,
+    "log_softmax_masked": MASKED_VARIANTS,
+}
+"""The variants each op takes (one switch in Mojo: op/variants.mojo)."""
+
 
 class SoftmaxInputError(ValueError):
     """Raised for input that max_softmax cannot take (dtype, rank, axis)."""
@@ -52,11 +82,15 @@ def check_dtype(dtype: DType) -> DType:
     return dtype
 
 
-def check_variant(variant: str, device_kind: str) -> str:
-    """Return `variant` if it names a kernel family in `VARIANTS` that can run
-    on `device_kind` ("cpu" or "gpu"), else raise: the CPU has one family."""
-    if variant not in VARIANTS:
-        raise ValueError(f"max_softmax: unknown variant {variant!r}; choose one of {VARIANTS}")
+def check_variant(variant: str, device_kind: str, op: str = "softmax") -> str:
+    """Return `variant` if it names a kernel family of `op` (`OP_VARIANTS`)
+    that can run on `device_kind` ("cpu" or "gpu"), else raise: the CPU has
+    one family."""
+    names = OP_VARIANTS[op]
+    if variant not in names:
+        raise ValueError(
+            f"max_softmax: unknown variant {variant!r} for {op}; choose one of {names}"
+        )
     if variant != "auto" and device_kind != "gpu":
         raise ValueError(
             f"max_softmax: variant {variant!r} is a GPU kernel family; on the {device_kind} "
@@ -121,7 +155,8 @@ def check_cross_entropy_options(
         raise TypeError(f"max_softmax: ignore_index must be an int, got {ignore_index!r}")
     if not -(2**53) <= int(ignore_index) <= 2**53:
         raise ValueError(f"max_softmax: ignore_index {ignore_index} is out of range (|i| <= 2^53)")
-    if isinstance(label_smoothing, (str, bytes, bool)) or not np.isscalar(label_smoothing):
+    # numbers.Real, not np.isscalar: torch.compile traces this check.
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"max_softmax: label_smoothing must be a float, got {label_smoothing!r}")
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:

@@ -37,7 +37,9 @@ from max.gpu.host import DeviceContext, DeviceStream
 
 from op.cpu_cross_entropy import cross_entropy_cpu
 from op.dispatch import launch_auto, softmax_backward_rows, softmax_rows
+from op.cpu_masked_rows import masked_softmax_cpu
 from op.gpu_cross_entropy import launch_cross_entropy
+from op.gpu_masked_rows import launch_masked_rows
 from op.gpu_scale_rows import launch_scale_rows
 
 comptime GPU = not is_defined["MAX_SOFTMAX_CPU_ONLY"]()
@@ -56,6 +58,12 @@ comptime DTYPE_COUNT = 4
 
 comptime REDUCTION_COUNT = 3
 """Reduction codes 0..2: "mean", "sum", "none" (`_reduction_of`)."""
+
+comptime MASK_FLAG = 1
+"""Masked flags bit: the mask is read (else it is a placeholder)."""
+
+comptime CAUSAL_FLAG = 2
+"""Masked flags bit: row r keeps only columns j <= r % L."""
 
 
 @always_inline
@@ -376,6 +384,195 @@ def log_softmax_backward(
 
 
 # ===----------------------------------------------------------------------=== #
+# softmax_masked, log_softmax_masked
+# ===----------------------------------------------------------------------=== #
+
+
+def _masked_on[
+    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
+](
+    ctx: DeviceContext,
+    torch_stream: PythonObject,
+    on_gpu: Bool,
+    dst: Int,
+    src: Int,
+    mask: Int,
+    options: Int,
+    rows: Int,
+    causal_rows: Int,
+    n: Int,
+    mask_rows: Int,
+) raises:
+    """One instance of the masked launch (see `_masked`)."""
+    var opts = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
+    if not on_gpu:
+
+        def masked_on_cpu() raises {imm}:
+            masked_softmax_cpu[dtype, log_out, has_mask, causal](
+                _ptr[dtype](dst),
+                _ptr[dtype](src),
+                _ptr[dtype](mask),
+                rows,
+                n,
+                mask_rows,
+                opts[unsafe_offset=0],
+                causal_rows,
+            )
+
+        _on_cpu(masked_on_cpu, rows * n)
+        return
+    comptime if GPU:
+        var ts = _torch_first(ctx, torch_stream)
+        try:
+            launch_masked_rows[dtype, log_out, has_mask, causal](
+                ctx,
+                _ptr[dtype](dst),
+                _ptr[dtype](src),
+                _ptr[dtype](mask),
+                opts,
+                rows,
+                n,
+                mask_rows,
+                causal_rows,
+            )
+        except e:
+            _torch_after(ctx, ts)
+            raise e^
+        _torch_after(ctx, ts)
+    else:
+        raise _no_gpu()
+
+
+def _masked[
+    log_out: Bool
+](
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    flags_obj: PythonObject,
+    dst_obj: PythonObject,
+    src_obj: PythonObject,
+    mask_obj: PythonObject,
+    options_obj: PythonObject,
+    outer_obj: PythonObject,
+    causal_rows_obj: PythonObject,
+    n_obj: PythonObject,
+    mask_rows_obj: PythonObject,
+) raises -> PythonObject:
+    """Softmax (or log-softmax) of scale * x + mask (and causal) along the
+    rows of the (outer, L, n) buffer at `src` into `dst`, as the
+    `softmax_masked` op (`op/masked_softmax_ops.mojo`): row r = o * L + i
+    reads mask row r % mask_rows when `flags` has MASK_FLAG, keeps columns
+    j <= i when it has CAUSAL_FLAG; `options` is the float64 (scale,)
+    buffer on the context's device."""
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var flags = Int(py=flags_obj)
+    var dims = _dims(outer_obj, causal_rows_obj, n_obj)
+    var mask_rows = Int(py=mask_rows_obj)
+    var dst = Int(py=dst_obj)
+    var src = Int(py=src_obj)
+    var mask = Int(py=mask_obj)
+    var options = Int(py=options_obj)
+    var on_gpu = not (torch_stream is PythonObject(None))
+    if flags < 0 or flags > MASK_FLAG + CAUSAL_FLAG:
+        raise _bad_code("masked flags", flags, 2 * CAUSAL_FLAG)
+    if mask_rows < 1:
+        raise Error(t"max_softmax: mask_rows must be >= 1, got {mask_rows}")
+    var rows = dims[0] * dims[1]
+    if rows * dims[2] == 0:
+        return PythonObject(None)
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            comptime for f in range(2 * CAUSAL_FLAG):
+                if flags == f:
+                    _masked_on[
+                        dtype,
+                        log_out,
+                        (f & MASK_FLAG) != 0,
+                        (f & CAUSAL_FLAG) != 0,
+                    ](
+                        ctx,
+                        torch_stream,
+                        on_gpu,
+                        dst,
+                        src,
+                        mask,
+                        options,
+                        rows,
+                        dims[1],
+                        dims[2],
+                        mask_rows,
+                    )
+                    return PythonObject(None)
+    raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
+def softmax_masked(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype: PythonObject,
+    flags: PythonObject,
+    dst: PythonObject,
+    src: PythonObject,
+    mask: PythonObject,
+    options: PythonObject,
+    outer: PythonObject,
+    causal_rows: PythonObject,
+    n: PythonObject,
+    mask_rows: PythonObject,
+) raises -> PythonObject:
+    """Softmax of scale * x + mask (and causal) into `dst` (see `_masked`)."""
+    return _masked[False](
+        ctx_ptr,
+        torch_stream,
+        dtype,
+        flags,
+        dst,
+        src,
+        mask,
+        options,
+        outer,
+        causal_rows,
+        n,
+        mask_rows,
+    )
+
+
+def log_softmax_masked(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype: PythonObject,
+    flags: PythonObject,
+    dst: PythonObject,
+    src: PythonObject,
+    mask: PythonObject,
+    options: PythonObject,
+    outer: PythonObject,
+    causal_rows: PythonObject,
+    n: PythonObject,
+    mask_rows: PythonObject,
+) raises -> PythonObject:
+    """Log-softmax of scale * x + mask (and causal) into `dst` (see
+    `_masked`)."""
+    return _masked[True](
+        ctx_ptr,
+        torch_stream,
+        dtype,
+        flags,
+        dst,
+        src,
+        mask,
+        options,
+        outer,
+        causal_rows,
+        n,
+        mask_rows,
+    )
+
+
+# ===----------------------------------------------------------------------=== #
 # cross_entropy
 # ===----------------------------------------------------------------------=== #
 
@@ -579,6 +776,20 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
             docstring=(
                 "log_softmax_backward(ctx, stream, dtype, dx, logp, dy, outer,"
                 " n, inner)"
+            ),
+        )
+        b.def_function[softmax_masked](
+            "softmax_masked",
+            docstring=(
+                "softmax_masked(ctx, stream, dtype, flags, dst, src, mask,"
+                " options, outer, L, n, mask_rows)"
+            ),
+        )
+        b.def_function[log_softmax_masked](
+            "log_softmax_masked",
+            docstring=(
+                "log_softmax_masked(ctx, stream, dtype, flags, dst, src, mask,"
+                " options, outer, L, n, mask_rows)"
             ),
         )
         b.def_function[cross_entropy](

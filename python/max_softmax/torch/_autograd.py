@@ -31,11 +31,17 @@ def needs_function(*tensors: torch.Tensor) -> bool:
     """Whether a call must go through an autograd Function: autograd records
     it, forward-mode AD is on, or a `torch.func` transform wraps a tensor.
     Else the op runs as is (no ~10 µs of Function bookkeeping a call)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return True
+    for t in tensors:
+        if t.requires_grad and torch.is_grad_enabled():
+            return True
     if torch.compiler.is_compiling():
         return False
-    return _forward_ad._current_level >= 0 or any(_is_wrapped(t) for t in tensors)
+    if _forward_ad._current_level >= 0:
+        return True
+    for t in tensors:
+        if _is_wrapped(t):
+            return True
+    return False
 
 
 def leading(info: Any, in_dims: tuple, *tensors: torch.Tensor) -> tuple[list, int]:
@@ -59,6 +65,36 @@ def for_compile(fn: type[torch.autograd.Function]) -> type[torch.autograd.Functi
     torch.compile then raises torch's "jvp is not implemented")."""
     parts = {k: fn.__dict__[k] for k in ("forward", "setup_context", "backward")}
     return type(f"{fn.__name__}Compiled", (torch.autograd.Function,), parts)
+
+
+def for_eager(fn: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+    """Function `fn` in the style whose forward takes ctx: the same forward,
+    setup_context, backward and jvp (reverse mode to any order and forward
+    mode), without the signature binding torch does on every `apply` of a
+    setup_context Function. For calls no torch.func transform wraps."""
+    forward, setup_context = fn.forward, fn.setup_context
+
+    def eager_forward(ctx: Any, *args: Any) -> Any:
+        out = forward(*args)
+        setup_context(ctx, args, out)
+        return out
+
+    parts = {k: fn.__dict__[k] for k in ("backward", "jvp")}
+    parts["forward"] = staticmethod(eager_forward)
+    return type(f"{fn.__name__}Eager", (torch.autograd.Function,), parts)
+
+
+def choose(
+    fn: type[torch.autograd.Function], eager: type[torch.autograd.Function], *tensors: torch.Tensor
+) -> type[torch.autograd.Function]:
+    """Function `fn` (setup_context style) for a call on `tensors` that a
+    torch.func transform wraps, else its `for_eager` variant `eager`. (Under
+    torch.compile callers take the `for_compile` variant themselves: Dynamo
+    traces a Function named by a global, not one picked here.)"""
+    for t in tensors:
+        if _is_wrapped(t):
+            return fn
+    return eager
 
 
 def _keep(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -149,6 +185,7 @@ class LogSoftmaxBackward(torch.autograd.Function):
 
 
 _BACKWARD = {"softmax_backward": SoftmaxBackward, "log_softmax_backward": LogSoftmaxBackward}
+_BACKWARD_EAGER = {name: for_eager(fn) for name, fn in _BACKWARD.items()}
 _BACKWARD_COMPILED = {name: for_compile(fn) for name, fn in _BACKWARD.items()}
 
 
@@ -157,8 +194,9 @@ def row_backward(name: str, out: torch.Tensor, dy: torch.Tensor, dim: int) -> to
     the op itself, or its differentiable Function when something records or
     transforms the call (`needs_function`)."""
     if needs_function(out, dy):
-        table = _BACKWARD_COMPILED if torch.compiler.is_compiling() else _BACKWARD
-        return table[name].apply(out, dy, dim)
+        if torch.compiler.is_compiling():
+            return _BACKWARD_COMPILED[name].apply(out, dy, dim)
+        return choose(_BACKWARD[name], _BACKWARD_EAGER[name], out, dy).apply(out, dy, dim)
     return run(name, dim, out, dy)
 
 
@@ -223,5 +261,5 @@ class LogSoftmaxFn(torch.autograd.Function):
         return LogSoftmaxFn.apply(x, normalize_axis(dim, rank) + 1), 0
 
 
-SoftmaxFnCompiled = for_compile(SoftmaxFn)
-LogSoftmaxFnCompiled = for_compile(LogSoftmaxFn)
+SoftmaxFnEager, SoftmaxFnCompiled = for_eager(SoftmaxFn), for_compile(SoftmaxFn)
+LogSoftmaxFnEager, LogSoftmaxFnCompiled = for_eager(LogSoftmaxFn), for_compile(LogSoftmaxFn)

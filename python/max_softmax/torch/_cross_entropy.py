@@ -27,7 +27,7 @@ from ..validation import (
     cross_entropy_options,
 )
 from . import _launch as torch_launch
-from ._autograd import for_compile, leading, needs_function
+from ._autograd import choose, for_compile, for_eager, leading, needs_function
 from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._functional import log_softmax, softmax
@@ -264,6 +264,7 @@ class CrossEntropyFn(torch.autograd.Function):
         return total / (w_t * kept.to(loss.dtype)).sum(1, keepdim=True), 0
 
 
+CrossEntropyFnEager = for_eager(CrossEntropyFn)
 CrossEntropyFnCompiled = for_compile(CrossEntropyFn)
 
 
@@ -428,7 +429,10 @@ def cross_entropy(
         # targets: 41 vs 630 us); CUDA targets are not checked (a host sync).
         check_targets_in_range(_host_values(targets, expected), classes, ignore_index)
     if needs_function(logits, targets):
-        fn = CrossEntropyFnCompiled if torch.compiler.is_compiling() else CrossEntropyFn
+        if torch.compiler.is_compiling():
+            fn = CrossEntropyFnCompiled
+        else:
+            fn = choose(CrossEntropyFn, CrossEntropyFnEager, logits, targets)
         loss = fn.apply(logits, targets, ignore_index, reduction, eps, extras, [])
     else:
         loss, _ = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, False, extras)

@@ -9,12 +9,14 @@ import warnings
 
 import torch
 
-from ..validation import is_masked_call
 from ._autograd import (
     LogSoftmaxFn,
     LogSoftmaxFnCompiled,
+    LogSoftmaxFnEager,
     SoftmaxFn,
     SoftmaxFnCompiled,
+    SoftmaxFnEager,
+    choose,
     needs_function,
 )
 from ._buffers import DTYPES
@@ -83,14 +85,17 @@ def softmax(
     (masked positions get 0); a floating mask that requires grad raises
     NotImplementedError.
     """
-    x, dim = _prepare("softmax", x, dim, dtype)
-    if is_masked_call(scale, mask, causal):
+    if dtype is not None or dim is None or not isinstance(x, torch.Tensor):
+        x, dim = _prepare("softmax", x, dim, dtype)
+    if scale is not None or mask is not None or causal:  # is_masked_call, inline
         return masked("softmax", x, dim, scale, mask, causal)
     if x.dim() == 0:
         return _scalar("softmax", x, dim)
     if not needs_function(x):
         return run("softmax", dim, x)
-    return (SoftmaxFnCompiled if torch.compiler.is_compiling() else SoftmaxFn).apply(x, dim)
+    if torch.compiler.is_compiling():
+        return SoftmaxFnCompiled.apply(x, dim)
+    return choose(SoftmaxFn, SoftmaxFnEager, x).apply(x, dim)
 
 
 def log_softmax(
@@ -109,12 +114,14 @@ def log_softmax(
     gives -inf, and masked positions (output -inf) get gradient 0, as
     `masked_fill(~mask, -inf)` followed by torch's log_softmax.
     """
-    x, dim = _prepare("log_softmax", x, dim, dtype)
-    if is_masked_call(scale, mask, causal):
+    if dtype is not None or dim is None or not isinstance(x, torch.Tensor):
+        x, dim = _prepare("log_softmax", x, dim, dtype)
+    if scale is not None or mask is not None or causal:  # is_masked_call, inline
         return masked("log_softmax", x, dim, scale, mask, causal)
     if x.dim() == 0:
         return _scalar("log_softmax", x, dim)
     if not needs_function(x):
         return run("log_softmax", dim, x)
-    fn = LogSoftmaxFnCompiled if torch.compiler.is_compiling() else LogSoftmaxFn
-    return fn.apply(x, dim)
+    if torch.compiler.is_compiling():
+        return LogSoftmaxFnCompiled.apply(x, dim)
+    return choose(LogSoftmaxFn, LogSoftmaxFnEager, x).apply(x, dim)

@@ -18,7 +18,14 @@ from ..validation import (
     masked_view,
     normalize_axis,
 )
-from ._autograd import for_compile, leading, needs_function, row_backward
+from ._autograd import (
+    choose,
+    for_compile,
+    for_eager,
+    leading,
+    needs_function,
+    row_backward,
+)
 from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._graph_path import cached, execute
@@ -141,7 +148,7 @@ class MaskedFn(torch.autograd.Function):
         return MaskedFn.apply(x, mask, value, log_out, causal), 0
 
 
-MaskedFnCompiled = for_compile(MaskedFn)
+MaskedFnEager, MaskedFnCompiled = for_eager(MaskedFn), for_compile(MaskedFn)
 
 
 def _mask_rows(op: str, x: torch.Tensor, dim: int, last: bool, mask: torch.Tensor) -> torch.Tensor:
@@ -198,7 +205,10 @@ def masked(
     m = None if mask is None else _mask_rows(op, x, dim, last, mask)
     log_out = op == "log_softmax"
     if needs_function(x) or (m is not None and needs_function(m)):
-        fn = MaskedFnCompiled if torch.compiler.is_compiling() else MaskedFn
+        if torch.compiler.is_compiling():
+            fn = MaskedFnCompiled
+        else:
+            fn = choose(MaskedFn, MaskedFnEager, *((work, m) if m is not None else (work,)))
         y = fn.apply(work, m, value, log_out, causal)
     else:
         y = _run_masked(work, m, value, log_out, causal)

@@ -113,7 +113,7 @@ def cross_entropy_into(
         if dlogits is not None:
             dlogits.zero_()
         return
-    kind = "gpu" if logits.is_cuda else "cpu"
+    kind = torch_buffers.device_name(logits)  # "cpu", "gpu" or "gpu:N": its own device
     model = cross_entropy_into_model(dlogits is not None, DTYPES[logits.dtype], kind, reduction)
     head = (loss,) if dlogits is None else (loss, dlogits)
     buffers = [torch_buffers.view(t) for t in (*head, logits, targets, options)]
