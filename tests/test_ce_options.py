@@ -249,3 +249,29 @@ def test_errors():
         cross_entropy_with_grad(x, t, weight=w[:5], device="cpu")
     with pytest.raises(ValueError, match="weight must have shape \\(33,\\)"):
         mst.cross_entropy(torch.tensor(x), torch.tensor(t), torch.ones(3, 11))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weight_as", ["array", "tensor"])
+def test_eager(device, weight_as):
+    """MAX eager Tensors: every option at once, the weight an array or a
+    Tensor on the logits' device."""
+    import max_softmax
+    from max_softmax.devices import device as max_device
+    from max_softmax.dtypes import to_buffer, to_numpy
+
+    Tensor = pytest.importorskip("max.experimental.tensor").Tensor
+
+    def to_tensor(a):
+        return Tensor.from_dlpack(to_buffer(np.ascontiguousarray(a))).to(max_device(device))
+
+    def back(t):
+        return to_numpy(t.driver_tensor.to(max_device("cpu")))
+
+    x, t, w = _inputs(2)
+    kw = {"ignore_index": 2, "label_smoothing": 0.15, "z_loss": 1e-2, "softcap": 3.0}
+    weight = w if weight_as == "array" else to_tensor(w)
+    loss, dlogits = max_softmax.cross_entropy_with_grad(to_tensor(x), t, weight=weight, **kw)
+    want = cross_entropy_options_reference(x, t, 2, "mean", 0.15, w, 1e-2, 3.0)
+    ok, *errs = compare_cross_entropy(back(loss), back(dlogits), *want, "float64")
+    assert ok, errs
