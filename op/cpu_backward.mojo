@@ -5,11 +5,20 @@ tasks of whole rows with two SIMD sweeps (row sum; gradient); other axes are
 processed W columns at a time along the contiguous inner dimension.
 """
 
-from .cpu_tasks import items_per_task, run_tasks
 from std.math import ceildiv
 from std.sys import simd_width_of
 
-from .cpu_rows import SUM_BLOCK
+from .cpu_sweeps import (
+    ColumnBlocks,
+    RowPieces,
+    RowTerms,
+    blocked_sum,
+    column_sum,
+    each_piece,
+    run_column_blocks,
+)
+from .cpu_tasks import items_per_task, run_tasks
+from .gpu_launch import HeldRows, held
 from .row_math import accum_dtype, backward_out, backward_term
 
 
@@ -40,102 +49,104 @@ def softmax_backward_cpu[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime W = simd_width_of[acc]()
-    var col_blocks = ceildiv(inner, W) if inner > 1 else 1
-    # An item is a row, or W columns of n when inner > 1.
-    var rows_per_task = items_per_task(n * W if inner > 1 else n)
-    var items = outer * col_blocks
-    var tasks = ceildiv(items, rows_per_task)
+    var op = BackwardRows[dtype, log_in](held(dx), held(a), held(dy))
+    if inner > 1:
+        run_column_blocks[W](op, outer, n, inner)
+        return
+    var rows_per_task = items_per_task(n)
 
     def task(t: Int) raises {imm}:
-        for item in range(
-            t * rows_per_task, min(items, (t + 1) * rows_per_task)
-        ):
-            var o = item // col_blocks
-            var i0 = (item % col_blocks) * W
-            var base = o * n * inner + i0
-            if inner == 1:
-                _row[dtype, log_in, W](dx, a, dy, base, n)
-            elif i0 + W <= inner:
-                _column_block[dtype, log_in, W](dx, a, dy, base, n, inner)
-            else:
-                for i in range(i0, inner):
-                    _column_block[dtype, log_in, 1](
-                        dx, a, dy, base + i - i0, n, inner
-                    )
+        for r in range(t * rows_per_task, min(outer, (t + 1) * rows_per_task)):
+            op.row[W](r * n, n)
 
-    run_tasks(task, tasks)
+    run_tasks(task, ceildiv(outer, rows_per_task))
 
 
-@always_inline
-def _row[
-    dtype: DType, log_in: Bool, W: Int
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    n: Int,
+@fieldwise_init
+struct BackwardPlaces[dtype: DType, log_in: Bool, contiguous: Bool](
+    RowPieces, RowTerms
 ):
-    """One contiguous row, SIMD across the row."""
-    comptime acc = accum_dtype[dtype]()
-    var n_vec = n - n % W
-    var s = Scalar[acc](0)
-    for b in range(0, n_vec, SUM_BLOCK):
-        var part = SIMD[acc, W](0)  # blocked summation, as in cpu_rows
-        for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-            part += backward_term[log_in, acc, W](
-                a.unsafe_offset(base + j).unsafe_load[width=W]().cast[acc](),
-                dy.unsafe_offset(base + j).unsafe_load[width=W]().cast[acc](),
-            )
-        s += part.reduce_add()
-    for j in range(n_vec, n):
-        s += backward_term[log_in, acc, 1](
-            a[unsafe_offset=base + j].cast[acc](),
-            dy[unsafe_offset=base + j].cast[acc](),
+    """The backward at the places of a row: place j is element base + j
+    (`contiguous`) or base + j * stride (down columns). Its terms are
+    `backward_term`; `put` writes dx given the row's sum `s`."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient."""
+    var a: HeldRows[Self.dtype]
+    """The forward op's output."""
+    var dy: HeldRows[Self.dtype]
+    """The incoming gradient."""
+    var base: Int
+    """Place 0's element."""
+    var stride: Int
+    """Elements from one place to the next (not `contiguous`)."""
+    var s: Scalar[Self.acc]
+    """The row's sum of `backward_term` (`put`; the lanes' own sums down
+    columns are passed to `put_lanes`)."""
+
+    @always_inline
+    def at(self, j: Int) -> Int:
+        """Place j's element."""
+        comptime if Self.contiguous:
+            return self.base + j
+        else:
+            return self.base + j * self.stride
+
+    @always_inline
+    def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
+        """`backward_term` of the w elements at place j."""
+        var at = self.at(j)
+        return backward_term[Self.log_in, Self.acc, w](
+            self.a.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
+            self.dy.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
         )
-    for j in range(0, n_vec, W):
-        var g = backward_out[log_in, acc, W](
-            a.unsafe_offset(base + j).unsafe_load[width=W]().cast[acc](),
-            dy.unsafe_offset(base + j).unsafe_load[width=W]().cast[acc](),
+
+    @always_inline
+    def put_lanes[w: Int](self, j: Int, s: SIMD[Self.acc, w]):
+        """Write dx of the w elements at place j given their sums `s`."""
+        var at = self.at(j)
+        var g = backward_out[Self.log_in, Self.acc, w](
+            self.a.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
+            self.dy.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
             s,
         )
-        dx.unsafe_offset(base + j).unsafe_store(g.cast[dtype]())
-    for j in range(n_vec, n):
-        dx[unsafe_offset=base + j] = backward_out[log_in, acc, 1](
-            a[unsafe_offset=base + j].cast[acc](),
-            dy[unsafe_offset=base + j].cast[acc](),
-            s,
-        ).cast[dtype]()
+        self.dx.unsafe_offset(at).unsafe_store(g.cast[Self.dtype]())
+
+    @always_inline
+    def put[w: Int](self, j: Int):
+        """Write dx of the w elements at place j."""
+        self.put_lanes[w](j, SIMD[Self.acc, w](self.s))
 
 
-@always_inline
-def _column_block[
-    dtype: DType, log_in: Bool, w: Int
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    n: Int,
-    stride: Int,
-):
-    """`w` adjacent columns of stride `stride` at once."""
-    comptime acc = accum_dtype[dtype]()
-    var s = SIMD[acc, w](0)
-    for b in range(0, n, SUM_BLOCK):
-        var part = SIMD[acc, w](0)
-        for j in range(b, min(b + SUM_BLOCK, n)):
-            var at = base + j * stride
-            part += backward_term[log_in, acc, w](
-                a.unsafe_offset(at).unsafe_load[width=w]().cast[acc](),
-                dy.unsafe_offset(at).unsafe_load[width=w]().cast[acc](),
-            )
-        s += part
-    for j in range(n):
-        var at = base + j * stride
-        var g = backward_out[log_in, acc, w](
-            a.unsafe_offset(at).unsafe_load[width=w]().cast[acc](),
-            dy.unsafe_offset(at).unsafe_load[width=w]().cast[acc](),
-            s,
+@fieldwise_init
+struct BackwardRows[dtype: DType, log_in: Bool](ColumnBlocks):
+    """The backward of whole rows: two sweeps, the row's sum of
+    `backward_term` and the gradient."""
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient."""
+    var a: HeldRows[Self.dtype]
+    """The forward op's output."""
+    var dy: HeldRows[Self.dtype]
+    """The incoming gradient."""
+
+    @always_inline
+    def row[W: Int](self, base: Int, n: Int):
+        """One contiguous row, SIMD across the row."""
+        var places = BackwardPlaces[Self.dtype, Self.log_in, True](
+            self.dx, self.a, self.dy, base, 1, 0
         )
-        dx.unsafe_offset(at).unsafe_store(g.cast[dtype]())
+        places.s = blocked_sum[W](places, n)
+        each_piece[W](places, n)
+
+    @always_inline
+    def columns[w: Int](self, base: Int, n: Int, stride: Int):
+        """`w` adjacent columns of stride `stride` at once."""
+        var places = BackwardPlaces[Self.dtype, Self.log_in, False](
+            self.dx, self.a, self.dy, base, stride, 0
+        )
+        var s = column_sum[w](places, n)
+        for j in range(n):
+            places.put_lanes[w](j, s)

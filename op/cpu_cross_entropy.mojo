@@ -14,8 +14,10 @@ out-of-range target (not `ignore_index`) raises, naming the row.
 from std.math import ceildiv
 from std.sys import simd_width_of, size_of
 
-from .cpu_rows import SUM_BLOCK, _exp_sum, _max_of
+from .cpu_rows import _exp_sum, _max_of
+from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
 from .cpu_tasks import items_per_task, run_tasks
+from .gpu_launch import HeldRows, held
 from .cross_entropy_math import (
     IGNORED,
     OUT_OF_RANGE,
@@ -116,13 +118,14 @@ def cross_entropy_cpu[
     if rows > 0:
         run_tasks(task, ceildiv(rows, rows_per_task))
     comptime if reduce:
-        # Summed in row order, in the accumulator type: repeatable, and a
-        # float32 total of many rows keeps its precision.
-        var total = Scalar[acc](0)
+        # Summed in row order (repeatable bits) in float64 for every dtype:
+        # a float32 running total of 8192 rows loses ~20 bits' worth of
+        # the last row's precision, 100x torch's error (issue 37).
+        var total = Float64(0)
         for r in range(rows):
-            total += losses[unsafe_offset=r]
+            total += losses[unsafe_offset=r].cast[DType.float64]()
         comptime if mean:
-            total = total / Scalar[acc](kept)
+            total = total / Float64(kept)
         loss[unsafe_offset=0] = total.cast[dtype]()
     _ = row_losses^
 
@@ -165,29 +168,64 @@ def _row[
     comptime if with_grad:
         var inv_s = 1 / s
         var smooth = smoothing_of[acc](eps, n)
-        var n_vec = n - n % W
-        for j in range(0, n_vec, W):
-            var e: SIMD[acc, W]
-            comptime if park_in_dst:
-                e = y.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-            else:
-                e = scratch.unsafe_offset(j).unsafe_load[width=W]()
-            y.unsafe_offset(j).unsafe_store(
-                grad_of[acc, W](e, inv_s, smooth, scale).cast[dtype]()
-            )
-        for j in range(n_vec, n):
-            var e: Scalar[acc]
-            comptime if park_in_dst:
-                e = y[unsafe_offset=j].cast[acc]()
-            else:
-                e = scratch[unsafe_offset=j]
-            y[unsafe_offset=j] = grad_of[acc, 1](e, inv_s, smooth, scale).cast[
-                dtype
-            ]()
+        each_piece[W](
+            GradWrite[dtype, park_in_dst](
+                held(y), held(scratch), inv_s, smooth, scale
+            ),
+            n,
+        )
         y[unsafe_offset=Int(t)] = target_grad[acc](
             exp_nan[acc, 1](x_t - m) * inv_s, smooth, eps, scale
         ).cast[dtype]()
     return row_loss[acc](m, s, x_t, sum_x, eps, n)
+
+
+@fieldwise_init
+struct GradWrite[dtype: DType, park_in_dst: Bool](RowPieces):
+    """Writes a gradient row (p - eps/V) * scale from the exps parked in it
+    (`park_in_dst`) or in a float32 scratch row."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var y: HeldRows[Self.dtype]
+    """The gradient row."""
+    var scratch: HeldRows[Self.acc]
+    """The scratch row (not `park_in_dst`)."""
+    var inv_s: Scalar[Self.acc]
+    """1 / the row's sum of exps."""
+    var smooth: Scalar[Self.acc]
+    """`smoothing_of` the row."""
+    var scale: Scalar[Self.acc]
+    """The reduction's factor."""
+
+    @always_inline
+    def put[w: Int](self, j: Int):
+        """Write the gradient at j."""
+        var e: SIMD[Self.acc, w]
+        comptime if Self.park_in_dst:
+            e = self.y.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc]()
+        else:
+            e = self.scratch.unsafe_offset(j).unsafe_load[width=w]()
+        self.y.unsafe_offset(j).unsafe_store(
+            grad_of[Self.acc, w](e, self.inv_s, self.smooth, self.scale).cast[
+                Self.dtype
+            ]()
+        )
+
+
+@fieldwise_init
+struct Values[dtype: DType](RowTerms):
+    """The elements of a row, in the accumulator type."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var x: HeldRows[Self.dtype]
+    """The row."""
+
+    @always_inline
+    def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
+        """The w elements at j."""
+        return self.x.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc]()
 
 
 @always_inline
@@ -198,15 +236,6 @@ def _sum_of[
 ]:
     """The sum of x[0:count] in the accumulator type, blocked as the sums
     of exp in cpu_rows (label smoothing needs it)."""
-    comptime acc = accum_dtype[dtype]()
-    comptime W = simd_width_of[acc]()
-    var n_vec = count - count % W
-    var s = Scalar[acc](0)
-    for b in range(0, n_vec, SUM_BLOCK):
-        var part = SIMD[acc, W](0)
-        for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-            part += x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-        s += part.reduce_add()
-    for j in range(n_vec, count):
-        s += x[unsafe_offset=j].cast[acc]()
-    return s
+    return blocked_sum[simd_width_of[accum_dtype[dtype]()]()](
+        Values[dtype](held(x)), count
+    )

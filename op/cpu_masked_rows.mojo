@@ -18,7 +18,9 @@ from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
+from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
 from .cpu_tasks import items_per_task, run_tasks
+from .gpu_launch import HeldRows, held
 from .row_math import (
     accum_dtype,
     exp_nan,
@@ -27,10 +29,6 @@ from .row_math import (
     row_exp,
     sum_shift,
 )
-
-# Terms summed in one accumulator before it is folded into the total (as
-# cpu_rows: ~1e-6 relative error on a 1M-long float32 row).
-comptime SUM_BLOCK = 1024
 
 
 def masked_softmax_cpu[
@@ -89,13 +87,15 @@ def masked_softmax_cpu[
             # The next row's x and mask are fetched into L2 while this one
             # computes its exps (the sweep that reads no memory).
             var next_r = r + 1 if r + 1 < end else r
-            var s = _exp_sum[dtype, log_out, has_mask, W](
-                z,
+            var s = blocked_sum[W](
+                MaskedExps[dtype, log_out, has_mask](
+                    held(z),
+                    shift,
+                    held(src.unsafe_offset(next_r * n)),
+                    held(mask.unsafe_offset((next_r % mask_rows) * n)),
+                    held(y),
+                ),
                 limit,
-                shift,
-                src.unsafe_offset(next_r * n),
-                mask.unsafe_offset((next_r % mask_rows) * n),
-                y,
             )
             var rs = masked_row_scale[log_out, acc](s, m)
             _write[dtype, log_out, W](y, z, limit, n, shift, rs)
@@ -139,50 +139,78 @@ def _values_and_max[
     return m
 
 
-@always_inline
-def _exp_sum[
-    dtype: DType, log_out: Bool, has_mask: Bool, W: Int
-](
-    z: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    count: Int,
-    shift: Scalar[accum_dtype[dtype]()],
-    next_x: Pointer[Scalar[dtype], MutAnyOrigin],
-    next_mask: Pointer[Scalar[dtype], MutAnyOrigin],
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-) -> Scalar[accum_dtype[dtype]()]:
-    """Sum of exp(z - shift) over z[0:count], 0 where z is -inf (dropped);
-    softmax parks each exp in z. Prefetches next_x[0:count] and
-    next_mask[0:count] into L2, and y[0:count] for the write sweep."""
-    comptime acc = accum_dtype[dtype]()
-    # 16-bit softmax rounds its outputs to 16 bits: exps good to ~1e-6 do
-    # (`exp_lean`, as cpu_rows).
-    comptime lean = not log_out and size_of[dtype]() < 4
-    comptime to_l2 = PrefetchOptions().for_read().medium_locality()
-    comptime for_write = PrefetchOptions().for_write().medium_locality()
-    var n_vec = count - count % W
-    var s = Scalar[acc](0)
-    for b in range(0, n_vec, SUM_BLOCK):
-        var sv = SIMD[acc, W](0)
-        for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-            prefetch[to_l2](next_x.unsafe_offset(j))
-            comptime if has_mask:
-                prefetch[to_l2](next_mask.unsafe_offset(j))
-            prefetch[for_write](y.unsafe_offset(j))
-            var v = z.unsafe_offset(j).unsafe_load[width=W]()
+@fieldwise_init
+struct MaskedExps[dtype: DType, log_out: Bool, has_mask: Bool](RowTerms):
+    """exp(z - shift) of a row of values z, 0 where z is -inf (dropped);
+    softmax parks each exp in z. The vector body prefetches the next row's
+    x and mask into L2, and this row's y for the write sweep."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var z: HeldRows[Self.acc]
+    """The row's values."""
+    var shift: Scalar[Self.acc]
+    """What is subtracted before the exp."""
+    var next_x: HeldRows[Self.dtype]
+    """The next row of x."""
+    var next_mask: HeldRows[Self.dtype]
+    """The next row of the mask."""
+    var y: HeldRows[Self.dtype]
+    """This row's output."""
+
+    @always_inline
+    def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
+        """The exps at j, parked."""
+        # 16-bit softmax rounds its outputs to 16 bits: exps good to ~1e-6
+        # do (`exp_lean`, as cpu_rows).
+        comptime lean = not Self.log_out and size_of[Self.dtype]() < 4
+        var v = self.z.unsafe_offset(j).unsafe_load[width=w]()
+        var e: SIMD[Self.acc, w]
+        comptime if w == 1:
+            e = exp_nan[Self.acc, w](v - self.shift)
+        else:
+            comptime to_l2 = PrefetchOptions().for_read().medium_locality()
+            comptime for_write = PrefetchOptions().for_write().medium_locality()
+            prefetch[to_l2](self.next_x.unsafe_offset(j))
+            comptime if Self.has_mask:
+                prefetch[to_l2](self.next_mask.unsafe_offset(j))
+            prefetch[for_write](self.y.unsafe_offset(j))
             # Exactly 0 where dropped (the vector exp of -inf is 4e-39).
-            var e = v.eq(-inf[acc]()).select(
-                SIMD[acc, W](0), row_exp[acc, W, lean](v - shift)
+            e = v.eq(-inf[Self.acc]()).select(
+                SIMD[Self.acc, w](0), row_exp[Self.acc, w, lean](v - self.shift)
             )
-            comptime if not log_out:
-                z.unsafe_offset(j).unsafe_store(e)
-            sv += e
-        s += sv.reduce_add()
-    for j in range(n_vec, count):
-        var e = exp_nan[acc, 1](z[unsafe_offset=j] - shift)
-        comptime if not log_out:
-            z[unsafe_offset=j] = e
-        s += e
-    return s
+        comptime if not Self.log_out:
+            self.z.unsafe_offset(j).unsafe_store(e)
+        return e
+
+
+@fieldwise_init
+struct MaskedWrite[dtype: DType, log_out: Bool](RowPieces):
+    """Writes y from the parked exps (softmax) or the values (log-softmax)."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var y: HeldRows[Self.dtype]
+    """The output row."""
+    var z: HeldRows[Self.acc]
+    """The parked exps or the values."""
+    var shift: Scalar[Self.acc]
+    """The row's shift."""
+    var rs: Scalar[Self.acc]
+    """The row's `masked_row_scale`."""
+
+    @always_inline
+    def put[w: Int](self, j: Int):
+        """Write y at j."""
+        var v = self.z.unsafe_offset(j).unsafe_load[width=w]()
+        comptime if Self.log_out:
+            self.y.unsafe_offset(j).unsafe_store(
+                ((v - self.shift) - self.rs).cast[Self.dtype]()
+            )
+        else:
+            self.y.unsafe_offset(j).unsafe_store(
+                (v * self.rs).cast[Self.dtype]()
+            )
 
 
 @always_inline
@@ -199,19 +227,9 @@ def _write[
     """y[0:count] from the parked exps (softmax) or the values (log-softmax);
     y[count:n], past a causal row's diagonal, 0 or -inf."""
     comptime acc = accum_dtype[dtype]()
-    var n_vec = count - count % W
-    for j in range(0, n_vec, W):
-        var v = z.unsafe_offset(j).unsafe_load[width=W]()
-        comptime if log_out:
-            y.unsafe_offset(j).unsafe_store(((v - shift) - rs).cast[dtype]())
-        else:
-            y.unsafe_offset(j).unsafe_store((v * rs).cast[dtype]())
-    for j in range(n_vec, count):
-        var v = z[unsafe_offset=j]
-        comptime if log_out:
-            y[unsafe_offset=j] = ((v - shift) - rs).cast[dtype]()
-        else:
-            y[unsafe_offset=j] = (v * rs).cast[dtype]()
+    each_piece[W](
+        MaskedWrite[dtype, log_out](held(y), held(z), shift, rs), count
+    )
     # A dropped position's value, computed as a kept one would be: 0 or
     # -inf, but NaN in a row made NaN by a kept NaN or +inf (as the GPU
     # kernel and the reference give).

@@ -8,11 +8,22 @@ core, when long, are cut into chunks that run in parallel instead, their
 along the contiguous inner dimension and every load is still a vector load.
 """
 
-from .cpu_tasks import items_per_task, run_tasks
-from std.sys.info import num_logical_cores
 from std.math import ceildiv
 from std.sys import simd_width_of, size_of
+from std.sys.info import num_logical_cores
 from std.utils.numerics import inf
+
+from .cpu_sweeps import (
+    ColumnBlocks,
+    RowPieces,
+    RowTerms,
+    blocked_sum,
+    column_sum,
+    each_piece,
+    run_column_blocks,
+)
+from .cpu_tasks import items_per_task, run_tasks
+from .gpu_launch import HeldRows, held
 
 from .row_math import (
     accum_dtype,
@@ -25,8 +36,6 @@ from .row_math import (
     sum_shift,
 )
 
-# Terms summed in one accumulator before it is folded into the total.
-comptime SUM_BLOCK = 1024
 # Elements of a row a task takes when few long rows are split across cores
 # (256 KB of float32: the task's sweeps stay in L2).
 comptime ROW_CHUNK = 1 << 16
@@ -57,7 +66,12 @@ def softmax_cpu[
     if inner == 1:
         _contiguous_rows[dtype, log_out](dst, src, outer, n)
     else:
-        _strided_rows[dtype, log_out](dst, src, outer, n, inner)
+        run_column_blocks[simd_width_of[accum_dtype[dtype]()]()](
+            SoftmaxColumns[dtype, log_out](held(dst), held(src)),
+            outer,
+            n,
+            inner,
+        )
 
 
 def _contiguous_rows[
@@ -230,6 +244,43 @@ def _max_of[
     return m
 
 
+@fieldwise_init
+struct ExpTerms[
+    dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
+](RowTerms):
+    """exp(x - m) of a row, each exp parked in y or scratch (`lean`: by
+    `exp_lean` in the vector body, for 16-bit softmax)."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var y: HeldRows[Self.dtype]
+    """Where the exps park (`park_in_dst`)."""
+    var scratch: HeldRows[Self.acc]
+    """Where the exps park (`park_in_scratch`)."""
+    var x: HeldRows[Self.dtype]
+    """The row."""
+    var m: Scalar[Self.acc]
+    """What is subtracted before the exp."""
+
+    @always_inline
+    def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
+        """exp(x - m) at j, parked."""
+        var d = (
+            self.x.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc]()
+            - self.m
+        )
+        var e: SIMD[Self.acc, w]
+        comptime if w == 1:
+            e = exp_nan[Self.acc, w](d)
+        else:
+            e = row_exp[Self.acc, w, Self.lean](d)
+        comptime if Self.park_in_dst:
+            self.y.unsafe_offset(j).unsafe_store(e.cast[Self.dtype]())
+        elif Self.park_in_scratch:
+            self.scratch.unsafe_offset(j).unsafe_store(e)
+        return e
+
+
 @always_inline
 def _exp_sum[
     dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
@@ -242,33 +293,62 @@ def _exp_sum[
 ) -> Scalar[accum_dtype[dtype]()]:
     """Sum of exp(x - m) over x[0:count], each exp parked in y or scratch
     (`lean`: by `exp_lean`, for 16-bit softmax)."""
-    comptime acc = accum_dtype[dtype]()
-    comptime W = simd_width_of[acc]()
-    var n_vec = count - count % W
-    # Blocked summation: float32 lanes each add at most SUM_BLOCK / W terms
-    # before folding into the total, so a 1M-long row keeps ~1e-6 relative
-    # error instead of ~1e-4.
-    var s = Scalar[acc](0)
-    for b in range(0, n_vec, SUM_BLOCK):
-        var sv = SIMD[acc, W](0)
-        for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-            var e = row_exp[acc, W, lean](
-                x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
+    return blocked_sum[simd_width_of[accum_dtype[dtype]()]()](
+        ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
+            held(y), held(scratch), held(x), m
+        ),
+        count,
+    )
+
+
+@fieldwise_init
+struct SoftmaxWrite[
+    dtype: DType,
+    log_out: Bool,
+    park_in_dst: Bool,
+    park_in_scratch: Bool,
+    lean: Bool,
+](RowPieces):
+    """Writes a row of y: the parked exps times `scale`, or the epilogue
+    (`lean`: softmax's exp by `exp_lean` in the vector body)."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var row: ExpTerms[
+        Self.dtype, Self.park_in_dst, Self.park_in_scratch, Self.lean
+    ]
+    """The row, where its exps are parked, and its max."""
+    var scale: Scalar[Self.acc]
+    """The row's `row_scale` (times any rescaling of parked exps)."""
+
+    @always_inline
+    def put[w: Int](self, j: Int):
+        """Write y at j."""
+        var out: SIMD[Self.dtype, w]
+        comptime if Self.park_in_dst:
+            var e = (
+                self.row.y.unsafe_offset(j)
+                .unsafe_load[width=w]()
+                .cast[Self.acc]()
             )
-            comptime if park_in_dst:
-                y.unsafe_offset(j).unsafe_store(e.cast[dtype]())
-            elif park_in_scratch:
-                scratch.unsafe_offset(j).unsafe_store(e)
-            sv += e
-        s += sv.reduce_add()
-    for j in range(n_vec, count):
-        var e = exp_nan[acc, 1](x[unsafe_offset=j].cast[acc]() - m)
-        comptime if park_in_dst:
-            y[unsafe_offset=j] = e.cast[dtype]()
-        elif park_in_scratch:
-            scratch[unsafe_offset=j] = e
-        s += e
-    return s
+            out = (e * self.scale).cast[Self.dtype]()
+        elif Self.park_in_scratch:
+            var e = self.row.scratch.unsafe_offset(j).unsafe_load[width=w]()
+            out = (e * self.scale).cast[Self.dtype]()
+        else:
+            var v = (
+                self.row.x.unsafe_offset(j)
+                .unsafe_load[width=w]()
+                .cast[Self.acc]()
+            )
+            comptime if Self.lean and not Self.log_out and w > 1:
+                var e = row_exp[Self.acc, w, Self.lean](v - self.row.m)
+                out = (e * self.scale).cast[Self.dtype]()
+            else:
+                out = epilogue[Self.log_out, Self.acc, w](
+                    v, self.row.m, self.scale
+                ).cast[Self.dtype]()
+        self.row.y.unsafe_offset(j).unsafe_store(out)
 
 
 @always_inline
@@ -286,111 +366,75 @@ def _write[
     m: Scalar[accum_dtype[dtype]()],
     scale: Scalar[accum_dtype[dtype]()],
 ):
-    """Write y[0:count]: the parked exps times `scale`, or the epilogue
-    (`lean`: softmax's exp by `exp_lean`)."""
-    comptime acc = accum_dtype[dtype]()
-    comptime W = simd_width_of[acc]()
-    var n_vec = count - count % W
-    for j in range(0, n_vec, W):
-        comptime if park_in_dst:
-            var e = y.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-            y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
-        elif park_in_scratch:
-            var e = scratch.unsafe_offset(j).unsafe_load[width=W]()
-            y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
-        elif lean and not log_out:
-            var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-            var e = row_exp[acc, W, lean](v - m)
-            y.unsafe_offset(j).unsafe_store((e * scale).cast[dtype]())
-        else:
-            var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-            y.unsafe_offset(j).unsafe_store(
-                epilogue[log_out, acc, W](v, m, scale).cast[dtype]()
-            )
-    for j in range(n_vec, count):
-        comptime if park_in_dst:
-            y[unsafe_offset=j] = (y[unsafe_offset=j].cast[acc]() * scale).cast[
-                dtype
-            ]()
-        elif park_in_scratch:
-            y[unsafe_offset=j] = (scratch[unsafe_offset=j] * scale).cast[
-                dtype
-            ]()
-        else:
-            var v = x[unsafe_offset=j].cast[acc]()
-            y[unsafe_offset=j] = epilogue[log_out, acc, 1](v, m, scale).cast[
-                dtype
-            ]()
+    """Write y[0:count] (see `SoftmaxWrite`)."""
+    each_piece[simd_width_of[accum_dtype[dtype]()]()](
+        SoftmaxWrite[dtype, log_out, park_in_dst, park_in_scratch, lean](
+            ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
+                held(y), held(scratch), held(x), m
+            ),
+            scale,
+        ),
+        count,
+    )
 
 
-def _strided_rows[
-    dtype: DType, log_out: Bool
-](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime W = simd_width_of[acc]()
-    var col_blocks = ceildiv(inner, W)
-    var items = outer * col_blocks
-    var per_task = items_per_task(n * W)
+@fieldwise_init
+struct ColumnExps[dtype: DType, w: Int](RowTerms):
+    """exp(x - m) down w columns of stride `stride` from `base`."""
 
-    def task(t: Int) raises {imm}:
-        for item in range(t * per_task, min(items, (t + 1) * per_task)):
-            var o = item // col_blocks
-            var i0 = (item % col_blocks) * W
-            var base = o * n * inner + i0
-            if i0 + W <= inner:
-                _column_block[dtype, log_out, W](dst, src, base, n, inner)
-            else:
-                for i in range(i0, inner):
-                    _column_block[dtype, log_out, 1](
-                        dst, src, base + i - i0, n, inner
-                    )
+    comptime acc = accum_dtype[Self.dtype]()
 
-    run_tasks(task, ceildiv(items, per_task))
+    var src: HeldRows[Self.dtype]
+    """The input."""
+    var base: Int
+    """The columns' first element."""
+    var stride: Int
+    """Elements from one row to the next."""
+    var m: SIMD[Self.acc, Self.w]
+    """The columns' maxima."""
 
-
-@always_inline
-def _column_block[
-    dtype: DType, log_out: Bool, w: Int
-](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    n: Int,
-    stride: Int,
-):
-    """Softmax down `w` adjacent columns of stride `stride` at once."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var m = SIMD[acc, w](-inf[acc]())
-    for j in range(n):
-        m = max(
-            m,
-            src.unsafe_offset(base + j * stride)
-            .unsafe_load[width=w]()
-            .cast[acc](),
+    @always_inline
+    def term[v: Int](self, j: Int) -> SIMD[Self.acc, v]:
+        """exp(x - m) of row j's w columns."""
+        var x = (
+            self.src.unsafe_offset(self.base + j * self.stride)
+            .unsafe_load[width=v]()
+            .cast[Self.acc]()
         )
-    var s = SIMD[acc, w](0)
-    for b in range(0, n, SUM_BLOCK):
-        var part = SIMD[acc, w](0)  # blocked summation, as in _contiguous_rows
-        for j in range(b, min(b + SUM_BLOCK, n)):
-            var v = (
-                src.unsafe_offset(base + j * stride)
+        return exp_nan[Self.acc, v](x - rebind[SIMD[Self.acc, v]](self.m))
+
+
+@fieldwise_init
+struct SoftmaxColumns[dtype: DType, log_out: Bool](ColumnBlocks):
+    """Softmax (or log-softmax) down columns."""
+
+    var dst: HeldRows[Self.dtype]
+    """The output."""
+    var src: HeldRows[Self.dtype]
+    """The input."""
+
+    @always_inline
+    def columns[w: Int](self, base: Int, n: Int, stride: Int):
+        """Softmax down `w` adjacent columns of stride `stride` at once."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime assert acc.is_floating_point()
+        var m = SIMD[acc, w](-inf[acc]())
+        for j in range(n):
+            m = max(
+                m,
+                self.src.unsafe_offset(base + j * stride)
                 .unsafe_load[width=w]()
-                .cast[acc]()
+                .cast[acc](),
             )
-            part += exp_nan[acc, w](v - m)
-        s += part
-    var scale = row_scale[log_out, acc, w](s)
-    for j in range(n):
-        var at = base + j * stride
-        var v = src.unsafe_offset(at).unsafe_load[width=w]().cast[acc]()
-        dst.unsafe_offset(at).unsafe_store(
-            epilogue[log_out, acc, w](v, m, scale).cast[dtype]()
+        var s = column_sum[w](
+            ColumnExps[Self.dtype, w](self.src, base, stride, m), n
         )
+        var scale = row_scale[Self.log_out, acc, w](s)
+        for j in range(n):
+            var at = base + j * stride
+            var v = (
+                self.src.unsafe_offset(at).unsafe_load[width=w]().cast[acc]()
+            )
+            self.dst.unsafe_offset(at).unsafe_store(
+                epilogue[Self.log_out, acc, w](v, m, scale).cast[Self.dtype]()
+            )

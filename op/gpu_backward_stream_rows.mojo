@@ -19,10 +19,9 @@ A chunk publishes one 64-bit word, its sum as `sum_word` (never zero), so
 the row's waiters poll the words themselves, as the forward's do its pairs.
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu import thread_idx
+from max.gpu.host import DeviceContext
 from std.atomic import Ordering
-from std.utils import StaticTuple
 
 from .gpu_launch import HeldRows, held, kernel_arg
 from .gpu_reductions import block_sum
@@ -159,7 +158,6 @@ def wait_row_sum[
     return block_sum[acc, T](s)
 
 
-@fieldwise_init
 struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     """The chunks of softmax_backward (log_softmax_backward with `log_in`)
     of a and dy into dx: a chunk publishes its sum of `backward_term`."""
@@ -174,6 +172,18 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     """Forward output rows (y or log p)."""
     var dy: HeldRows[Self.dtype]
     """Incoming gradient rows."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dst: HeldRows[Self.dtype],
+        a: HeldRows[Self.dtype],
+        b: HeldRows[Self.dtype],
+    ):
+        """dx into `dst` from the forward output `a` and dy `b`."""
+        self.dx = dst
+        self.a = a
+        self.dy = b
 
     @always_inline
     def load[
@@ -230,88 +240,6 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
         )
         each_held[vector_width[Self.dtype](), T](chunk, sweep)
 
-    def enqueue[
-        T: Int, K: Int, B: Int
-    ](
-        self,
-        ctx: DeviceContext,
-        counters: Pointer[Int32, MutAnyOrigin],
-        words: Pointer[UInt64, MutAnyOrigin],
-        rows: Int,
-        n: Int,
-        aligned_flag: Int32,
-        grid: Int,
-        smem_bytes: Int,
-    ) raises:
-        """Enqueue `backward_stream_kernel`."""
-        comptime kernel = backward_stream_kernel[
-            Self.dtype, Self.log_in, T, K, B
-        ]
-        ctx.enqueue_function[kernel](
-            kernel_arg(self.dx),
-            kernel_arg(self.a),
-            kernel_arg(self.dy),
-            counters,
-            words,
-            Int64(rows),
-            Int64(n),
-            aligned_flag,
-            grid_dim=grid,
-            block_dim=T,
-            shared_mem_bytes=smem_bytes,
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                UInt32(smem_bytes)
-            ),
-        )
-
-
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(B),
-)
-def backward_stream_kernel[
-    dtype: DType, log_in: Bool, T: Int, K: Int, B: Int
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    counters: Pointer[Int32, MutAnyOrigin],
-    words: Pointer[UInt64, MutAnyOrigin],
-    rows: Int64,
-    n: Int64,
-    aligned_flag: Int32,
-):
-    """The backward by `stream_chunks`: chunks of `chunk_bytes(T, K)` of
-    each of a and dy.
-
-    Parameters:
-        dtype: Element type.
-        log_in: `a` holds log-softmax output (log_softmax_backward).
-        T: Threads per block.
-        K: 16-byte vectors a thread of each tensor in each buffer.
-        B: Blocks resident on an SM (registers are capped to fit them).
-
-    Args:
-        dx: Output gradient rows.
-        a: Forward output rows (y or log p).
-        dy: Incoming gradient rows.
-        counters: `1 + rows` zeroed counters: the ticket counter, then one
-            arrival counter per row.
-        words: `rows * chunks` zeroed 64-bit words, a published sum per
-            chunk.
-        rows: Number of rows.
-        n: Row length.
-        aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
-    """
-    stream_chunks[BackwardChunks[dtype, log_in], T, K](
-        BackwardChunks[dtype, log_in](held(dx), held(a), held(dy)),
-        counters,
-        words,
-        rows,
-        n,
-        aligned_flag,
-    )
-
 
 def launch_backward_stream[
     dtype: DType, log_in: Bool
@@ -324,7 +252,7 @@ def launch_backward_stream[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `backward_stream_kernel` on `rows` rows of `n` with the
+    """Launch the backward `split_stream_kernel` on `rows` rows of `n` with the
     forward's blocks (`launch_streamed`). Raises unless the row fits
     (`check_on_chip_split`)."""
     comptime assert accum_dtype[dtype]().is_floating_point()
@@ -335,7 +263,9 @@ def launch_backward_stream[
         split_stream_blocks[dtype](),
     ](
         ctx,
-        BackwardChunks[dtype, log_in](held(dx), held(a), held(dy)),
+        dx,
+        a,
+        dy,
         "backward split_stream",
         rows,
         n,

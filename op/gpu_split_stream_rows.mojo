@@ -37,8 +37,9 @@ At 32 x 1M (the bench's device timer) this reaches 94% of a device copy in
 fp32 and 88% in bf16; the version with three more round trips a chunk and
 2 x 512-thread blocks for every dtype reached 91% and 81%.
 
-The loop (`stream_chunks`) and its launcher (`launch_streamed`) take what
-a chunk holds, publishes and writes as a `StreamedChunks`: here softmax
+One kernel (`split_stream_kernel`, the loop `stream_chunks`) and one
+launcher (`launch_streamed`) serve every op, generic over what a chunk
+holds, publishes and writes, a `StreamedChunks`: here softmax
 (`SoftmaxChunks`), in gpu_backward_stream_rows the backward ops, whose
 chunks hold two tensors and publish one sum.
 """
@@ -252,7 +253,7 @@ def wait_row_terms[
     return block_row_terms[acc, T, log_out](m, s)
 
 
-trait StreamedChunks:
+trait StreamedChunks(Deinitable):
     """What `stream_chunks` does with the chunks it streams: the forward
     and the backward ops differ only in the tensors a chunk holds, what a
     chunk publishes for its row and how a chunk is written once its row's
@@ -299,21 +300,15 @@ trait StreamedChunks:
         """Wait for the words of the chunk's row, then write the chunk."""
         ...
 
-    def enqueue[
-        T: Int, K: Int, B: Int
-    ](
-        self,
-        ctx: DeviceContext,
-        counters: Pointer[Int32, MutAnyOrigin],
-        words: Pointer[UInt64, MutAnyOrigin],
-        rows: Int,
-        n: Int,
-        aligned_flag: Int32,
-        grid: Int,
-        smem_bytes: Int,
-    ) raises:
-        """Host side: enqueue the kernel that runs `stream_chunks` on these
-        tensors."""
+    def __init__(
+        out self,
+        dst: HeldRows[Self.dtype],
+        a: HeldRows[Self.dtype],
+        b: HeldRows[Self.dtype],
+    ):
+        """The op on output rows `dst` and input rows `a` (and `b`, where
+        it takes two tensors; else `b` is `a` and unused): what
+        `split_stream_kernel` passes it."""
         ...
 
 
@@ -374,7 +369,6 @@ def stream_chunks[
         free_buf = swap
 
 
-@fieldwise_init
 struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
     """Softmax (log-softmax with `log_out`) of `src` into `dst`: a chunk
     publishes its pair (max, sum of exp(x - max))."""
@@ -387,6 +381,17 @@ struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
     """Output rows."""
     var src: HeldRows[Self.dtype]
     """Input rows."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dst: HeldRows[Self.dtype],
+        a: HeldRows[Self.dtype],
+        b: HeldRows[Self.dtype],
+    ):
+        """Softmax of `a` into `dst` (`b` is unused)."""
+        self.dst = dst
+        self.src = a
 
     @always_inline
     def load[
@@ -434,88 +439,49 @@ struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
             chunk, kernel_arg(self.dst), buf, terms[0], terms[1]
         )
 
-    def enqueue[
-        T: Int, K: Int, B: Int
-    ](
-        self,
-        ctx: DeviceContext,
-        counters: Pointer[Int32, MutAnyOrigin],
-        words: Pointer[UInt64, MutAnyOrigin],
-        rows: Int,
-        n: Int,
-        aligned_flag: Int32,
-        grid: Int,
-        smem_bytes: Int,
-    ) raises:
-        """Enqueue `split_stream_rows_kernel`."""
-        comptime kernel = split_stream_rows_kernel[
-            Self.dtype, Self.log_out, vector_width[Self.dtype](), T, K, B
-        ]
-        ctx.enqueue_function[kernel](
-            kernel_arg(self.dst),
-            kernel_arg(self.src),
-            counters,
-            words,
-            Int64(rows),
-            Int64(n),
-            aligned_flag,
-            grid_dim=grid,
-            block_dim=T,
-            shared_mem_bytes=smem_bytes,
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                UInt32(smem_bytes)
-            ),
-        )
-
 
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
     `nvvm.minctasm`=SIMDLength(B),
 )
-def split_stream_rows_kernel[
-    dtype: DType,
-    log_out: Bool,
-    V: Int,
-    T: Int,
-    K: Int,
-    B: Int,
+def split_stream_kernel[
+    R: StreamedChunks, T: Int, K: Int, B: Int
 ](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    dst: Pointer[Scalar[R.dtype], MutAnyOrigin],
+    a: Pointer[Scalar[R.dtype], MutAnyOrigin],
+    b: Pointer[Scalar[R.dtype], MutAnyOrigin],
     counters: Pointer[Int32, MutAnyOrigin],
-    pairs: Pointer[UInt64, MutAnyOrigin],
+    words: Pointer[UInt64, MutAnyOrigin],
     rows: Int64,
     n: Int64,
     aligned_flag: Int32,
 ):
-    """Softmax by `stream_chunks`: chunks of `chunk_bytes(T, K)`.
+    """The split stream of op R (`stream_chunks`): chunks of
+    `chunk_bytes(T, K)` of each input tensor.
 
     Parameters:
-        dtype: Element type.
-        log_out: Write log-softmax instead of softmax.
-        V: Elements per 16-byte vector of `dtype`.
+        R: The op: softmax (`SoftmaxChunks`) or a backward
+            (`BackwardChunks`).
         T: Threads per block.
-        K: 16-byte vectors a thread in each buffer.
+        K: 16-byte vectors a thread of each input tensor in each buffer.
         B: Blocks resident on an SM (registers are capped to fit them).
 
     Args:
         dst: Output rows.
-        src: Input rows of `n` elements.
+        a: Input rows of `n` elements (the forward's x; the backward's y
+            or log p).
+        b: The second input's rows (the backward's dy); `a` again for
+            one-input ops.
         counters: `1 + rows` zeroed counters: the ticket counter, then one
             arrival counter per row.
-        pairs: `rows * chunks * pair_words` zeroed 64-bit words, a
-            published pair per chunk.
+        words: `rows * chunks * R.words` zeroed 64-bit words, what each
+            chunk publishes.
         rows: Number of rows.
         n: Row length.
-        aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned.
+        aligned_flag: Nonzero when every tensor starts 16-byte aligned.
     """
-    stream_chunks[SoftmaxChunks[dtype, log_out], T, K](
-        SoftmaxChunks[dtype, log_out](held(dst), held(src)),
-        counters,
-        pairs,
-        rows,
-        n,
-        aligned_flag,
+    stream_chunks[R, T, K](
+        R(held(dst), held(a), held(b)), counters, words, rows, n, aligned_flag
     )
 
 
@@ -537,29 +503,43 @@ def split_stream_fits[
 def launch_streamed[
     R: StreamedChunks, T: Int, K: Int, B: Int
 ](
-    ctx: DeviceContext, op: R, variant: String, rows: Int, n: Int, aligned: Bool
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[R.dtype], MutAnyOrigin],
+    a: Pointer[Scalar[R.dtype], MutAnyOrigin],
+    b: Pointer[Scalar[R.dtype], MutAnyOrigin],
+    variant: String,
+    rows: Int,
+    n: Int,
+    aligned: Bool,
 ) raises:
-    """Launch `op`'s split-stream kernel on `rows` rows of `n` after zeroing
-    its counters and words: blocks of T threads, B resident an SM, each with
-    two buffers of K 16-byte vectors a thread of each input tensor. Raises
-    unless the row fits (`check_on_chip_split`)."""
+    """Launch `split_stream_kernel` of op R on `rows` rows of `n` after
+    zeroing its counters and words: blocks of T threads, B resident an SM,
+    each with two buffers of K 16-byte vectors a thread of each input
+    tensor. Raises unless the row fits (`check_on_chip_split`)."""
     var room = split_stream_room[R.dtype, T, K, B](ctx, n)
     var chunks = room[0]
     check_on_chip_split[R.dtype](ctx, variant, n, chunks, room[1])
     var counters = split_counters(ctx, rows, rows * chunks * R.words)
     var base = counters.unsafe_ptr()
-    op.enqueue[T, K, B](
-        ctx,
+    var smem_bytes = R.tensors * split_stream_shared_bytes(T, K)
+    ctx.enqueue_function[split_stream_kernel[R, T, K, B]](
+        dst,
+        a,
+        b,
         rebind[Pointer[Int32, MutAnyOrigin]](base),
         rebind[Pointer[UInt64, MutAnyOrigin]](
             base.unsafe_offset(pairs_offset(rows)).unsafe_bitcast[UInt64]()
         ),
-        rows,
-        n,
+        Int64(rows),
+        Int64(n),
         aligned_flag_of(aligned),
         # Every block resident at once: half the chunk slots.
-        min(rows * chunks, room[1] // 2),
-        R.tensors * split_stream_shared_bytes(T, K),
+        grid_dim=min(rows * chunks, room[1] // 2),
+        block_dim=T,
+        shared_mem_bytes=smem_bytes,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+            UInt32(smem_bytes)
+        ),
     )
     # The buffer is freed in stream order, after the kernel.
     _ = counters^
@@ -579,14 +559,16 @@ def launch_split_stream[
     n: Int,
     aligned: Bool,
 ) raises:
-    """Launch `split_stream_rows_kernel` on `rows` rows of `n` (see
+    """Launch the softmax `split_stream_kernel` on `rows` rows of `n` (see
     `launch_streamed`). The defaults are the table's
     (`split_stream_threads`/`_vectors`/`_blocks`);
     benchmarks/split_stream_sweep.mojo times others."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     launch_streamed[SoftmaxChunks[dtype, log_out], T, K, B](
         ctx,
-        SoftmaxChunks[dtype, log_out](held(dst), held(src)),
+        dst,
+        src,
+        src,
         "split_stream",
         rows,
         n,

@@ -347,3 +347,45 @@ def test_loading_leaves_child_processes_environment_alone():
     )
     for name in launch._ENV_SET_BY_MOJO:
         assert child.get(name) == os.environ.get(name), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("scale", "mask_shape", "causal"),
+    [(0.5, None, False), (None, (6, 33), True), (2.0, (2, 3, 6, 33), False)],
+)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_masked_launches(monkeypatch, op, scale, mask_shape, causal, dtype, device):
+    """Scale, mask and causal go through the extension (no masked model),
+    with the float64 reference's values."""
+    import max_softmax.torch as mt
+    from max_softmax import models
+    from max_softmax.reference import masked_reference
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a masked model was built")
+
+    monkeypatch.setattr(models, "masked_into_model", refuse)
+    monkeypatch.setattr("max_softmax.torch._masked.masked_into_model", refuse)
+    x, _ = _inputs((2, 3, 6, 33), dtype, device)
+    gen = torch.Generator().manual_seed(1)
+    mask = None
+    if mask_shape is not None:
+        mask = (torch.rand(mask_shape, generator=gen) < 0.7).to(device)
+    y = getattr(mt, op)(x, -1, scale=scale, mask=mask, causal=causal)
+    m = None if mask is None else mask.cpu().numpy()
+    want = masked_reference(op, _np(x), scale=scale, mask=m, causal=causal)
+    _assert_ok(compare(op, _np(y), _np(x), -1, ref=want), f"{op} {dtype} {device}")
+
+
+def test_masked_launch_entry_errors():
+    """The masked entry refuses bad flags and mask rows with an exception."""
+    ext = tl.extension()
+    x = torch.zeros(2, 3)
+    opts = torch.ones(1, dtype=torch.float64)
+    args = (x.data_ptr(), x.data_ptr(), x.data_ptr(), opts.data_ptr(), 1, 2, 3)
+    with pytest.raises(Exception, match="masked flags"):
+        ext.softmax_masked(launch.cpu_context(), None, 0, 7, *args, 1)
+    with pytest.raises(Exception, match="mask_rows"):
+        ext.softmax_masked(launch.cpu_context(), None, 0, 1, *args, 0)

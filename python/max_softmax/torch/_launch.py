@@ -174,3 +174,41 @@ def scale_rows(data: torch.Tensor, factor: torch.Tensor) -> None:
         n,
         int(factor.numel() > 1),
     )
+
+
+def masked(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    options: torch.Tensor,
+    log_out: bool,
+    has_mask: bool,
+    causal: bool,
+) -> None:
+    """softmax (log-softmax if `log_out`) of scale * x + mask (and causal)
+    of the contiguous (outer, L, n) `x` into `out`, as the masked model:
+    row r = o * L + i reads row r % mask_rows of the contiguous (mask_rows,
+    n) additive `mask` if `has_mask` (else `mask` is a placeholder, not
+    read) and keeps columns j <= i if `causal`; `options` is the float64
+    (scale,) tensor on x's device. Nothing is done when a dim is 0.
+    Ordering and guarantees as `run`."""
+    outer, causal_rows, n = x.shape
+    if outer * causal_rows * n == 0:
+        return
+    ctx, stream = _context_and_stream(x)
+    flags = (launch.MASK_FLAG if has_mask else 0) | (launch.CAUSAL_FLAG if causal else 0)
+    launch.run_masked(
+        "log_softmax_masked" if log_out else "softmax_masked",
+        ctx,
+        stream,
+        DTYPE_CODES[x.dtype],
+        flags,
+        out.data_ptr(),
+        x.data_ptr(),
+        mask.data_ptr(),
+        options.data_ptr(),
+        outer,
+        causal_rows,
+        n,
+        mask.shape[0],
+    )

@@ -1,8 +1,9 @@
 """Scaled, masked and causal softmax on torch tensors: the fused masked ops
-(op/masked_softmax_ops), run by their own destination-passing models
-(models.masked_into_model) on an (outer, L, n) view of x, a (mask_rows, n)
-additive mask and a float64 (scale,) options tensor; with autograd in x
-(reverse, any order, forward mode, vmap)."""
+(op/masked_softmax_ops), run by the launch extension (`_launch.masked`), else
+their own destination-passing models (models.masked_into_model), on an
+(outer, L, n) view of x, a (mask_rows, n) additive mask and a float64
+(scale,) options tensor; with autograd in x (reverse, any order, forward
+mode, vmap)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..validation import (
     masked_view,
     normalize_axis,
 )
+from . import _launch as torch_launch
 from ._autograd import (
     choose,
     for_compile,
@@ -42,6 +44,9 @@ def _call_masked(
     has_mask: bool,
     causal: bool,
 ) -> None:
+    if torch_launch.available(out.is_cuda):
+        torch_launch.masked(out, x, mask, options, log_out, has_mask, causal)
+        return
     op = "log_softmax_masked" if log_out else "softmax_masked"
     model = masked_into_model(op, DTYPES[out.dtype], device_kind(out), has_mask, causal)
     execute(model, (out, x, mask, options))
@@ -197,7 +202,7 @@ def masked(
     """softmax / log_softmax of x * scale + mask (and causal): the edge."""
     if x.dtype not in DTYPES:
         raise TypeError(f"max_softmax: {op} needs a floating-point tensor, got {x.dtype}")
-    check_device(x, op, launching=False)
+    check_device(x, op, x.device.type != "cuda" or torch_launch.available(cuda=True))
     dim = normalize_axis(dim, x.dim())
     value, causal = check_masked_options(op, scale, causal, x.dim(), dim)
     last = dim == x.dim() - 1
