@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DEVICES
+from conftest import DEVICES, GPU_SKIP
 
 from max_softmax import cross_entropy_with_grad
 from max_softmax.reference import (
@@ -275,3 +275,35 @@ def test_eager(device, weight_as):
     want = cross_entropy_options_reference(x, t, 2, "mean", 0.15, w, 1e-2, 3.0)
     ok, *errs = compare_cross_entropy(back(loss), back(dlogits), *want, "float64")
     assert ok, errs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place(device):
+    """out=logits: the gradient written over the logits (every option on)."""
+    x, t, w = _inputs(2)
+    kw = {"ignore_index": 2, "label_smoothing": 0.15, "z_loss": 1e-2, "softcap": 3.0}
+    want = cross_entropy_options_reference(x, t, 2, "sum", 0.15, w, 1e-2, 3.0)
+    logits = x.copy()
+    loss, grad = cross_entropy_with_grad(
+        logits, t, weight=w, reduction="sum", device=device, out=logits, **kw
+    )
+    assert np.shares_memory(grad, logits)
+    ok, *errs = compare_cross_entropy(loss, grad, *want, "float64")
+    assert ok, errs
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gpu_long_rows(dtype, reduction):
+    """GPT-2's 50257 classes (unaligned rows) on the GPU, every option on."""
+    from max_softmax.dtypes import DTYPE_NAMES
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 50257)) * 4).astype(DTYPE_NAMES[dtype])
+    t = rng.integers(0, 50257, 64)
+    t[3] = -100
+    w = rng.uniform(0.2, 2.0, 50257)
+    kw = {"label_smoothing": 0.1, "z_loss": 1e-4, "softcap": 30.0, "reduction": reduction}
+    loss, grad = cross_entropy_with_grad(x, t, weight=w, device="gpu", **kw)
+    _check(loss, grad, x, t, w, -100, 0.1, 1e-4, 30.0, reduction, dtype)
