@@ -32,6 +32,8 @@ from .row_math import accum_dtype, exp_nan, online_add, online_sum_guard
 
 # Threads a row of the options kernel.
 comptime CE_OPTIONS_THREADS = 512
+# Elements a thread loads before it uses them.
+comptime CE_OPTIONS_UNROLL = 4
 
 
 @__llvm_metadata(
@@ -117,17 +119,20 @@ def ce_options_kernel[
     var s = Scalar[acc](0)
     var su = Scalar[acc](0)
     var suy = Scalar[acc](0)
-    for c in range(t, len, T):
-        var y = softcap_of[acc, 1](x[unsafe_offset=c].cast[acc](), cap)
-        var pair = online_add[acc, 1](m, s, y)
-        m = pair[0]
-        s = pair[1]
-        if eps != 0:
-            var u = Scalar[acc](1)
-            if has_weight != 0:
-                u = weights[unsafe_offset=c].cast[acc]()
-            su += u
-            suy += u * y
+    # CE_OPTIONS_UNROLL elements a thread are loaded before they are used
+    # (loads in flight), then the rest one at a time.
+    comptime U = CE_OPTIONS_UNROLL
+    var c = t
+    while c + (U - 1) * T < len:
+        _stats_step[dtype, U](
+            x, weights, c, has_weight, eps, cap, m, s, su, suy
+        )
+        c += U * T
+    while c < len:
+        _stats_step[dtype, 1](
+            x, weights, c, has_weight, eps, cap, m, s, su, suy
+        )
+        c += T
     # The target's logit and weight are read before the block's first
     # barrier: the gradient may be written over the logits (in place), and
     # no thread writes before every thread has passed that barrier.
@@ -159,18 +164,123 @@ def ce_options_kernel[
         var inv_s = 1 / row_sum
         var smooth = eps / Scalar[acc](len)
         var target_term = (1 - eps) * w_t
-        for c in range(t, len, T):
-            var y = softcap_of[acc, 1](x[unsafe_offset=c].cast[acc](), cap)
-            var g = exp_nan[acc, 1](y - row_max) * inv_s * factor
-            if eps != 0:
-                var u = Scalar[acc](1)
-                if has_weight != 0:
-                    u = weights[unsafe_offset=c].cast[acc]()
-                g -= smooth * u
-            if c == Int(tgt):
-                g -= target_term
-            g = g * scale * softcap_chain[acc, 1](y, cap)
-            y_out[unsafe_offset=c] = g.cast[dtype]()
+        var g_c = t
+        while g_c + (U - 1) * T < len:
+            _grad_step[dtype, U](
+                y_out,
+                x,
+                weights,
+                g_c,
+                Int(tgt),
+                has_weight,
+                eps,
+                cap,
+                row_max,
+                inv_s,
+                factor,
+                smooth,
+                target_term,
+                scale,
+            )
+            g_c += U * T
+        while g_c < len:
+            _grad_step[dtype, 1](
+                y_out,
+                x,
+                weights,
+                g_c,
+                Int(tgt),
+                has_weight,
+                eps,
+                cap,
+                row_max,
+                inv_s,
+                factor,
+                smooth,
+                target_term,
+                scale,
+            )
+            g_c += T
+
+
+@always_inline
+def _gather[
+    dtype: DType, acc: DType, W: Int
+](p: Pointer[Scalar[dtype], MutAnyOrigin], c: Int) -> SIMD[acc, W]:
+    """Elements c, c + T, ..., c + (W - 1) T of `p` (T =
+    CE_OPTIONS_THREADS: a thread's share, coalesced across the block), all
+    loaded before any is used."""
+    var v = SIMD[acc, W](0)
+    comptime for k in range(W):
+        v[k] = p[unsafe_offset=c + k * CE_OPTIONS_THREADS].cast[acc]()
+    return v
+
+
+@always_inline
+def _stats_step[
+    dtype: DType, W: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    weights: Pointer[Float64, MutAnyOrigin],
+    c: Int,
+    has_weight: Int32,
+    eps: Scalar[accum_dtype[dtype]()],
+    cap: Scalar[accum_dtype[dtype]()],
+    mut m: Scalar[accum_dtype[dtype]()],
+    mut s: Scalar[accum_dtype[dtype]()],
+    mut su: Scalar[accum_dtype[dtype]()],
+    mut suy: Scalar[accum_dtype[dtype]()],
+):
+    """Fold W of a thread's elements from `c` into its online (max, sum of
+    exp) pair and, under label smoothing, its weighted sums."""
+    comptime acc = accum_dtype[dtype]()
+    var y = softcap_of[acc, W](_gather[dtype, acc, W](x, c), cap)
+    var pair = online_add[acc, W](m, s, y)
+    m = pair[0]
+    s = pair[1]
+    if eps != 0:
+        var u = SIMD[acc, W](1)
+        if has_weight != 0:
+            u = _gather[DType.float64, acc, W](weights, c)
+        su += u.reduce_add()
+        suy += (u * y).reduce_add()
+
+
+@always_inline
+def _grad_step[
+    dtype: DType, W: Int
+](
+    y_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    weights: Pointer[Float64, MutAnyOrigin],
+    c: Int,
+    tgt: Int,
+    has_weight: Int32,
+    eps: Scalar[accum_dtype[dtype]()],
+    cap: Scalar[accum_dtype[dtype]()],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    factor: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    target_term: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+):
+    """Write the gradient of W of a thread's elements from `c` (each read
+    before it is written: in-place safe)."""
+    comptime acc = accum_dtype[dtype]()
+    var y = softcap_of[acc, W](_gather[dtype, acc, W](x, c), cap)
+    var g = exp_nan[acc, W](y - row_max) * inv_s * factor
+    if eps != 0:
+        var u = SIMD[acc, W](1)
+        if has_weight != 0:
+            u = _gather[DType.float64, acc, W](weights, c)
+        g -= u * smooth
+    comptime for k in range(W):
+        if c + k * CE_OPTIONS_THREADS == tgt:
+            g[k] = g[k] - target_term
+    g = g * scale * softcap_chain[acc, W](y, cap)
+    comptime for k in range(W):
+        y_out[unsafe_offset=c + k * CE_OPTIONS_THREADS] = g[k].cast[dtype]()
 
 
 def launch_cross_entropy_options[
