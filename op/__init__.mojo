@@ -80,6 +80,8 @@
 #                           row re-read for the gradient
 #   gpu_ce_common.mojo      what the families share: the options, the
 #                           gradient's scale, a row's head/body/tail pieces
+#   scale_ops.mojo          scale_rows: rows times a device factor in place, rows
+#                           whose factor is 1 unread (the bridge's backward)
 #
 # Scaled, masked and causal softmax (softmax of scale * x + mask, causal
 # masks computed in the kernel; a row with nothing kept gives 0 / -inf):

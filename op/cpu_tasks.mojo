@@ -1,6 +1,6 @@
 """How the CPU kernels cut their work into tasks and run them: whole items
 (rows, or column blocks) grouped to `TASK_ELEMENTS` a task, in parallel when
-there are several tasks, inline when there is one.
+there are more than `INLINE_TASKS`, inline otherwise.
 
 MAX's `sync_parallelize` hands even a single task to its thread pool, which
 costs ~25 µs a call on a 2-core machine (benchmarks/host_cost): four times
@@ -20,13 +20,21 @@ def items_per_task(item_elements: Int) -> Int:
     return max(1, TASK_ELEMENTS // max(item_elements, 1))
 
 
+# Work of at most this many tasks (64K elements of rows; a long row's two
+# chunks) runs on the calling thread: there a pool worker was no faster on a
+# lightly loaded 2-core machine, and several times slower on a busy one,
+# where it waits for a core (docs/drafts/cpu_roof.md).
+comptime INLINE_TASKS = 2
+
+
 @always_inline
 def run_tasks[
     FuncType: def(Int) raises -> None
 ](func: FuncType, tasks: Int) raises:
-    """Run `func(0)` ... `func(tasks - 1)`: in parallel, or inline when
-    `tasks` is 1."""
-    if tasks == 1:
-        func(0)
+    """Run `func(0)` ... `func(tasks - 1)`: inline, one after another, when
+    there are at most `INLINE_TASKS`, else in parallel."""
+    if tasks <= INLINE_TASKS:
+        for t in range(tasks):
+            func(t)
     else:
         sync_parallelize(func, tasks)

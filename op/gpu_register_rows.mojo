@@ -67,12 +67,9 @@ comptime MIN_BLOCK_THREADS = 128
 # float64 values as one register each spilled 8 KB a thread.)
 comptime MAX_ROW_REGISTERS = 64
 # Whether `launch_register_rows` launches with Programmatic Dependent Launch
-# (see the module docstring) unless told. H100, 2026-11-26,
-# benchmarks/pdl_probe (20 launches back to back, median us a launch, off ->
-# on; same bits): fp32 16384 x 128 9.06 -> 7.74, 4096 x 1024 14.72 -> 13.17,
-# 4096 x 4096 48.5 -> 46.9; bf16 6.12 -> 4.92, 9.07 -> 7.75, 26.3 -> 24.6.
-# A replayed 16-op MAX graph, same machine: fp32 / bf16 16384 x 128
-# 1740 -> 1911 / 1218 -> 1353 GB/s.
+# (see the module docstring) unless told: scheduling the next kernel while
+# this one runs hides most of a short launch's start-up, with the same bits
+# (figures: benchmarks/RESULTS.md).
 comptime PDL = True
 # The launch attribute level of `PDL`, for kernels that follow it.
 comptime PDL_LEVEL = PDLLevel.ON if PDL else PDLLevel.OFF
@@ -99,10 +96,9 @@ comptime NUM_PLANS = 11
 # One more plan, after the table: a warp a row holding 8 chunks (1024
 # fp32), for the forward's aligned 4-byte rows only (`register_plan`'s
 # `wide_warp`). In its aligned-only instance it takes 55-58 registers and
-# holds 32 rows of 1024 an SM; H100, register_plan_sweep: fp32 4096 x 1024
-# 2719-2728 GB/s against 2616-2632 for plan (64, 4), 8192 x 1024 even.
-# Compiled for any rows it held both load paths' values (120-128
-# registers), so unaligned rows keep (64, 4).
+# holds 32 rows of 1024 an SM, more rows in flight than plan (64, 4), which
+# it outran (benchmarks/RESULTS.md). Compiled for any rows it held both load
+# paths' values (120-128 registers), so unaligned rows keep (64, 4).
 comptime WIDE_WARP_PLAN = NUM_PLANS
 
 
@@ -204,13 +200,10 @@ def split_aligned[dtype: DType]() -> Bool:
     the rows are aligned.
 
     The scalar path beside each vector load made the compiler hold both:
-    fp32 plans took 60-72 registers with it, 32-40 without (ptxas, sm_90a).
-    H100, benchmarks/register_plan_sweep, GB/s of the dispatch's plan, one
-    instance -> aligned one: fp32 16384 x 128 2253 -> 2301, 16384 x 256
-    2549 -> 2704, 8192 x 512 2547 -> 2601, 4096 x 1024 2595 -> 2642,
-    4096 x 2048 2791 -> 2870, 4096 x 4096 2900 -> 2937, 2048 x 8192 2844 ->
-    2915; bf16 4096 x 1024 2248 -> 2214 (16-bit plans are already held to
-    64 registers by `min_blocks_per_sm`), so 16-bit types keep one.
+    fp32 plans took 60-72 registers with it, 32-40 without (ptxas, sm_90a),
+    and the freed registers keep more rows in flight. 16-bit plans are
+    already held to 64 registers by `min_blocks_per_sm` and gained nothing,
+    so 16-bit types keep one instance (figures: benchmarks/RESULTS.md).
     """
     return size_of[dtype]() >= 4
 

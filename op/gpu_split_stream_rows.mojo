@@ -77,7 +77,7 @@ from .row_math import accum_dtype, fold_pair, vector_width
 
 
 # Threads a block, 16-byte vectors a thread in each of a block's two
-# buffers, blocks an SM; `benchmarks/split_stream_sweep.mojo` times others.
+# buffers, blocks an SM; `benchmarks/tools/split_stream_sweep.mojo` times others.
 # 16-bit types: 4 blocks of 256 threads with 24 KB buffers (196 of the SM's
 # 227 KB) beat 2 of 512 with 56 KB buffers by 3% at 32 x 1M, 4% at
 # 128 x 65536 and 9% at 4 x 1M (about even at 64 x 50257): more blocks hide
@@ -562,7 +562,7 @@ def launch_split_stream[
     """Launch the softmax `split_stream_kernel` on `rows` rows of `n` (see
     `launch_streamed`). The defaults are the table's
     (`split_stream_threads`/`_vectors`/`_blocks`);
-    benchmarks/split_stream_sweep.mojo times others."""
+    benchmarks/tools/split_stream_sweep.mojo times others."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     launch_streamed[SoftmaxChunks[dtype, log_out], T, K, B](
         ctx,

@@ -307,3 +307,12 @@ def test_gpu_long_rows(dtype, reduction):
     kw = {"label_smoothing": 0.1, "z_loss": 1e-4, "softcap": 30.0, "reduction": reduction}
     loss, grad = cross_entropy_with_grad(x, t, weight=w, device="gpu", **kw)
     _check(loss, grad, x, t, w, -100, 0.1, 1e-4, 30.0, reduction, dtype)
+
+
+def test_inplace_backward_refuses_options():
+    """The torch bridge's in-place backward takes the plain options only."""
+    import max_softmax.torch as mst
+
+    x = torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="inplace_backward=True"):
+        mst.cross_entropy(x, torch.tensor([0, 1, 2]), z_loss=1e-3, inplace_backward=True)

@@ -394,3 +394,76 @@ def test_floating_mask_that_wants_a_gradient_is_refused():
         mst.softmax(x, mask=bias)
     y = mst.softmax(x, mask=bias.detach())
     torch.testing.assert_close(y, torch.softmax(x + bias.detach(), -1))
+
+
+@pytest.mark.parametrize("factor", ["one", "2.5", "none"])
+def test_cross_entropy_graph_path_scales_gradient(graph_path, factor):
+    """The graph path's backward scales the forward's gradient by the
+    scale_rows op: by 1 (loss.backward()), by 2.5, and a factor a row."""
+    torch.manual_seed(0)
+    x = torch.randn(37, 301, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 301, (37,))
+    t[3] = -100
+    ref = x.detach().clone().requires_grad_()
+    reduction = "none" if factor == "none" else "mean"
+    grad = {"one": torch.tensor(1.0), "2.5": torch.tensor(2.5)}.get(factor)
+    if grad is None:
+        grad = torch.linspace(-2.0, 3.0, 37, dtype=torch.float64)
+        grad[5] = 1.0  # a row left unread
+    mst.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1).backward(grad.double())
+    want = torch.nn.functional.cross_entropy(ref, t, reduction=reduction, label_smoothing=0.1)
+    want.backward(grad.double())
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scale_rows_model_on_cpu(per_row, dtype):
+    """The scale_rows op in place: rows times their factor, rows whose
+    factor is 1 untouched (bit for bit)."""
+    from max_softmax.models import scale_rows_into_model
+    from max_softmax.torch._buffers import DTYPES
+    from max_softmax.torch._graph_path import execute
+
+    data = torch.randn(9, 130).to(dtype)
+    factor = torch.tensor([2.5, 1.0, -0.5, 1.0, 3.0, 0.0, 1.0, 7.0, 1.0]).to(dtype)
+    factor = factor if per_row else factor[:1]
+    want = data * (factor[:, None] if per_row else factor)
+    execute(scale_rows_into_model(DTYPES[dtype], "cpu", per_row), (data, factor))
+    torch.testing.assert_close(data, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_inplace_backward(reduction, dtype):
+    """inplace_backward=True: the loss and gradient as F.cross_entropy's,
+    the gradient in the logits' memory, and a second backward raises."""
+    torch.manual_seed(1)
+    base = torch.randn(16, 100, dtype=torch.float64)
+    t = torch.randint(0, 100, (16,))
+    t[2] = -100
+    x = base.to(dtype).requires_grad_()
+    ref = base.to(dtype).double().requires_grad_()
+    ptr = x.data_ptr()
+    loss = mst.cross_entropy(x, t, reduction=reduction, inplace_backward=True)
+    want = torch.nn.functional.cross_entropy(ref, t, reduction=reduction)
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(loss.double(), want, **tol)
+    grad = torch.linspace(0.5, 2.0, 16, dtype=dtype) if reduction == "none" else None
+    loss.backward(grad, retain_graph=True)
+    want.backward(None if grad is None else grad.double())
+    torch.testing.assert_close(x.grad.double(), ref.grad, **tol)
+    assert x.grad.data_ptr() == ptr  # the logits' own memory
+    with pytest.raises(RuntimeError, match="backward twice"):
+        loss.backward(grad)
+
+
+def test_linear_cross_entropy_is_exported():
+    """max_softmax.torch.linear_cross_entropy is F.cross_entropy(F.linear)."""
+    torch.manual_seed(2)
+    h = torch.randn(8, 16, dtype=torch.float64)
+    w = torch.randn(50, 16, dtype=torch.float64)
+    t = torch.randint(0, 50, (8,))
+    want = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w), t)
+    torch.testing.assert_close(mst.linear_cross_entropy(h, w, t), want)
+    assert "linear_cross_entropy" in mst.__all__

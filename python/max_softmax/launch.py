@@ -79,7 +79,9 @@ _ENTRY_OF_KIND: dict[str, Callable[[str], str]] = {
 the function that serves it."""
 
 ENTRIES: dict[str, str] = {
-    name: _ENTRY_OF_KIND[spec.kind](name) for name, spec in registry.OPS.items()
+    name: _ENTRY_OF_KIND[spec.kind](name)
+    for name, spec in registry.OPS.items()
+    if spec.kind in _ENTRY_OF_KIND
 }
 """The extension function that serves each op of the registry
 (`registry.OPS`): every op, so a numpy or torch call of any op on the CPU

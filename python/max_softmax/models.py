@@ -251,6 +251,40 @@ def cross_entropy_into_model(with_grad: bool, dtype: DType, kind: str, reduction
     )
 
 
+BRIDGE_OPS = ("scale_rows",)
+"""Mojo ops only the torch bridge runs (no graph op, no registry entry)."""
+
+
+def scale_rows_into_model(dtype: DType, kind: str, per_row: bool) -> Model:
+    """The compiled model scaling (rows, n) `data` in place by `factor`, a
+    buffer of (rows,) factors where `per_row`, else of one (1,); rows whose
+    factor is 1 are left unread (op/scale_ops.mojo). Inputs: data, factor.
+    The torch bridge's cross-entropy backward runs it on the graph path."""
+    key = ("into", "scale_rows", dtype, kind, per_row)
+    model = _models.get(key)
+    if model is not None:
+        return model
+    ref = device_ref(kind)
+    types: list[Any] = [
+        BufferType(dtype, ["rows", "n"], device=ref),
+        TensorType(dtype, ["rows"] if per_row else [1], device=ref),
+    ]
+
+    def body(data: BufferValue, factor: TensorValue) -> list[TensorValue]:
+        ops.inplace_custom(
+            name="scale_rows", device=ref, values=[data, factor], out_types=[], parameters={}
+        )
+        return []
+
+    def build() -> Graph:
+        tag = "rows" if per_row else "one"
+        return build_graph(f"max_softmax_scale_rows_{dtype.name}_{_tag(kind)}_{tag}", types, body)
+
+    return compiled(
+        key, kind, build, f"scale_rows ({'per row' if per_row else 'one'}) {dtype.name}"
+    )
+
+
 def _inplace_model(
     key: Hashable,
     op: str,

@@ -30,6 +30,7 @@ from ..validation import TargetIndexError
 from ._cross_entropy import cross_entropy
 from ._functional import log_softmax, softmax
 from ._modules import CrossEntropyLoss, LogSoftmax, Softmax, Softmax2d
+from .linear import linear_cross_entropy
 
 __all__ = [
     "CrossEntropyLoss",
@@ -38,6 +39,7 @@ __all__ = [
     "Softmax2d",
     "TargetIndexError",
     "cross_entropy",
+    "linear_cross_entropy",
     "log_softmax",
     "softmax",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..models import cross_entropy_into_model
+from ..models import cross_entropy_into_model, scale_rows_into_model
 from ..validation import (
     EMPTY_LOSS,
     check_class_weight,
@@ -32,6 +32,7 @@ from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._functional import log_softmax, softmax
 from ._graph_path import cached, execute
+from .linear import cross_entropy_inplace
 
 _functorch = torch._C._functorch
 
@@ -168,6 +169,20 @@ def _gradient(
     return torch.where(bad.unsqueeze(-1), torch.full_like(g, float("nan")), g)
 
 
+def _scale_rows(dlogits: torch.Tensor, factor: torch.Tensor) -> None:
+    """(rows, n) `dlogits` times `factor` ((rows,) or (1,)) in place, rows
+    whose factor is 1 left unread: by the launch extension, else by the
+    scale_rows op's model (no host read of the factor, no second pass)."""
+    if dlogits.numel() == 0:
+        return
+    if torch_launch.available(dlogits.is_cuda):
+        torch_launch.scale_rows(dlogits, factor)
+        return
+    per_row = factor.shape[0] != 1
+    model = scale_rows_into_model(DTYPES[dlogits.dtype], device_kind(dlogits), per_row)
+    execute(model, (dlogits, factor))
+
+
 class CrossEntropyFn(torch.autograd.Function):
     """Cross-entropy of (rows, classes) logits whose forward also writes the
     gradient (one fused pass over the logits); backward hands that gradient
@@ -219,14 +234,9 @@ class CrossEntropyFn(torch.autograd.Function):
         ):
             return (dlogits, *none)
         # "none": a gradient a row; "mean"/"sum": one scalar (shape (1,)).
-        if (
-            dlogits.is_cuda
-            and torch_launch.available(cuda=True)
-            and not torch.compiler.is_compiling()
-        ):
+        if not torch.compiler.is_compiling():
             # Rows whose factor is 1 (loss.backward()) are left unread.
-            factor = grad_loss.to(dlogits.dtype).contiguous()
-            torch_launch.scale_rows(dlogits, factor)
+            _scale_rows(dlogits, grad_loss.to(dlogits.dtype).contiguous())
             return (dlogits, *none)
         scale = grad_loss[:, None] if reduction == "none" else grad_loss
         return (dlogits.mul_(scale), *none)
@@ -328,6 +338,7 @@ def cross_entropy(
     *,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    inplace_backward: bool = False,
 ) -> torch.Tensor:
     """`torch.nn.functional.cross_entropy(input, target, ...)` computed by
     our kernels, differentiable to any order, in forward mode and under
@@ -355,6 +366,12 @@ def cross_entropy(
             unweighted, and inside the "mean").
         softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
             first (Gemma 2).
+        inplace_backward: With class indices and logits requiring grad
+            (outside torch.compile): the forward writes d loss / d input
+            over the input's memory, as Liger does, saving a gradient-sized
+            buffer. The input is then overwritten (it holds its gradient:
+            nothing else may read it), the loss has first-order gradients
+            only, and a second backward (retain_graph) raises RuntimeError.
 
     Returns:
         The loss in the input's dtype: 0-d for "mean"/"sum", the target's
@@ -428,7 +445,14 @@ def cross_entropy(
         # On the host numpy checks in a fraction of torch's time (65536
         # targets: 41 vs 630 us); CUDA targets are not checked (a host sync).
         check_targets_in_range(_host_values(targets, expected), classes, ignore_index)
-    if needs_function(logits, targets):
+    if inplace_backward and (weight is not None or z_loss or cap):
+        raise NotImplementedError(
+            "max_softmax: cross_entropy(inplace_backward=True) takes no weight, z_loss or "
+            "softcap yet; leave inplace_backward off for them"
+        )
+    if inplace_backward and logits.requires_grad and not torch.compiler.is_compiling():
+        loss = cross_entropy_inplace(logits, targets, ignore_index, reduction, eps)
+    elif needs_function(logits, targets):
         if torch.compiler.is_compiling():
             fn = CrossEntropyFnCompiled
         else:

@@ -1,0 +1,76 @@
+"""The scale_rows op MAX calls: rows of a buffer multiplied in place by a
+factor held on the device, rows whose factor is 1 left unread.
+
+The torch bridge's graph path runs it in the cross-entropy backward (as the
+launch extension runs `op.gpu_scale_rows` directly): the gradient the
+forward wrote is scaled by the incoming gradient without a host read of the
+factor (a sync) and, for `loss.backward()` (factor 1), without a pass over
+the gradient. `factor` is (rows,) for a factor a row, or (1,) for one.
+"""
+
+import extensibility
+from extensibility import InputTensor
+from extensibility import _MutableInputTensor as MutableInputTensor
+from max.gpu.host import DeviceContext
+
+from .gpu_scale_rows import launch_scale_rows
+from .registered_ops import rows_ptr as _ptr
+
+
+def scale_rows_cpu[
+    dtype: DType
+](
+    data: Pointer[Scalar[dtype], MutAnyOrigin],
+    factor: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    per_row: Bool,
+):
+    """`data[r, :] *= factor[r]` (`per_row`) or `*= factor[0]` on the host,
+    for rows whose factor is not 1."""
+    for row in range(rows):
+        var f = factor[unsafe_offset=row if per_row else 0]
+        if f == 1:
+            continue
+        var base = row * n
+        for i in range(n):
+            data[unsafe_offset=base + i] = data[unsafe_offset=base + i] * f
+
+
+@extensibility.register("scale_rows")
+struct ScaleRows:
+    """(rows, n) `data` times `factor` in place: (rows,) a factor a row, or
+    (1,) one for all; rows whose factor is 1 are not touched."""
+
+    @staticmethod
+    def execute[
+        # "cpu" or "gpu": the kind of device this runs on.
+        target: StaticString,
+        # Element type of data and factor.
+        dtype: DType,
+    ](
+        data: MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
+        factor: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        var rows = data.dim_size(0)
+        var n = data.dim_size(1)
+        var count = factor.dim_size(0)
+        if count != 1 and count != rows:
+            raise Error(
+                "max_softmax: scale_rows needs one factor or one a row, got "
+                + String(count)
+                + " for "
+                + String(rows)
+                + " rows"
+            )
+        var per_row = count != 1
+        comptime if target == "cpu":
+            scale_rows_cpu[dtype](_ptr(data), _ptr(factor), rows, n, per_row)
+        elif target == "gpu":
+            launch_scale_rows[dtype](
+                ctx, _ptr(data), _ptr(factor), rows, n, per_row
+            )
+        else:
+            raise Error("max_softmax: unsupported target " + String(target))
