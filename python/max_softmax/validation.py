@@ -169,7 +169,8 @@ def check_cross_entropy_extras(z_loss: float, softcap: float | None) -> tuple[fl
     off), or raise: both finite numbers >= 0."""
     values = []
     for name, value in (("z_loss", z_loss), ("softcap", 0.0 if softcap is None else softcap)):
-        if isinstance(value, (str, bytes, bool)) or not np.isscalar(value):
+        # numbers.Real, not np.isscalar: torch.compile traces this check.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"max_softmax: {name} must be a float, got {value!r}")
         number = float(value)
         if not (math.isfinite(number) and number >= 0.0):

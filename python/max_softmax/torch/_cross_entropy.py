@@ -24,7 +24,6 @@ from ..validation import (
     check_cross_entropy_extras,
     check_cross_entropy_options,
     check_targets_in_range,
-    cross_entropy_options,
 )
 from . import _launch as torch_launch
 from ._autograd import choose, for_compile, for_eager, leading, needs_function
@@ -81,9 +80,11 @@ def _options(
     except with class weights (their values may change between calls)."""
     weight, z_loss, cap = extras
     if weight is None:
-        values = cross_entropy_options(ignore_index, eps, z_loss, cap)
+        # Plain Python values (torch.compile traces this): the layout of
+        # validation.cross_entropy_options.
+        values = [ignore_index, eps] + ([z_loss, cap] if z_loss or cap else [])
         return cached(
-            ("cross_entropy", device, *values.tolist()),
+            ("cross_entropy", device, *values),
             lambda: torch.tensor(values, dtype=torch.float64, device=device),
         )
     head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
