@@ -316,3 +316,23 @@ def test_inplace_backward_refuses_options():
     x = torch.randn(3, 5, requires_grad=True)
     with pytest.raises(NotImplementedError, match="inplace_backward=True"):
         mst.cross_entropy(x, torch.tensor([0, 1, 2]), z_loss=1e-3, inplace_backward=True)
+
+
+def test_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) traces the bridge with every option."""
+    import max_softmax.torch as mst
+
+    xt, tt, wt = _torch_case("cpu", torch.float64, 2, True)
+    kw = {"ignore_index": 2, "label_smoothing": 0.15, "z_loss": 1e-2, "softcap": 3.0}
+    f = torch.compile(
+        lambda x, t: mst.cross_entropy(x, t, wt, **kw) * 2.0, fullgraph=True, backend="aot_eager"
+    )
+    loss = f(xt, tt)
+    loss.backward()
+    want = cross_entropy_options_reference(
+        xt.detach().numpy(), tt.numpy(), 2, "mean", 0.15, wt.numpy(), 1e-2, 3.0
+    )
+    ok, *errs = compare_cross_entropy(
+        loss.detach().numpy() / 2, xt.grad.numpy() / 2, *want, "float64"
+    )
+    assert ok, errs
