@@ -1,4 +1,5 @@
-"""torch's own test samples against the bridge, on the CPU: the OpInfo
+"""torch's own test samples against the bridge, on the CPU (and CUDA where
+there is one; those cases carry a "-cuda" id and are skipped without): the OpInfo
 samples of `softmax`, `log_softmax` (and their `with_dtype` variants),
 `_softmax_backward_data` and `nn.functional.cross_entropy`, and the
 ModuleInfo samples of Softmax, LogSoftmax, Softmax2d and CrossEntropyLoss.
@@ -26,6 +27,17 @@ from max_softmax.torch._autograd import row_backward  # noqa: E402
 
 F = torch.nn.functional
 FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _on_devices(values: tuple, name: str, marks: list) -> list:
+    """`values` + (device,) as params: "cpu" under `name` (the ids the CPU
+    cases always had), and "cuda" under `name`-cuda, skipped without CUDA.
+    Samples are counted on the CPU: their number does not depend on the device."""
+    return [
+        pytest.param(*values, "cpu", id=name, marks=marks),
+        pytest.param(*values, "cuda", id=f"{name}-cuda", marks=[*marks, NO_CUDA]),
+    ]
 
 
 def _sbd(grad_output, output, dim, input_dtype):
@@ -44,8 +56,8 @@ OPS = [op for op in op_db if op.name in OURS]
 
 
 def _op_cases(dtypes: tuple) -> list:
-    """(op, dtype, sample index) params, with a readable id; samples needing
-    what the bridge refuses are marked skip."""
+    """(op, dtype, sample index, device) params, with a readable id; samples
+    needing what the bridge refuses are marked skip."""
     cases = []
     for op in OPS:
         variant = f".{op.variant_test_name}" if op.variant_test_name else ""
@@ -53,12 +65,12 @@ def _op_cases(dtypes: tuple) -> list:
         for dtype in (*dtypes, *extra) if len(dtypes) > 1 else dtypes:
             for i, _ in enumerate(op.sample_inputs("cpu", dtype)):
                 name = f"{op.name}{variant}-{str(dtype)[6:]}-{i}"
-                cases.append(pytest.param(op, dtype, i, id=name))
+                cases += _on_devices((op, dtype, i), name, [])
     return cases
 
 
-def _sample(op, dtype, i, requires_grad=False):
-    return list(op.sample_inputs("cpu", dtype, requires_grad=requires_grad))[i]
+def _sample(op, dtype, i, device, requires_grad=False):
+    return list(op.sample_inputs(device, dtype, requires_grad=requires_grad))[i]
 
 
 def _call(fn, sample, *tensors):
@@ -84,11 +96,11 @@ def _ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ref.abs().clamp_min(tiny) * torch.finfo(dtype).eps
 
 
-@pytest.mark.parametrize("op,dtype,i", _op_cases(FLOATS))
-def test_op_values(op, dtype, i):
+@pytest.mark.parametrize("op,dtype,i,device", _op_cases(FLOATS))
+def test_op_values(op, dtype, i, device):
     """Values against torch: fp32/fp64 at assert_close's tolerances; in 16
     bits our error against float64 at most torch's plus one ulp."""
-    sample = _sample(op, dtype, i)
+    sample = _sample(op, dtype, i, device)
     try:
         want = _call(op.op, sample)
     except Exception as e:  # torch refuses the sample: so must we
@@ -128,11 +140,11 @@ def _differentiable(op, sample):
     return make(OURS[op.name]), make(op.op), inputs
 
 
-@pytest.mark.parametrize("op,dtype,i", _op_cases((torch.float64,)))
-def test_op_gradcheck(op, dtype, i):
+@pytest.mark.parametrize("op,dtype,i,device", _op_cases((torch.float64,)))
+def test_op_gradcheck(op, dtype, i, device):
     """float64 gradcheck (with forward AD) and gradgradcheck (with forward
     over reverse)."""
-    f, _, inputs = _differentiable(op, _sample(op, dtype, i))
+    f, _, inputs = _differentiable(op, _sample(op, dtype, i, device))
     # Full Jacobians for small samples; random projections (fast_mode) for
     # the few of hundreds of elements, whose full checks take minutes on 2 cores.
     fast = sum(x.numel() for x in inputs) > 64
@@ -140,20 +152,20 @@ def test_op_gradcheck(op, dtype, i):
     assert torch.autograd.gradgradcheck(f, inputs, check_fwd_over_rev=True, fast_mode=fast)
 
 
-@pytest.mark.parametrize("op,dtype,i", _op_cases((torch.float64,)))
-def test_op_torch_func(op, dtype, i):
+@pytest.mark.parametrize("op,dtype,i,device", _op_cases((torch.float64,)))
+def test_op_torch_func(op, dtype, i, device):
     """torch.func.grad, jvp and vmap (vmapped dim 0 of every float tensor)
     against torch's."""
-    ours, theirs, inputs = _differentiable(op, _sample(op, dtype, i))
+    ours, theirs, inputs = _differentiable(op, _sample(op, dtype, i, device))
     plain = tuple(x.detach() for x in inputs)
     gen = torch.Generator().manual_seed(i)
     out = theirs(*plain)
-    w = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    w = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(device)
     argnums = tuple(range(len(plain)))
     g_ours = grad(lambda *xs: (ours(*xs) * w).sum(), argnums)(*plain)
     g_theirs = grad(lambda *xs: (theirs(*xs) * w).sum(), argnums)(*plain)
     torch.testing.assert_close(g_ours, g_theirs)
-    tangents = tuple(torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in plain)
+    tangents = tuple(torch.randn(x.shape, generator=gen, dtype=x.dtype).to(device) for x in plain)
     torch.testing.assert_close(jvp(ours, plain, tangents), jvp(theirs, plain, tangents))
     batched = tuple(torch.stack([x, 2 * x - 1, -x]) for x in plain)
     torch.testing.assert_close(vmap(ours)(*batched), vmap(theirs)(*batched))
@@ -177,9 +189,9 @@ OUR_MODULES = {
 MODULES = [m for m in module_db if m.module_cls in OUR_MODULES]
 
 
-def _module_samples(info, dtype, requires_grad=False):
+def _module_samples(info, dtype, device="cpu", requires_grad=False):
     return info.module_inputs_func(
-        info, device="cpu", dtype=dtype, requires_grad=requires_grad, training=True
+        info, device=device, dtype=dtype, requires_grad=requires_grad, training=True
     )
 
 
@@ -188,16 +200,16 @@ def _module_cases() -> list:
     for info in MODULES:
         for i, s in enumerate(_module_samples(info, torch.float64)):
             name = f"{info.module_cls.__name__}-{s.desc or i}"
-            cases.append(pytest.param(info, i, id=name))
+            cases += _on_devices((info, i), name, [])
     return cases
 
 
-@pytest.mark.parametrize("info,i", _module_cases())
-def test_module(info, i):
+@pytest.mark.parametrize("info,i,device", _module_cases())
+def test_module(info, i, device):
     """A ModuleInfo sample in float32 and float64 (values and gradients at
     torch's tolerances) and float64 gradcheck with forward AD."""
     for dtype in (torch.float32, torch.float64):
-        sample = _module_samples(info, dtype, requires_grad=True)[i]
+        sample = _module_samples(info, dtype, device, requires_grad=True)[i]
         c, fwd = sample.constructor_input, sample.forward_input
         ours = OUR_MODULES[info.module_cls](*c.args, **c.kwargs)
         theirs = info.module_cls(*c.args, **c.kwargs)
@@ -226,17 +238,25 @@ def test_module(info, i):
 # --- A gradient penalty: create_graph=True through our ops ---
 
 
-@pytest.mark.parametrize("name", ["softmax", "log_softmax", "cross_entropy", "soft_cross_entropy"])
-def test_gradient_penalty_matches_torch(name):
+@pytest.mark.parametrize(
+    "name,device",
+    [
+        p
+        for name in ["softmax", "log_softmax", "cross_entropy", "soft_cross_entropy"]
+        for p in _on_devices((name,), name, [])
+    ],
+)
+def test_gradient_penalty_matches_torch(name, device):
     """d/dx [||d f / d x||^2 + ||x||^2] through our ops equals torch's: the
     gradient's own gradient is not lost (it was, silently, before
     create_graph was supported)."""
     gen = torch.Generator().manual_seed(5)
-    x0 = torch.randn(6, 9, generator=gen, dtype=torch.float64) * 2
-    w = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    x0 = (torch.randn(6, 9, generator=gen, dtype=torch.float64) * 2).to(device)
+    w = torch.randn(6, 9, generator=gen, dtype=torch.float64).to(device)
     t = torch.randint(0, 9, (6,), generator=gen)
     t[2] = -100
-    q = torch.softmax(torch.randn(6, 9, generator=gen, dtype=torch.float64), -1)
+    t = t.to(device)
+    q = torch.softmax(torch.randn(6, 9, generator=gen, dtype=torch.float64), -1).to(device)
     fns = {
         "softmax": (lambda a: (mst.softmax(a, 1) * w).sum(), lambda a: (a.softmax(1) * w).sum()),
         "log_softmax": (

@@ -176,9 +176,7 @@ def _scale_rows(dlogits: torch.Tensor, factor: torch.Tensor) -> None:
     scale_rows op's model (no host read of the factor, no second pass)."""
     if dlogits.numel() == 0:
         return
-    # The extension's scale_rows takes GPU contexts only: CPU tensors run
-    # the model.
-    if dlogits.is_cuda and torch_launch.available(cuda=True):
+    if dlogits.is_cuda and torch_launch.available(cuda=True):  # the extension's is GPU-only
         torch_launch.scale_rows(dlogits, factor)
         return
     per_row = factor.shape[0] != 1
