@@ -18,7 +18,7 @@ tensor, `options` = (ignore_index, eps), so one compiled model serves every
 value; on the GPU the kernels read it on the device (no host sync).
 """
 
-from std.math import log
+from std.math import log, tanh
 
 # What a row's target means (`target_kind`).
 comptime KEPT = 0
@@ -94,3 +94,94 @@ def target_grad[
 ) -> Scalar[acc]:
     """The target class's gradient from its probability `p_t`."""
     return (p_t - smooth - (1 - eps)) * scale
+
+
+# The extended options (z-loss, softcap, class weights): `options` is then
+# (ignore_index, eps, z_loss, softcap[, w_0 .. w_{V-1}]), float64. A length
+# of 2 is the plain loss above (the kernels the options leave untouched);
+# 4 adds z-loss and softcap; 4 + V adds torch's class weights.
+comptime PLAIN_OPTIONS = 2
+comptime EXTENDED_OPTIONS = 4
+
+
+@always_inline
+def softcap_of[
+    acc: DType, w: Int
+](x: SIMD[acc, w], cap: Scalar[acc]) -> SIMD[acc, w]:
+    """Gemma 2's logit softcap, cap * tanh(x / cap), or x where cap is 0."""
+    comptime assert acc.is_floating_point()
+    if cap == 0:
+        return x
+    return tanh(x / cap) * cap
+
+
+@always_inline
+def softcap_chain[
+    acc: DType, w: Int
+](y: SIMD[acc, w], cap: Scalar[acc]) -> SIMD[acc, w]:
+    """d softcap / dx at the capped value `y`: 1 - tanh^2 = 1 - (y / cap)^2
+    (1 where cap is 0)."""
+    if cap == 0:
+        return SIMD[acc, w](1)
+    var r = y / cap
+    return 1 - r * r
+
+
+@always_inline
+def extended_row_loss[
+    acc: DType
+](
+    m: Scalar[acc],
+    s: Scalar[acc],
+    y_t: Scalar[acc],
+    w_t: Scalar[acc],
+    su: Scalar[acc],
+    suy: Scalar[acc],
+    eps: Scalar[acc],
+    z_loss: Scalar[acc],
+    n: Int,
+) -> Scalar[acc]:
+    """The loss of one kept row under the extended options, from the capped
+    logits y: max `m`, sum of exp(y - m) `s`, target logit `y_t`, the
+    target's weight `w_t` and (only read when eps != 0) the weight sum `su`
+    = sum_c w_c and `suy` = sum_c w_c y_c (w = 1 without weights):
+
+        w_t (lse - y_t) (1 - eps) + eps / V sum_c w_c (lse - y_c)
+            + z_loss lse^2,   lse = m + log(s)."""
+    comptime assert acc.is_floating_point()
+    var log_s = s if s != s else log(s)
+    var loss = w_t * (log_s + (m - y_t))
+    if eps != 0:
+        loss = (1 - eps) * loss + eps / Scalar[acc](n) * (
+            su * log_s + (su * m - suy)
+        )
+    if z_loss != 0:
+        var lse = m + log_s
+        loss += z_loss * lse * lse
+    return loss
+
+
+@always_inline
+def extended_p_factor[
+    acc: DType
+](
+    m: Scalar[acc],
+    s: Scalar[acc],
+    w_t: Scalar[acc],
+    su: Scalar[acc],
+    eps: Scalar[acc],
+    z_loss: Scalar[acc],
+    n: Int,
+) -> Scalar[acc]:
+    """What multiplies p_c in a kept row's gradient: (1 - eps) w_t
+    + eps / V sum_c w_c + 2 z_loss lse. The gradient of class c is then
+    (p_c * factor - eps / V w_c - [c == t] (1 - eps) w_t) * scale, times
+    the softcap's chain factor."""
+    comptime assert acc.is_floating_point()
+    var a = (1 - eps) * w_t
+    if eps != 0:
+        a += eps / Scalar[acc](n) * su
+    if z_loss != 0:
+        var log_s = s if s != s else log(s)
+        a += 2 * z_loss * (m + log_s)
+    return a

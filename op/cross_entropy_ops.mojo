@@ -2,9 +2,12 @@
 
 Each takes logits as a (rows, classes) view (a free reshape in the graph,
 see python/max_softmax/ops.py), int64 targets (rows,) and `options`, a
-float64 (2,) tensor holding (ignore_index, label_smoothing) on the op's
-device: run-time values, so one compiled model per (op, dtype, reduction,
-device) serves all of them. `reduction` ("mean", "sum", "none") is a
+float64 tensor on the op's device holding (ignore_index, label_smoothing),
+or (ignore_index, label_smoothing, z_loss, softcap[, a weight per class])
+for the extended options: run-time values, so one compiled model per (op,
+dtype, reduction, device) serves all of them. The options' length (known
+on the host) picks the kernels: 2 the plain families, more the extended
+ones (cpu_ce_options, gpu_ce_options_rows). `reduction` ("mean", "sum", "none") is a
 compile-time parameter: it decides the loss's shape, (1,) or (rows,).
 
 `cross_entropy_with_grad` also writes dlogits = d loss / d logits (for
@@ -17,7 +20,10 @@ from extensibility import InputTensor, ManagedTensorSlice, OutputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
+from .cpu_ce_options import cross_entropy_options_cpu
 from .cpu_cross_entropy import cross_entropy_cpu
+from .cross_entropy_math import PLAIN_OPTIONS
+from .gpu_ce_options_rows import launch_cross_entropy_options
 from .gpu_cross_entropy import launch_cross_entropy
 from .registered_ops import rows_ptr as _ptr
 
@@ -44,6 +50,42 @@ def cross_entropy_rows[
     ), "reduction must be mean, sum or none"
     var rows = logits.dim_size(0)
     var n = logits.dim_size(1)
+    var n_options = options.dim_size(0)
+    if n_options < PLAIN_OPTIONS:
+        raise Error(
+            "max_softmax: cross_entropy options must hold at least 2 values,"
+            " got "
+            + String(n_options)
+        )
+    if n_options > PLAIN_OPTIONS:
+        # z-loss, softcap or class weights: their own families, so that
+        # the plain kernels below do the same work as without them.
+        comptime if target == "cpu":
+            cross_entropy_options_cpu[dtype, with_grad, reduction](
+                _ptr(loss),
+                dlogits,
+                _ptr(logits),
+                _ptr(targets),
+                _ptr(options),
+                n_options,
+                rows,
+                n,
+            )
+        elif target == "gpu":
+            launch_cross_entropy_options[dtype, with_grad, reduction](
+                ctx,
+                _ptr(loss),
+                dlogits,
+                _ptr(logits),
+                _ptr(targets),
+                _ptr(options),
+                n_options,
+                rows,
+                n,
+            )
+        else:
+            raise Error("max_softmax: unsupported target " + String(target))
+        return
     comptime if target == "cpu":
         var opts = _ptr(options)
         cross_entropy_cpu[dtype, with_grad, reduction](

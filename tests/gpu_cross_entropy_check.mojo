@@ -4,6 +4,7 @@
 # (tests/test_cross_entropy.py::test_gpu_kernels_compile).
 from max.gpu.host import DeviceContext
 
+from op.gpu_ce_options_rows import launch_cross_entropy_options
 from op.gpu_cross_entropy import launch_cross_entropy
 
 
@@ -12,7 +13,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var g = ctx.enqueue_create_buffer[dtype](1 << 20)
     var l = ctx.enqueue_create_buffer[dtype](1024)
     var t = ctx.enqueue_create_buffer[DType.int64](1024)
-    var o = ctx.enqueue_create_buffer[DType.float64](2)
+    var o = ctx.enqueue_create_buffer[DType.float64](1004)
     var logits = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](x.unsafe_ptr())
     var dlogits = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](g.unsafe_ptr())
     var loss = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](l.unsafe_ptr())
@@ -29,6 +30,12 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             launch(ctx, loss, dlogits, logits, targets, options, 16, 50257)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 20001)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 100003)
+            # The extended options (z-loss, softcap; class weights: 4 + n).
+            comptime ext = launch_cross_entropy_options[
+                dtype, with_grad, reduction
+            ]
+            ext(ctx, loss, dlogits, logits, targets, options, 4, 16, 1000)
+            ext(ctx, loss, dlogits, logits, targets, options, 1004, 16, 1000)
             # Each strategy forced (variant=): the same kernels.
             comptime for variant in ["register", "smem", "pair", "block"]:
                 comptime forced = launch_cross_entropy[

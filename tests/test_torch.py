@@ -369,10 +369,10 @@ def test_modules_match_torch(ours, theirs, shape):
 def test_module_errors():
     with pytest.raises(ValueError, match="Softmax2d expects a 3-D or 4-D input"):
         mst.Softmax2d()(torch.randn(4, 5))
-    with pytest.raises(NotImplementedError, match="no class weights"):
-        mst.CrossEntropyLoss(weight=torch.ones(3))
-    with pytest.raises(NotImplementedError, match="no class weights"):
-        mst.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), weight=torch.ones(3))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        mst.CrossEntropyLoss(weight=torch.ones(4))(torch.randn(2, 3), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="softcap must be a finite number >= 0"):
+        mst.cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), softcap=-1.0)
 
 
 @pytest.mark.parametrize("kw", [{}, {"ignore_index": 1, "label_smoothing": 0.1}])

@@ -8,8 +8,7 @@ Each sample checks values against torch's (float32/float64 at torch's
 tolerances; in 16 bits our error against float64 is at most torch's plus
 one unit in the last place), float64 gradcheck, gradgradcheck and
 forward-AD checks, and `torch.func.grad`, `jvp` and `vmap` against torch's.
-Samples that need what the bridge refuses (class weights) are skipped with
-the reason. Needs torch and expecttest (torch.testing._internal imports it).
+Class-weighted samples run too. Needs torch and expecttest (torch.testing._internal imports it).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from max_softmax.torch._autograd import row_backward  # noqa: E402
 
 F = torch.nn.functional
 FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-WEIGHTS = "class weights (weight=) are not supported: the bridge raises NotImplementedError"
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
@@ -65,10 +63,9 @@ def _op_cases(dtypes: tuple) -> list:
         variant = f".{op.variant_test_name}" if op.variant_test_name else ""
         extra = (torch.int64,) if op.variant_test_name == "with_dtype" else ()
         for dtype in (*dtypes, *extra) if len(dtypes) > 1 else dtypes:
-            for i, s in enumerate(op.sample_inputs("cpu", dtype)):
-                marks = [pytest.mark.skip(reason=WEIGHTS)] if "weight" in s.kwargs else []
+            for i, _ in enumerate(op.sample_inputs("cpu", dtype)):
                 name = f"{op.name}{variant}-{str(dtype)[6:]}-{i}"
-                cases += _on_devices((op, dtype, i), name, marks)
+                cases += _on_devices((op, dtype, i), name, [])
     return cases
 
 
@@ -202,10 +199,8 @@ def _module_cases() -> list:
     cases = []
     for info in MODULES:
         for i, s in enumerate(_module_samples(info, torch.float64)):
-            weighted = s.constructor_input.kwargs.get("weight") is not None
-            marks = [pytest.mark.skip(reason=WEIGHTS)] if weighted else []
             name = f"{info.module_cls.__name__}-{s.desc or i}"
-            cases += _on_devices((info, i), name, marks)
+            cases += _on_devices((info, i), name, [])
     return cases
 
 

@@ -6,6 +6,12 @@ and its op/gpu_ce_*.mojo families; `softmax bench --op cross_entropy` is
 the benchmark of record.
 
     python benchmarks/tools/cross_entropy_wall.py float32:16384x32000 bfloat16:8192x50257
+
+A third field turns on the extended options (the kernels of
+op/gpu_ce_options_rows.mojo): any of z (z_loss 1e-4), cap (softcap 30), w
+(class weights), eps (label smoothing 0.1), joined by "+":
+
+    python benchmarks/tools/cross_entropy_wall.py bfloat16:16384x32000:z+cap+w
 """
 
 import sys
@@ -17,6 +23,7 @@ from max.dtype import DType
 from max_softmax.devices import device
 from max_softmax.dtypes import DTYPE_NAMES, to_buffer
 from max_softmax.models import cross_entropy_model
+from max_softmax.validation import cross_entropy_options
 
 
 def copy_gbps(nbytes: int) -> float:
@@ -42,15 +49,23 @@ def main(specs: list[str], reps: int = 20) -> None:
     """Time each DTYPE:ROWSxN of `specs` and print one line each."""
     gpu = device("gpu")
     for spec in specs:
-        dtype, shape = spec.split(":")
+        dtype, shape, *extra = spec.split(":")
         rows, n = map(int, shape.split("x"))
+        flags = set(extra[0].split("+")) if extra else set()
+        options = cross_entropy_options(
+            -100,
+            0.1 if "eps" in flags else 0.0,
+            1e-4 if "z" in flags else 0.0,
+            30.0 if "cap" in flags else 0.0,
+            np.linspace(0.5, 1.5, n) if "w" in flags else None,
+        )
         model = cross_entropy_model(True, getattr(DType, dtype), "gpu", "mean")
         rng = np.random.default_rng(0)
         x = rng.standard_normal((rows, n), dtype=np.float32).astype(DTYPE_NAMES[dtype])
         inputs = [
             to_buffer(x).to(gpu),
             to_buffer(rng.integers(0, n, size=rows)).to(gpu),
-            to_buffer(np.array([-100, 0.0])).to(gpu),
+            to_buffer(options).to(gpu),
         ]
         for _ in range(3):
             model.execute(*inputs)
@@ -62,7 +77,7 @@ def main(specs: list[str], reps: int = 20) -> None:
         secs = (time.perf_counter() - t0) / reps
         nbytes = x.nbytes
         print(
-            f"{dtype} {rows}x{n}: {secs * 1e6:.0f} us/call, {2 * nbytes / secs / 1e9:.0f} GB/s "
+            f"{spec}: {secs * 1e6:.0f} us/call, {2 * nbytes / secs / 1e9:.0f} GB/s "
             f"(wall, exec); copy {copy_gbps(nbytes):.0f}",
             flush=True,
         )

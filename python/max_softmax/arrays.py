@@ -30,6 +30,8 @@ from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
 from .validation import (
     EMPTY_LOSS,
     canonical_shape,
+    check_class_weight,
+    check_cross_entropy_extras,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
     check_dy_like,
@@ -39,6 +41,7 @@ from .validation import (
     check_scale,
     check_targets_in_range,
     check_variant,
+    cross_entropy_options,
     is_masked_call,
     mask_suffix,
     masked_view,
@@ -164,6 +167,9 @@ def cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    weight: Any = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     device: str = "auto",
 ) -> np.ndarray:
     """Cross-entropy of `logits` against class indices `targets`, as
@@ -177,6 +183,12 @@ def cross_entropy(
         reduction: "mean" (over the rows kept: NaN if none is, as torch),
             "sum" or "none" (a loss a row, 0 for ignored rows).
         label_smoothing: eps in [0, 1], as torch's `label_smoothing`.
+        weight: torch's class weights, an array (classes,): row loss
+            w[t] (lse - x_t) ((1 - eps) of it plus eps / C sum_c w_c (lse -
+            x_c) with smoothing); "mean" divides by the sum of w[t] over the
+            kept rows.
+        z_loss: w >= 0: each kept row adds w * lse^2 (lse after the softcap).
+        softcap: c > 0 (None or 0: off): logits become c * tanh(x / c) first.
         device: "auto" (the first GPU if MAX finds one, else the CPU), "cpu",
             "gpu" (the first GPU, "gpu:0") or "gpu:N" (GPU N, torch's cuda:N).
 
@@ -190,9 +202,10 @@ def cross_entropy(
             `ignore_index` (checked on the host before anything runs), or
             targets of the wrong shape; TypeError for non-integer targets.
     """
-    return _cross_entropy(logits, targets, ignore_index, reduction, label_smoothing, device, False)[
-        0
-    ]
+    extras = (weight, z_loss, softcap)
+    return _cross_entropy(
+        logits, targets, ignore_index, reduction, label_smoothing, device, False, *extras
+    )[0]
 
 
 def cross_entropy_with_grad(
@@ -202,6 +215,9 @@ def cross_entropy_with_grad(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    weight: Any = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     device: str = "auto",
     out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -215,8 +231,17 @@ def cross_entropy_with_grad(
     shape and dtype of `logits`. For reduction "none" it is the gradient of
     the sum of the row losses (multiply row i by d total / d loss[i]).
     """
+    extras = (weight, z_loss, softcap)
     loss, dlogits = _cross_entropy(
-        logits, targets, ignore_index, reduction, label_smoothing, device, True, out
+        logits,
+        targets,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        device,
+        True,
+        *extras,
+        out=out,
     )
     return loss, dlogits
 
@@ -229,20 +254,42 @@ def _cross_entropy(
     label_smoothing: float,
     device_name: str,
     with_grad: bool,
+    weight: Any = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     out: np.ndarray | None = None,
 ) -> list[Any]:
     if eager.is_max_tensor(logits):
         _check_tensor_options(device_name, "auto", out)
         if not eager.is_max_tensor(targets):
             targets = as_array(targets)
+        if weight is not None and not eager.is_max_tensor(weight):
+            weight = as_array(weight)
         return eager.run_cross_entropy(
-            logits, targets, ignore_index, reduction, label_smoothing, with_grad
+            logits,
+            targets,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            with_grad,
+            weight=weight,
+            z_loss=z_loss,
+            softcap=softcap,
         )
     array = as_array(logits)
     dtype = max_dtype(array.dtype)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
+    z_loss, cap = check_cross_entropy_extras(z_loss, softcap)
+    weight_array = None
+    if weight is not None:
+        weight_array = as_array(weight)
+        check_class_weight(list(weight_array.shape), array.shape[-1] if array.ndim else 0)
+        if weight_array.dtype.kind not in "fiu":
+            raise TypeError(
+                f"max_softmax: cross_entropy weight must be real, got {weight_array.dtype}"
+            )
     target_array = as_array(targets)
     check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
     check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
@@ -268,9 +315,12 @@ def _cross_entropy(
     inputs = [
         np.ascontiguousarray(array).reshape(rows, classes),
         np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
-        np.array([ignore_index, eps], dtype=np.float64),
+        cross_entropy_options(ignore_index, eps, z_loss, cap, weight_array),
     ]
-    if kind == "cpu" and launch.available_for_arrays():
+    # The launch extension takes the plain options only; the extended ones
+    # (z-loss, softcap, weights) run the model.
+    plain = len(inputs[2]) == 2
+    if kind == "cpu" and plain and launch.available_for_arrays():
         return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape, out)
     model = cross_entropy_model(with_grad, dtype, kind, reduction)
     buffers = [to_buffer(a) for a in inputs]

@@ -139,12 +139,17 @@ def run_cross_entropy(
     reduction: str,
     label_smoothing: float,
     with_grad: bool,
+    weight: Any = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
 ) -> list[Any]:
     """Cross-entropy (and dlogits) of MAX tensor `logits` as MAX tensors on
     its device: the graph-level edge (`ops._cross_entropy`) staged with the
     declared loss op. `targets`: a MAX Tensor, or a numpy array copied to
     the logits' device. Targets on the host are checked in range before
-    anything runs; on a GPU a bad one makes its row NaN (no host sync)."""
+    anything runs; on a GPU a bad one makes its row NaN (no host sync).
+    `weight` (a MAX Tensor on the logits' device or an array), `z_loss`
+    and `softcap` as `ops.cross_entropy`."""
     from max.experimental import functional as F
     from max.experimental.tensor import Tensor
     from max.graph import TensorValue
@@ -169,6 +174,9 @@ def run_cross_entropy(
             reduction,
             label_smoothing,
             with_grad,
+            TensorValue(weight) if is_max_tensor(weight) else weight,
+            z_loss,
+            softcap,
             rows_op=rows_op,
         )
         results = [Tensor.from_graph_value(v) for v in outs]

@@ -188,13 +188,15 @@ def into_model(op: str, dtype: DType, kind: str) -> Model:
 
 def _cross_entropy_types(dtype: DType, kind: str) -> list[TensorType]:
     """The inputs of a cross-entropy model: (rows, n) logits, (rows,) int64
-    targets, (2,) float64 options (ignore_index, label_smoothing), all
-    symbolic but the options, so one model serves every shape and value."""
+    targets, float64 options ((ignore_index, label_smoothing), or the
+    extended (ignore_index, label_smoothing, z_loss, softcap[, weights]):
+    `validation.cross_entropy_options`), all symbolic, so one model serves
+    every shape, option and value (the kernels pick by the options' length)."""
     ref = device_ref(kind)
     return [
         TensorType(dtype, ["rows", "n"], device=ref),
         TensorType(DType.int64, ["rows"], device=ref),
-        TensorType(DType.float64, [2], device=ref),
+        TensorType(DType.float64, ["n_options"], device=ref),
     ]
 
 
@@ -337,7 +339,7 @@ def declaration(op: str) -> Any:
 def loss_declaration(op: str, reduction: str) -> Any:
     """The MAX eager `CustomOp` for cross-entropy op `op` ("cross_entropy" or
     "cross_entropy_with_grad") with `reduction`, on (rows, classes) logits,
-    (rows,) int64 targets and the float64 (2,) options, as
+    (rows,) int64 targets and the float64 options (any length), as
     `ops.cross_entropy_rows` stages it: loss (rows,) for "none", else (1,);
     and dlogits like the logits for the gradient op."""
     from max.experimental import custom
@@ -351,7 +353,7 @@ def loss_declaration(op: str, reduction: str) -> Any:
         inputs={
             "logits": logits,
             "targets": custom.TemplateType(DType.int64, custom.Symbols("rows")),
-            "options": custom.TemplateType(DType.float64, [2]),
+            "options": custom.TemplateType(DType.float64, custom.Symbols("n_options")),
         },
         outputs=[loss, logits] if spec.name == "cross_entropy_with_grad" else [loss],
         parameters={"reduction": reduction},

@@ -19,13 +19,15 @@ from operator import mul
 
 import numpy as np
 from max.dtype import DType
-from max.graph import Graph, TensorType, TensorValue, ops
-from max.graph.dim import Dim
+from max.graph import Graph, TensorType, TensorValue, Value, ops
+from max.graph.dim import Dim, StaticDim
 
 from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
 from .validation import (
     BASELINE_VARIANTS,
+    check_class_weight,
+    check_cross_entropy_extras,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
     check_dtype,
@@ -35,6 +37,7 @@ from .validation import (
     check_masked_options,
     check_scale,
     check_variant,
+    cross_entropy_options,
     is_masked_call,
     mask_suffix,
     normalize_axis,
@@ -310,6 +313,9 @@ def cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    weight: TensorValue | np.ndarray | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     variant: str = "auto",
 ) -> TensorValue:
     """Cross-entropy of `logits` (classes on the last axis) against class
@@ -325,6 +331,14 @@ def cross_entropy(
             "none" (a loss a row, 0 for ignored rows).
         label_smoothing: eps in [0, 1]: the target is (1 - eps) one-hot plus
             eps / classes everywhere.
+        weight: torch's class weights, (classes,) (a tensor on the logits'
+            device, or an array): row loss w[t] (lse - x_t), with smoothing
+            (1 - eps) w[t] (lse - x_t) + eps / C sum_c w_c (lse - x_c);
+            "mean" divides by the sum of w[t] over the kept rows.
+        z_loss: w >= 0: each kept row adds w * lse^2 (PaLM's z-loss; lse
+            after the softcap), unweighted, inside the "mean" too.
+        softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
+            before everything else (Gemma 2).
         variant: GPU strategy (`CROSS_ENTROPY_VARIANTS`); "auto" picks by
             shape.
 
@@ -335,7 +349,16 @@ def cross_entropy(
         raise without a host sync); on the CPU it raises at execution.
     """
     return _cross_entropy(
-        logits, targets, ignore_index, reduction, label_smoothing, False, variant=variant
+        logits,
+        targets,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        False,
+        weight,
+        z_loss,
+        softcap,
+        variant=variant,
     )[0]
 
 
@@ -346,6 +369,9 @@ def cross_entropy_with_grad(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    weight: TensorValue | np.ndarray | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     variant: str = "auto",
 ) -> tuple[TensorValue, TensorValue]:
     """`cross_entropy` and dlogits = d loss / d logits, fused: the kernels
@@ -356,7 +382,16 @@ def cross_entropy_with_grad(
     gradient). Returns (loss, dlogits), dlogits shaped and typed like `logits`.
     """
     loss, dlogits = _cross_entropy(
-        logits, targets, ignore_index, reduction, label_smoothing, True, variant=variant
+        logits,
+        targets,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        True,
+        weight,
+        z_loss,
+        softcap,
+        variant=variant,
     )
     return loss, dlogits
 
@@ -371,8 +406,10 @@ def cross_entropy_rows(
     variant: str = "auto",
 ) -> list[TensorValue]:
     """The cross-entropy op on its own view: (rows, classes) logits, (rows,)
-    int64 targets and `options`, a float64 (2,) tensor (ignore_index,
-    label_smoothing) on the logits' device, so that a model built on this
+    int64 targets and `options`, a float64 tensor on the logits' device:
+    (ignore_index, label_smoothing), or (ignore_index, label_smoothing,
+    z_loss, softcap[, a weight per class]) for the extended options
+    (`validation.cross_entropy_options`), so that a model built on this
     (models.cross_entropy_model) serves every value of them. Returns [loss]
     or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none".
     `variant`: the GPU strategy (`CROSS_ENTROPY_VARIANTS`)."""
@@ -402,6 +439,9 @@ def _cross_entropy(
     reduction: str,
     label_smoothing: float,
     with_grad: bool,
+    weight: TensorValue | np.ndarray | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     rows_op: Callable[..., list[TensorValue]] | None = None,
     variant: str = "auto",
 ) -> list[TensorValue]:
@@ -428,9 +468,7 @@ def _cross_entropy(
     view = len(shape) == 2
     logits2 = logits if view else ops.reshape(logits, [rows, shape[-1]])
     targets1 = targets if view else ops.reshape(targets, [rows])
-    options = ops.constant(
-        np.array([ignore_index, eps], dtype=np.float64), DType.float64, device=logits.device
-    )
+    options = _cross_entropy_options(logits, ignore_index, eps, weight, z_loss, softcap)
     extra = _variant(variant)
     if rows_op is None:
         rows_op = cross_entropy_rows
@@ -441,6 +479,46 @@ def _cross_entropy(
     if with_grad:
         return [loss, outs[1] if view else ops.reshape(outs[1], shape)]
     return [loss]
+
+
+def _cross_entropy_options(
+    logits: TensorValue,
+    ignore_index: int,
+    eps: float,
+    weight: TensorValue | np.ndarray | None,
+    z_loss: float,
+    softcap: float | None,
+) -> TensorValue:
+    """The float64 options tensor on the logits' device
+    (`validation.cross_entropy_options`); a weight given as a graph value
+    is cast and appended in the graph."""
+    z_loss, cap = check_cross_entropy_extras(z_loss, softcap)
+    classes = logits.shape[-1]
+    static_classes = int(classes) if isinstance(classes, StaticDim) else classes
+    if weight is None or not isinstance(weight, (TensorValue, Value)):
+        array = None
+        if weight is not None:
+            array = np.asarray(weight)
+            check_class_weight(list(array.shape), static_classes)
+            if array.dtype.kind not in "fiu":
+                raise TypeError(
+                    f"max_softmax: cross_entropy weight must be real, got {array.dtype}"
+                )
+        values = cross_entropy_options(ignore_index, eps, z_loss, cap, array)
+        return ops.constant(values, DType.float64, device=logits.device)
+    weight = TensorValue(weight)
+    check_class_weight(list(weight.shape), static_classes)
+    if weight.device != logits.device:
+        raise ValueError(
+            f"max_softmax: cross_entropy needs the weight on the logits' device "
+            f"({logits.device}), got {weight.device}"
+        )
+    head = ops.constant(
+        np.array([ignore_index, eps, z_loss, cap], dtype=np.float64),
+        DType.float64,
+        device=logits.device,
+    )
+    return ops.concat([head, ops.cast(weight, DType.float64)], axis=0)
 
 
 def _row_op(

@@ -164,11 +164,19 @@ def cross_entropy_reference(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    weight: np.ndarray | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """torch.nn.functional.cross_entropy (class indices, classes on the
     last axis) in float64: (loss, d loss / d logits). For "none" the
     gradient is that of sum(loss); "mean" over the rows kept (a NaN loss and
-    a zero gradient if none, as torch)."""
+    a zero gradient if none, as torch). With `weight`, `z_loss` or
+    `softcap`: `cross_entropy_options_reference`."""
+    if weight is not None or z_loss or softcap:
+        return cross_entropy_options_reference(
+            logits, targets, ignore_index, reduction, label_smoothing, weight, z_loss, softcap
+        )
     x = np.asarray(logits).astype(np.float64)
     eps = label_smoothing
     classes = x.shape[-1]
@@ -194,6 +202,56 @@ def cross_entropy_reference(
             # Every row ignored: the loss is 0 / 0 = NaN, the gradient
             # (zeros, as each ignored row's) stays 0, as torch's.
             return loss.sum() / count, (grad / max(count, 1)).reshape(x.shape)
+    if reduction == "sum":
+        return loss.sum(), grad.reshape(x.shape)
+    return loss.reshape(x.shape[:-1]), grad.reshape(x.shape)
+
+
+def cross_entropy_options_reference(
+    logits: np.ndarray,
+    targets: np.ndarray,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    weight: np.ndarray | None,
+    z_loss: float,
+    softcap: float | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cross-entropy in float64 with class weights (torch's rules), z-loss
+    (w lse^2 a kept row, lse after the softcap) and softcap (c tanh(x / c)
+    first): (loss, d loss / d logits), written term by term from the
+    definition (no shared code with the kernels' algebra)."""
+    x = np.asarray(logits).astype(np.float64)
+    eps = label_smoothing
+    classes = x.shape[-1]
+    x2 = x.reshape(-1, classes)
+    y = softcap * np.tanh(x2 / softcap) if softcap else x2
+    w = np.ones(classes) if weight is None else np.asarray(weight, dtype=np.float64)
+    t1 = np.asarray(targets).reshape(-1)
+    kept = t1 != ignore_index
+    safe = np.where(kept, t1, 0)
+    rows = np.arange(len(t1))
+    with np.errstate(all="ignore"):
+        m = y.max(axis=-1, keepdims=True)
+        lse = m + np.log(np.exp(y - m).sum(axis=-1, keepdims=True))
+        nll = lse - y  # (rows, classes): lse - y_c
+        p = np.exp(y - lse)
+        w_t = w[safe]
+        loss = (1 - eps) * w_t * nll[rows, safe] + eps / classes * (nll * w).sum(-1)
+        loss = loss + z_loss * lse[:, 0] ** 2
+        loss = np.where(kept, loss, 0.0)
+        # d loss / d y, then the softcap's chain rule.
+        onehot = np.zeros_like(y)
+        onehot[rows, safe] = 1.0
+        grad = (1 - eps) * w_t[:, None] * (p - onehot) + eps / classes * (w.sum() * p - w)
+        grad = grad + 2 * z_loss * lse * p
+        if softcap:
+            grad = grad * (1 - np.tanh(x2 / softcap) ** 2)
+        grad = np.where(kept[:, None], grad, 0.0)
+        if reduction == "mean":
+            count = np.where(kept, w_t, 0.0).sum()
+            g = grad / count if count else grad
+            return loss.sum() / count, g.reshape(x.shape)
     if reduction == "sum":
         return loss.sum(), grad.reshape(x.shape)
     return loss.reshape(x.shape[:-1]), grad.reshape(x.shape)

@@ -164,6 +164,51 @@ def check_cross_entropy_options(
     return reduction, int(ignore_index), smoothing
 
 
+def check_cross_entropy_extras(z_loss: float, softcap: float | None) -> tuple[float, float]:
+    """Return (z_loss, softcap) as the kernels take them (softcap None -> 0,
+    off), or raise: both finite numbers >= 0."""
+    values = []
+    for name, value in (("z_loss", z_loss), ("softcap", 0.0 if softcap is None else softcap)):
+        # numbers.Real, not np.isscalar: torch.compile traces this check.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"max_softmax: {name} must be a float, got {value!r}")
+        number = float(value)
+        if not (math.isfinite(number) and number >= 0.0):
+            raise ValueError(f"max_softmax: {name} must be a finite number >= 0, got {value!r}")
+        values.append(number)
+    return values[0], values[1]
+
+
+def check_class_weight(shape: list, classes: Any) -> None:
+    """Raise unless a class weight of `shape` fits `classes` classes: (C,),
+    as torch's `weight=`."""
+    if len(shape) != 1 or (isinstance(classes, int) and int(shape[0]) != classes):
+        raise ValueError(
+            f"max_softmax: cross_entropy weight must have shape ({classes},), one value "
+            f"per class, got {tuple(shape)}"
+        )
+
+
+def cross_entropy_options(
+    ignore_index: int,
+    eps: float,
+    z_loss: float = 0.0,
+    softcap: float = 0.0,
+    weight: np.ndarray | None = None,
+) -> np.ndarray:
+    """The float64 options the kernels read: (ignore_index, eps) for the
+    plain loss; (ignore_index, eps, z_loss, softcap[, weight...]) when
+    z-loss, softcap or class weights are on (the kernels pick their
+    extended family by this length)."""
+    head = [ignore_index, eps]
+    if z_loss == 0.0 and softcap == 0.0 and weight is None:
+        return np.array(head, dtype=np.float64)
+    extended = np.array(head + [z_loss, softcap], dtype=np.float64)
+    if weight is None:
+        return extended
+    return np.concatenate([extended, np.asarray(weight, dtype=np.float64).reshape(-1)])
+
+
 EMPTY_LOSS: dict[str, float] = {"mean": float("nan"), "sum": 0.0, "none": 0.0}
 """Cross-entropy of an empty batch by reduction, as torch: the mean of
 nothing is NaN."""

@@ -2,9 +2,11 @@
 
 Class-index targets run our fused loss op: two outputs (loss, dlogits),
 int64 targets and a float64 options tensor (ignore_index, label_smoothing),
-by the launch extension or the op's destination-passing models
-(models.cross_entropy_into_model). Its forward writes the gradient too, and
-the first-order backward only scales it. Higher-order, forward-mode and
+or with z-loss, softcap or class weights (ignore_index, label_smoothing,
+z_loss, softcap[, weights]), by the launch extension (plain options only)
+or the op's destination-passing models (models.cross_entropy_into_model).
+Its forward writes the gradient too, and the first-order backward only
+scales it. Higher-order, forward-mode and
 `torch.func` derivatives recompute the gradient with our softmax and torch
 ops. Class-probability targets use our log_softmax and torch ops (not fused).
 """
@@ -18,6 +20,8 @@ import torch
 from ..models import cross_entropy_into_model, scale_rows_into_model
 from ..validation import (
     EMPTY_LOSS,
+    check_class_weight,
+    check_cross_entropy_extras,
     check_cross_entropy_options,
     check_targets_in_range,
 )
@@ -35,7 +39,7 @@ _functorch = torch._C._functorch
 def _call_cross_entropy(reduction: str, with_grad: bool, tensors: tuple[torch.Tensor, ...]) -> None:
     """Write cross-entropy into `tensors`' outputs: (loss, [dlogits,] logits,
     targets, options) (no replay: the op is one graph call either way)."""
-    if torch_launch.available(tensors[-3].is_cuda):
+    if tensors[-1].numel() == 2 and torch_launch.available(tensors[-3].is_cuda):
         loss, *rest = tensors
         dlogits = rest.pop(0) if with_grad else None
         logits, targets, options = rest
@@ -64,13 +68,27 @@ def _cross_entropy_op(
     _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
 
 
-def _options(device: torch.device, ignore_index: int, eps: float) -> torch.Tensor:
-    """The (ignore_index, label_smoothing) float64 tensor the kernels read,
-    made once per (device, values)."""
-    return cached(
-        ("cross_entropy", device, ignore_index, eps),
-        lambda: torch.tensor([ignore_index, eps], dtype=torch.float64, device=device),
-    )
+_NO_EXTRAS: tuple = (None, 0.0, 0.0)
+"""(weight, z_loss, softcap) when none of them is on."""
+
+
+def _options(
+    device: torch.device, ignore_index: int, eps: float, extras: tuple = _NO_EXTRAS
+) -> torch.Tensor:
+    """The float64 options tensor the kernels read
+    (`validation.cross_entropy_options`): made once per (device, values),
+    except with class weights (their values may change between calls)."""
+    weight, z_loss, cap = extras
+    if weight is None:
+        # Plain Python values (torch.compile traces this): the layout of
+        # validation.cross_entropy_options.
+        values = [ignore_index, eps] + ([z_loss, cap] if z_loss or cap else [])
+        return cached(
+            ("cross_entropy", device, *values),
+            lambda: torch.tensor(values, dtype=torch.float64, device=device),
+        )
+    head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
+    return torch.cat([head, weight.detach().to(device=device, dtype=torch.float64)])
 
 
 def _cross_entropy_rows(
@@ -80,6 +98,7 @@ def _cross_entropy_rows(
     reduction: str,
     eps: float,
     with_grad: bool,
+    extras: tuple = _NO_EXTRAS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits or None) of contiguous (rows, classes) `logits` and
     (rows,) int64 `targets`: the loss (1,) for "mean"/"sum", (rows,) for
@@ -96,7 +115,7 @@ def _cross_entropy_rows(
         return loss, dlogits
     logits = logits.contiguous()
     targets = targets.contiguous()
-    options = _options(logits.device, ignore_index, eps)
+    options = _options(logits.device, ignore_index, eps, extras)
     # Without the gradient the op ignores `dlogits`: any tensor will do.
     grad_out = dlogits if dlogits is not None else loss
     if torch.compiler.is_compiling():
@@ -108,20 +127,46 @@ def _cross_entropy_rows(
 
 
 def _gradient(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str, eps: float
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    eps: float,
+    extras: tuple = _NO_EXTRAS,
 ) -> torch.Tensor:
     """d loss / d logits (the mean's 1/count included) by our softmax and
     torch ops, differentiable: softmax - (1 - eps) onehot - eps / C on kept
-    rows, 0 on ignored rows, NaN on out-of-range targets (as the kernel)."""
+    rows, 0 on ignored rows, NaN on out-of-range targets (as the kernel).
+    With (weight, z_loss, softcap) `extras`: p (A) - eps / C w - (1 - eps)
+    w_t onehot, A = (1 - eps) w_t + eps / C sum(w) + 2 z_loss lse, times
+    the softcap's 1 - tanh^2; "mean" over the sum of w_t over kept rows."""
     classes = logits.shape[-1]
     kept = targets != ignore_index
     bad = kept & ((targets < 0) | (targets >= classes))
     safe = torch.where(kept & ~bad, targets, torch.zeros_like(targets))
     onehot = torch.nn.functional.one_hot(safe, classes).to(logits.dtype)
-    g = softmax(logits, -1) - (1.0 - eps) * onehot - eps / classes
+    weight, z_loss, cap = extras
+    if weight is None and not z_loss and not cap:
+        g = softmax(logits, -1) - (1.0 - eps) * onehot - eps / classes
+        count = kept.sum().to(logits.dtype)
+    else:
+        y = cap * torch.tanh(logits / cap) if cap else logits
+        w = (
+            torch.ones(classes, dtype=logits.dtype, device=logits.device)
+            if weight is None
+            else weight.to(logits.dtype)
+        )
+        w_t = w[safe].unsqueeze(-1)
+        factor = (1.0 - eps) * w_t + eps / classes * w.sum()
+        if z_loss:
+            factor = factor + 2 * z_loss * torch.logsumexp(y, -1, keepdim=True)
+        g = softmax(y, -1) * factor - eps / classes * w - (1.0 - eps) * w_t * onehot
+        if cap:
+            g = g * (1 - (y / cap) ** 2)
+        count = (w_t.squeeze(-1) * kept.to(logits.dtype)).sum()
     g = g * kept.unsqueeze(-1).to(logits.dtype)
     if reduction == "mean":
-        g = g / kept.sum().to(logits.dtype)
+        g = g / count
     return torch.where(bad.unsqueeze(-1), torch.full_like(g, float("nan")), g)
 
 
@@ -146,34 +191,39 @@ class CrossEntropyFn(torch.autograd.Function):
     forward to setup_context."""
 
     @staticmethod
-    def forward(logits, targets, ignore_index, reduction, eps, holder):  # type: ignore[override]
-        loss, dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)
+    def forward(logits, targets, ignore_index, reduction, eps, extras, holder):  # type: ignore[override]
+        loss, dlogits = _cross_entropy_rows(
+            logits, targets, ignore_index, reduction, eps, True, extras
+        )
         holder.append(dlogits)
         return loss
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        logits, targets, ignore_index, reduction, eps, holder = inputs
+        logits, targets, ignore_index, reduction, eps, extras, holder = inputs
         ctx.save_for_backward(logits, targets)
         ctx.save_for_forward(logits, targets)
         # Held outside save_for_backward: the first backward gives it away
         # (scaled in place, or as it is), so torch's version check on saved
         # tensors would refuse a second backward that never reads it.
         ctx.dlogits = holder.pop() if holder else None
-        ctx.args = (ignore_index, reduction, eps)
+        ctx.args = (ignore_index, reduction, eps, extras)
 
     @staticmethod
     def backward(ctx, grad_loss):  # type: ignore[override]
         logits, targets = ctx.saved_tensors
-        ignore_index, reduction, eps = ctx.args
-        none = (None, None, None, None, None)
+        ignore_index, reduction, eps, extras = ctx.args
+        none = (None, None, None, None, None, None)
         if needs_function(logits, grad_loss):  # create_graph, torch.func: differentiable
             ctx.dlogits = None
             scale = grad_loss.unsqueeze(-1) if reduction == "none" else grad_loss
-            return (_gradient(logits, targets, ignore_index, reduction, eps) * scale, *none)
+            g = _gradient(logits, targets, ignore_index, reduction, eps, extras)
+            return (g * scale, *none)
         dlogits, ctx.dlogits = ctx.dlogits, None
         if dlogits is None:  # a second backward (retain_graph): compute it again
-            dlogits = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, True)[1]
+            dlogits = _cross_entropy_rows(
+                logits, targets, ignore_index, reduction, eps, True, extras
+            )[1]
         # A loss backpropagated as is (grad 1) passes dlogits on untouched;
         # the check reads a CPU scalar only (on CUDA it would sync the host;
         # under torch.compile it would break the graph).
@@ -195,30 +245,34 @@ class CrossEntropyFn(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, t_logits, *_):  # type: ignore[override]
         logits, targets = ctx.saved_tensors
-        ignore_index, reduction, eps = ctx.args
+        ignore_index, reduction, eps, extras = ctx.args
         if t_logits is None:
             shape = (logits.shape[0],) if reduction == "none" else (1,)
             return torch.zeros(shape, dtype=logits.dtype, device=logits.device)
-        g = _gradient(logits, targets, ignore_index, reduction, eps)
+        g = _gradient(logits, targets, ignore_index, reduction, eps, extras)
         tangent = (g * t_logits).sum(-1)
         return tangent if reduction == "none" else tangent.sum().reshape(1)
 
     @staticmethod
-    def vmap(info, in_dims, logits, targets, ignore_index, reduction, eps, holder):  # type: ignore[override]
+    def vmap(info, in_dims, logits, targets, ignore_index, reduction, eps, extras, holder):  # type: ignore[override]
         # Each batch element's rows, flat, as one "none" call; then each
         # element's reduction (the mean over its kept rows) by torch ops.
         (logits, targets), _ = leading(info, in_dims[:2], logits, targets)
         batch, rows, classes = logits.shape
         loss = CrossEntropyFn.apply(
-            logits.reshape(-1, classes), targets.reshape(-1), ignore_index, "none", eps, []
+            logits.reshape(-1, classes), targets.reshape(-1), ignore_index, "none", eps, extras, []
         ).reshape(batch, rows)
         if reduction == "none":
             return loss, 0
         total = loss.sum(1, keepdim=True)
         if reduction == "sum":
             return total, 0
-        kept = (targets != ignore_index).sum(1, keepdim=True).to(loss.dtype)
-        return total / kept, 0
+        kept = targets != ignore_index
+        weight = extras[0]
+        if weight is None:
+            return total / kept.sum(1, keepdim=True).to(loss.dtype), 0
+        w_t = weight.to(loss.dtype)[torch.where(kept, targets, torch.zeros_like(targets))]
+        return total / (w_t * kept.to(loss.dtype)).sum(1, keepdim=True), 0
 
 
 CrossEntropyFnEager = for_eager(CrossEntropyFn)
@@ -237,11 +291,17 @@ def _host_values(targets: torch.Tensor, shape: tuple) -> Any:
 
 
 def _soft_cross_entropy(
-    input: torch.Tensor, target: torch.Tensor, reduction: str, eps: float
+    input: torch.Tensor,
+    target: torch.Tensor,
+    reduction: str,
+    eps: float,
+    extras: tuple = _NO_EXTRAS,
 ) -> torch.Tensor:
     """Cross-entropy with class-probability targets, as F.cross_entropy:
-    -(q * log_softmax(input)).sum over classes, q = target smoothed by eps.
-    Our log_softmax kernel and torch ops (not fused); autograd follows."""
+    -(q * w * log_softmax(input)).sum over classes, q = target smoothed by
+    eps (w: torch's class weights, the mean over the rows as torch), plus
+    z_loss lse^2 a row, softcap first. Our log_softmax kernel and torch ops
+    (not fused); autograd follows."""
     if target.shape != input.shape:
         raise ValueError(
             f"max_softmax: cross_entropy with class-probability targets needs the target "
@@ -249,8 +309,17 @@ def _soft_cross_entropy(
         )
     dim = 0 if input.dim() == 1 else 1
     classes = input.shape[dim]
+    weight, z_loss, cap = extras
+    if cap:
+        input = cap * torch.tanh(input / cap)
     q = target if eps == 0.0 else target * (1.0 - eps) + eps / classes
+    if weight is not None:
+        shape = [1] * input.dim()
+        shape[dim] = classes
+        q = q * weight.to(input.dtype).reshape(shape)
     loss = -(q * log_softmax(input, dim)).sum(dim)
+    if z_loss:
+        loss = loss + z_loss * torch.logsumexp(input, dim) ** 2
     if reduction == "none":
         return loss
     if reduction == "sum":
@@ -268,6 +337,8 @@ def cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     *,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     inplace_backward: bool = False,
 ) -> torch.Tensor:
     """`torch.nn.functional.cross_entropy(input, target, ...)` computed by
@@ -282,13 +353,20 @@ def cross_entropy(
             probabilities, a floating tensor shaped as `input` (computed by
             our log_softmax kernel and torch ops, not fused; ignore_index
             does not apply, as torch).
-        weight: Not supported: raises NotImplementedError.
+        weight: Class weights (C,), on the input's device, as torch (row loss
+            w[t] (lse - x_t); with smoothing (1 - eps) of that plus eps / C
+            sum_c w_c (lse - x_c); "mean" over the sum of w[t] of the kept
+            rows). Not differentiated (a constant, as torch's use of it).
         size_average: Deprecated in torch; must be None.
         ignore_index: Target value whose rows add nothing and count for
             nothing in the mean.
         reduce: Deprecated in torch; must be None.
         reduction: "mean", "sum" or "none".
         label_smoothing: eps in [0, 1].
+        z_loss: w >= 0: each kept row adds w * lse^2 (lse after the softcap;
+            unweighted, and inside the "mean").
+        softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
+            first (Gemma 2).
         inplace_backward: With class indices and logits requiring grad
             (outside torch.compile): the forward writes d loss / d input
             over the input's memory, as Liger does, saving a gradient-sized
@@ -305,11 +383,6 @@ def cross_entropy(
     checked (that would sync with the host): its row's loss and gradient
     come out NaN, and so does a reduced loss.
     """
-    if weight is not None:
-        raise NotImplementedError(
-            "max_softmax: cross_entropy takes no class weights (weight=); use "
-            "torch.nn.functional.cross_entropy for weighted losses"
-        )
     if size_average is not None or reduce is not None:
         raise ValueError(
             "max_softmax: size_average and reduce are deprecated in torch; use reduction="
@@ -317,6 +390,7 @@ def cross_entropy(
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
+    z_loss, cap = check_cross_entropy_extras(z_loss, softcap)
     if input.dtype not in DTYPES:
         raise TypeError(
             f"max_softmax: cross_entropy needs floating-point logits, got {input.dtype}"
@@ -330,8 +404,24 @@ def cross_entropy(
         )
     launching = input.is_cuda and torch_launch.available(cuda=True)
     check_device(input, "cross_entropy", launching)
+    if weight is not None:
+        if (
+            not isinstance(weight, torch.Tensor)
+            or weight.is_complex()
+            or weight.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"max_softmax: cross_entropy weight must be a real tensor, got {weight!r}"
+            )
+        if weight.device != input.device:
+            raise ValueError(
+                f"max_softmax: cross_entropy needs the weight on the input's device "
+                f"({input.device}), got {weight.device}"
+            )
+        check_class_weight(list(weight.shape), input.shape[0 if input.dim() == 1 else 1])
+    extras = (weight, z_loss, cap)
     if target.is_floating_point():
-        return _soft_cross_entropy(input, target, reduction, eps)
+        return _soft_cross_entropy(input, target, reduction, eps, extras)
     if target.is_complex() or target.dtype == torch.bool:
         raise TypeError(
             f"max_softmax: cross_entropy needs integer class indices or floating class "
@@ -356,6 +446,11 @@ def cross_entropy(
         # On the host numpy checks in a fraction of torch's time (65536
         # targets: 41 vs 630 us); CUDA targets are not checked (a host sync).
         check_targets_in_range(_host_values(targets, expected), classes, ignore_index)
+    if inplace_backward and (weight is not None or z_loss or cap):
+        raise NotImplementedError(
+            "max_softmax: cross_entropy(inplace_backward=True) takes no weight, z_loss or "
+            "softcap yet; leave inplace_backward off for them"
+        )
     if inplace_backward and logits.requires_grad and not torch.compiler.is_compiling():
         loss = cross_entropy_inplace(logits, targets, ignore_index, reduction, eps)
     elif needs_function(logits, targets):
@@ -363,9 +458,9 @@ def cross_entropy(
             fn = CrossEntropyFnCompiled
         else:
             fn = choose(CrossEntropyFn, CrossEntropyFnEager, logits, targets)
-        loss = fn.apply(logits, targets, ignore_index, reduction, eps, [])
+        loss = fn.apply(logits, targets, ignore_index, reduction, eps, extras, [])
     else:
-        loss, _ = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, False)
+        loss, _ = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, False, extras)
     if reduction == "none":
         return loss.reshape(target.shape)
     return loss.reshape(())

@@ -52,7 +52,8 @@ class Softmax2d(torch.nn.Module):
 
 class CrossEntropyLoss(torch.nn.Module):
     """Drop-in for `torch.nn.CrossEntropyLoss` (arguments as
-    `cross_entropy`; class weights raise NotImplementedError)."""
+    `cross_entropy`, class weights a buffer as torch's), with our `z_loss`
+    and `softcap`."""
 
     def __init__(
         self,
@@ -62,13 +63,14 @@ class CrossEntropyLoss(torch.nn.Module):
         reduce: bool | None = None,
         reduction: str = "mean",
         label_smoothing: float = 0.0,
+        *,
+        z_loss: float = 0.0,
+        softcap: float | None = None,
     ):
         super().__init__()
-        if weight is not None:
-            raise NotImplementedError(
-                "max_softmax: CrossEntropyLoss takes no class weights (weight=); use "
-                "torch.nn.CrossEntropyLoss for weighted losses"
-            )
+        self.register_buffer("weight", weight)
+        self.z_loss = z_loss
+        self.softcap = softcap
         if size_average is not None or reduce is not None:
             raise ValueError(
                 "max_softmax: size_average and reduce are deprecated in torch; use reduction="
@@ -82,13 +84,17 @@ class CrossEntropyLoss(torch.nn.Module):
         return cross_entropy(
             input,
             target,
+            weight=self.weight,
             ignore_index=self.ignore_index,
             reduction=self.reduction,
             label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss,
+            softcap=self.softcap,
         )
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-            f"label_smoothing={self.label_smoothing}"
+            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+            f"softcap={self.softcap}"
         )

@@ -1,0 +1,164 @@
+"""CPU cross-entropy under the extended options (z-loss, softcap, class
+weights), multithreaded over whole rows as cpu_cross_entropy: a pass over
+the capped logits for the row's max, sum of exp and (label smoothing) the
+weighted sums, then, with the gradient, one pass writing it. The plain
+loss (options of length 2) never comes here.
+
+`options` is (ignore_index, eps, z_loss, softcap[, V class weights]), on
+the host; see cross_entropy_math for the row math.
+"""
+
+from std.math import ceildiv
+
+from .cpu_tasks import items_per_task, run_tasks
+from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
+    IGNORED,
+    OUT_OF_RANGE,
+    extended_p_factor,
+    extended_row_loss,
+    softcap_chain,
+    softcap_of,
+    target_kind,
+)
+from .row_math import accum_dtype, exp_nan, online_add, online_sum_guard
+
+
+def cross_entropy_options_cpu[
+    dtype: DType, with_grad: Bool, reduction: StaticString
+](
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    n_options: Int,
+    rows: Int,
+    n: Int,
+) raises:
+    """Cross-entropy of `rows` rows of `n` logits against `targets` under
+    the `n_options` extended options; arguments as `cross_entropy_cpu`.
+    "mean" divides by the sum over kept rows of w[target] (torch's rule)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime mean = reduction == "mean"
+    comptime reduce = reduction != "none"
+    if n_options != EXTENDED_OPTIONS and n_options != EXTENDED_OPTIONS + n:
+        raise Error(
+            "max_softmax: cross_entropy options must hold 4 values, or 4"
+            " and a weight per class (4 + "
+            + String(n)
+            + "), got "
+            + String(n_options)
+        )
+    var has_weight = n_options > EXTENDED_OPTIONS
+    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
+    var ignore_index = Int64(options[unsafe_offset=0])
+    var kept = Float64(0)
+    for r in range(rows):
+        var t = targets[unsafe_offset=r]
+        var kind = target_kind(t, ignore_index, n)
+        if kind == OUT_OF_RANGE:
+            raise Error(
+                "max_softmax: cross_entropy target "
+                + String(t)
+                + " at row "
+                + String(r)
+                + " is out of range for "
+                + String(n)
+                + " classes (and is not ignore_index "
+                + String(ignore_index)
+                + ")"
+            )
+        if kind != IGNORED:
+            kept += weights[unsafe_offset=Int(t)] if has_weight else 1
+    var scale = Scalar[acc](1 / kept) if mean else Scalar[acc](1)
+    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
+    var losses = row_losses.unsafe_ptr()
+    var rows_per_task = items_per_task(n)
+
+    def task(k: Int) raises {imm}:
+        for r in range(k * rows_per_task, min(rows, (k + 1) * rows_per_task)):
+            var value = _row[dtype, with_grad](
+                dlogits.unsafe_offset(r * n),
+                logits.unsafe_offset(r * n),
+                targets[unsafe_offset=r],
+                options,
+                has_weight,
+                scale,
+                n,
+            )
+            comptime if reduce:
+                losses[unsafe_offset=r] = value
+            else:
+                loss[unsafe_offset=r] = value.cast[dtype]()
+
+    if rows > 0:
+        run_tasks(task, ceildiv(rows, rows_per_task))
+    comptime if reduce:
+        var total = Scalar[acc](0)
+        for r in range(rows):
+            total += losses[unsafe_offset=r]
+        comptime if mean:
+            total = total / Scalar[acc](kept)
+        loss[unsafe_offset=0] = total.cast[dtype]()
+    _ = row_losses^
+
+
+@always_inline
+def _row[
+    dtype: DType, with_grad: Bool
+](
+    y_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    t: Int64,
+    options: Pointer[Float64, MutAnyOrigin],
+    has_weight: Bool,
+    scale: Scalar[accum_dtype[dtype]()],
+    n: Int,
+) -> Scalar[accum_dtype[dtype]()]:
+    """One row's loss (0 if ignored); with the gradient, its gradient row."""
+    comptime acc = accum_dtype[dtype]()
+    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
+    if t == Int64(options[unsafe_offset=0]):
+        comptime if with_grad:
+            for c in range(n):
+                y_out[unsafe_offset=c] = 0
+        return 0
+    var eps = options[unsafe_offset=1].cast[acc]()
+    var z_loss = options[unsafe_offset=2].cast[acc]()
+    var cap = options[unsafe_offset=3].cast[acc]()
+    var m = Scalar[acc](-1) / Scalar[acc](0)
+    var s = Scalar[acc](0)
+    var su = Scalar[acc](0)
+    var suy = Scalar[acc](0)
+    for c in range(n):
+        var y = softcap_of[acc, 1](x[unsafe_offset=c].cast[acc](), cap)
+        var pair = online_add[acc, 1](m, s, y)
+        m = pair[0]
+        s = pair[1]
+        if eps != 0:
+            var u = weights[unsafe_offset=c].cast[acc]() if has_weight else 1
+            su += u
+            suy += u * y
+    s = online_sum_guard[acc](m, s)
+    var w_t = weights[unsafe_offset=Int(t)].cast[acc]() if has_weight else 1
+    var y_t = softcap_of[acc, 1](x[unsafe_offset=Int(t)].cast[acc](), cap)
+    comptime if with_grad:
+        var factor = extended_p_factor[acc](m, s, w_t, su, eps, z_loss, n)
+        var inv_s = 1 / s
+        var smooth = eps / Scalar[acc](n)
+        for c in range(n):
+            var y = softcap_of[acc, 1](x[unsafe_offset=c].cast[acc](), cap)
+            var g = exp_nan[acc, 1](y - m) * inv_s * factor
+            if eps != 0:
+                var u = weights[unsafe_offset=c].cast[
+                    acc
+                ]() if has_weight else 1
+                g -= smooth * u
+            if c == Int(t):
+                g -= (1 - eps) * w_t
+            y_out[unsafe_offset=c] = (
+                g * scale * softcap_chain[acc, 1](y, cap)
+            ).cast[dtype]()
+    return extended_row_loss[acc](m, s, y_t, w_t, su, suy, eps, z_loss, n)
