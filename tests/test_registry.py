@@ -27,8 +27,10 @@ def test_every_op_and_its_twin_is_registered_in_mojo():
         assert spec.backward is None or spec.backward in OPS
     baselines = {f"{s.name}_baseline" for s in OPS.values() if s.has_variants}
     # The vocab-parallel building blocks (max_softmax.sharded) are ops of their own.
+    # ...and so is the torch bridge's in-place scale (max_softmax.models.BRIDGE_OPS).
     sharded = set(max_softmax.sharded.SHARDED_OPS)
-    assert registered == set(OPS) | {s.into for s in OPS.values()} | baselines | sharded
+    bridge = set(max_softmax.models.BRIDGE_OPS)
+    assert registered == set(OPS) | {s.into for s in OPS.values()} | baselines | sharded | bridge
 
 
 def test_nothing_live_imports_a_baseline(tmp_path):
