@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> None:
             size = 4 if dtype == "float32" else 2
             models = {}
             for rows, n in shapes:
-                k = int(min(16, max(2, (256 << 20) // (rows * n * size))))
+                k = args.k or int(min(16, max(2, (256 << 20) // (rows * n * size))))
                 if k not in models:
                     t0 = time.perf_counter()
                     models[k] = session.load(_graph(op, dtype, k))
@@ -189,6 +189,7 @@ def main() -> None:
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--k", type=int, default=0, help="ops a graph (default: by size, 2-16)")
     p.add_argument("--compare", nargs="+")
     p.add_argument("--smoke", action="store_true", help="build one graph on the CPU and run it")
     args = p.parse_args()
