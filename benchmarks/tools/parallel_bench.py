@@ -86,7 +86,10 @@ def import_megatron():
         wheels = sorted((ROOT / ".gpu-peers").glob("megatron_core-*.whl"))
         if not wheels:
             return None
-        target = Path(tempfile.gettempdir()) / f"megatron-{wheels[-1].stem}"
+        # One folder a rank: torchrun's ranks extracting into one folder at once collide
+        # (FileExistsError, seen on 2 H100s).
+        rank = os.environ.get("RANK", "0")
+        target = Path(tempfile.gettempdir()) / f"megatron-{wheels[-1].stem}-rank{rank}"
         if not (target / "megatron").is_dir():
             with zipfile.ZipFile(wheels[-1]) as z:
                 z.extractall(target)
