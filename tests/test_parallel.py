@@ -10,6 +10,7 @@ On 2 GPUs the same worker runs over NCCL: `MAX_SOFTMAX_TEST_NCCL=1`
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -134,8 +135,14 @@ def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) 
     device = f"cuda:{rank}" if use_cuda else "cpu"
     if use_cuda:
         torch.cuda.set_device(rank)
+    # A bounded timeout: a rank that dies makes its peers' collectives fail in minutes,
+    # not after the default half hour (mp.spawn then reports the failure).
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(minutes=10),
     )
     try:
         from max_softmax.torch import parallel
