@@ -22,6 +22,7 @@ from .validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
     check_integer_targets,
+    check_linear_cross_entropy_options,
     check_targets_in_range,
 )
 
@@ -35,17 +36,9 @@ def _acc(dtype: np.dtype) -> np.dtype:
 
 
 def _check(
-    input: Any, weight: Any, target: Any, bias: Any, z_loss: float, softcap: float | None
+    input: Any, weight: Any, target: Any, bias: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The arguments as arrays, or raise."""
-    if z_loss != 0.0:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support z_loss yet; pass z_loss=0"
-        )
-    if softcap is not None:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support softcap yet; pass softcap=None"
-        )
     h, w, t = as_array(input), as_array(weight), as_array(target)
     b = None if bias is None else as_array(bias)
     max_dtype(h.dtype)  # raises for a dtype the kernels do not take
@@ -87,16 +80,11 @@ def _run(
     device: str,
     with_grad: bool,
 ) -> list[Any]:
-    h, w, t, b = _check(input, weight, target, bias, z_loss, softcap)
+    check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
+    h, w, t, b = _check(input, weight, target, bias)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
-    if chunk_rows is not None and (
-        isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
-    ):
-        raise ValueError(
-            f"max_softmax: chunk_rows must be a positive int or None, got {chunk_rows!r}"
-        )
     dtype, acc = h.dtype, _acc(h.dtype)
     hidden, classes = h.shape[-1], w.shape[0]
     check_targets_in_range(t, classes, ignore_index)

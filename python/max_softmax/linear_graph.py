@@ -22,7 +22,12 @@ from max.graph import TensorValue, ops
 from max.graph.dim import Dim, StaticDim
 
 from .ops import cross_entropy_rows
-from .validation import check_cross_entropy_options, check_dtype, check_integer_targets
+from .validation import (
+    check_cross_entropy_options,
+    check_dtype,
+    check_integer_targets,
+    check_linear_cross_entropy_options,
+)
 
 CHUNK_BYTES = 256 * 2**20
 """Bytes of logits a chunk holds (its gradient as much again)."""
@@ -45,14 +50,7 @@ def _build(
     chunk_rows: int | None,
     with_grad: bool,
 ) -> list[TensorValue]:
-    if z_loss != 0.0:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support z_loss yet; pass z_loss=0"
-        )
-    if softcap is not None:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support softcap yet; pass softcap=None"
-        )
+    check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
     h, w, t = TensorValue(input), TensorValue(weight), TensorValue(target)
     b = None if bias is None else TensorValue(bias)
     check_dtype(h.dtype)
@@ -81,12 +79,6 @@ def _build(
         raise ValueError(
             f"max_softmax: linear_cross_entropy target of shape {list(t.shape)} does not match "
             f"input of shape {shape}"
-        )
-    if chunk_rows is not None and (
-        isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
-    ):
-        raise ValueError(
-            f"max_softmax: chunk_rows must be a positive int or None, got {chunk_rows!r}"
         )
     dtype, acc, device = h.dtype, _acc(h.dtype), h.device
     rows = reduce(mul, shape[:-1], Dim(1))

@@ -209,6 +209,30 @@ def cross_entropy_options(
     return np.concatenate([extended, np.asarray(weight, dtype=np.float64).reshape(-1)])
 
 
+def check_linear_cross_entropy_options(
+    z_loss: float, softcap: float | None, chunk_rows: int | None
+) -> None:
+    """The options every `linear_cross_entropy` front door (numpy, graph, torch)
+    refuses or checks the same way: z_loss and softcap are not in its chunked
+    path yet; chunk_rows is a positive int or None."""
+    if z_loss != 0.0:
+        raise NotImplementedError(
+            "max_softmax: linear_cross_entropy does not support z_loss yet (its chunked "
+            "path runs the plain cross-entropy kernel); pass z_loss=0"
+        )
+    if softcap is not None:
+        raise NotImplementedError(
+            "max_softmax: linear_cross_entropy does not support softcap yet (its chunked "
+            "path runs the plain cross-entropy kernel); pass softcap=None"
+        )
+    if chunk_rows is not None and (
+        isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
+    ):
+        raise ValueError(
+            f"max_softmax: chunk_rows must be a positive int or None, got {chunk_rows!r}"
+        )
+
+
 EMPTY_LOSS: dict[str, float] = {"mean": float("nan"), "sum": 0.0, "none": 0.0}
 """Cross-entropy of an empty batch by reduction, as torch: the mean of
 nothing is NaN."""

@@ -42,7 +42,12 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..models import cross_entropy_into_model
-from ..validation import EMPTY_LOSS, check_cross_entropy_options, check_targets_in_range
+from ..validation import (
+    EMPTY_LOSS,
+    check_cross_entropy_options,
+    check_linear_cross_entropy_options,
+    check_targets_in_range,
+)
 from . import _buffers as torch_buffers
 from . import _launch as torch_launch
 from ._buffers import DTYPES
@@ -508,26 +513,11 @@ def linear_cross_entropy(
     A target out of range (not ignore_index) raises ValueError for CPU
     tensors; on CUDA its row's loss and gradient come out NaN.
     """
-    if z_loss != 0.0:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support z_loss yet (the fused "
-            "cross-entropy kernel has no z-loss term); pass z_loss=0"
-        )
-    if softcap is not None:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support softcap yet (the fused "
-            "cross-entropy kernel has no softcapping); pass softcap=None"
-        )
+    check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
     _check(input, weight, target, bias)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
-    if chunk_rows is not None and (
-        isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
-    ):
-        raise ValueError(
-            f"max_softmax: chunk_rows must be a positive int or None, got {chunk_rows!r}"
-        )
     if input.is_cuda and not torch_launch.available(cuda=True):
         torch_buffers.check_cuda_device(input)
     hidden = input.shape[-1]
