@@ -63,6 +63,39 @@ def _scalar(name: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     return fn(x.reshape(1), 0).reshape(())
 
 
+# Each op's autograd Functions: (setup_context-style for torch.func, ctx-style for
+# plain eager calls, jvp-less for torch.compile).
+_FUNCTIONS = {
+    "softmax": (SoftmaxFn, SoftmaxFnEager, SoftmaxFnCompiled),
+    "log_softmax": (LogSoftmaxFn, LogSoftmaxFnEager, LogSoftmaxFnCompiled),
+}
+
+
+def _row_op(
+    name: str,
+    x: torch.Tensor,
+    dim: int | None,
+    dtype: torch.dtype | None,
+    scale: float | None,
+    mask: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """`softmax` / `log_softmax` (op `name`): the casts, the masked and 0-d
+    cases, then our kernel, through the autograd Function the call needs."""
+    if dtype is not None or dim is None or not isinstance(x, torch.Tensor):
+        x, dim = _prepare(name, x, dim, dtype)
+    if scale is not None or mask is not None or causal:  # is_masked_call, inline
+        return masked(name, x, dim, scale, mask, causal)
+    if x.dim() == 0:
+        return _scalar(name, x, dim)
+    if not needs_function(x):
+        return run(name, dim, x)
+    fn, eager, compiled = _FUNCTIONS[name]
+    if torch.compiler.is_compiling():
+        return compiled.apply(x, dim)
+    return choose(fn, eager, x).apply(x, dim)
+
+
 def softmax(
     x: torch.Tensor,
     dim: int | None = -1,
@@ -85,17 +118,7 @@ def softmax(
     (masked positions get 0); a floating mask that requires grad raises
     NotImplementedError.
     """
-    if dtype is not None or dim is None or not isinstance(x, torch.Tensor):
-        x, dim = _prepare("softmax", x, dim, dtype)
-    if scale is not None or mask is not None or causal:  # is_masked_call, inline
-        return masked("softmax", x, dim, scale, mask, causal)
-    if x.dim() == 0:
-        return _scalar("softmax", x, dim)
-    if not needs_function(x):
-        return run("softmax", dim, x)
-    if torch.compiler.is_compiling():
-        return SoftmaxFnCompiled.apply(x, dim)
-    return choose(SoftmaxFn, SoftmaxFnEager, x).apply(x, dim)
+    return _row_op("softmax", x, dim, dtype, scale, mask, causal)
 
 
 def log_softmax(
@@ -114,14 +137,4 @@ def log_softmax(
     gives -inf, and masked positions (output -inf) get gradient 0, as
     `masked_fill(~mask, -inf)` followed by torch's log_softmax.
     """
-    if dtype is not None or dim is None or not isinstance(x, torch.Tensor):
-        x, dim = _prepare("log_softmax", x, dim, dtype)
-    if scale is not None or mask is not None or causal:  # is_masked_call, inline
-        return masked("log_softmax", x, dim, scale, mask, causal)
-    if x.dim() == 0:
-        return _scalar("log_softmax", x, dim)
-    if not needs_function(x):
-        return run("log_softmax", dim, x)
-    if torch.compiler.is_compiling():
-        return LogSoftmaxFnCompiled.apply(x, dim)
-    return choose(LogSoftmaxFn, LogSoftmaxFnEager, x).apply(x, dim)
+    return _row_op("log_softmax", x, dim, dtype, scale, mask, causal)
