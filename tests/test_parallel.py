@@ -4,8 +4,8 @@ gradients against a float64 torch reference of the whole row.
 
 One spawn per world size runs every case (a process start and a MAX model
 load cost seconds each); a failing case raises in its worker with its name.
-On 2 GPUs the same worker runs over NCCL: `MAX_SOFTMAX_TEST_NCCL=1`
-(see docs/drafts/many_gpus.md).
+On GPUs the same worker runs over NCCL, 2, 3 and 4 processes, one GPU
+each, through the launch extension: `MAX_SOFTMAX_TEST_NCCL=1`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 from max_softmax.reference import CROSS_ENTROPY_TOLERANCES  # noqa: E402
 
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 1.6e-2}
-WIDTHS = {2: (5, 9), 3: (1, 16, 3)}
+WIDTHS = {2: (5, 9), 3: (1, 16, 3), 4: (2, 7, 1, 5)}
 
 
 def _free_port() -> int:
@@ -135,6 +135,9 @@ def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) 
     device = f"cuda:{rank}" if use_cuda else "cpu"
     if use_cuda:
         torch.cuda.set_device(rank)
+        # The launch extension at once (built by the first rank, loaded by the rest),
+        # not MAX models while it builds in the background.
+        os.environ.setdefault("MAX_SOFTMAX_LAUNCH", "extension")
     # A bounded timeout: a rank that dies makes its peers' collectives fail in minutes,
     # not after the default half hour (mp.spawn then reports the failure).
     dist.init_process_group(
@@ -149,11 +152,14 @@ def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) 
 
         parallel._FORCED = forced
         widths = WIDTHS[world]
+        if use_cuda:
+            probe = torch.empty(1, 1, device=device)
+            assert parallel.backend(probe) == "extension", parallel.backend(probe)
         # On the CPU the graph path compiles a model per (op, dtype): float32
         # only there (tests/test_sharded.py runs the float64 kernels).
         dtypes = [torch.float32, torch.float64, torch.bfloat16]
         if not use_cuda:
-            dtypes = [torch.float32, torch.float64] if forced == "torch" else [torch.float32]
+            dtypes = [torch.float32, torch.float64] if forced != "graph" else [torch.float32]
         for dtype in dtypes:
             _row_cases(rank, widths, device, dtype)
             _ce_cases(rank, widths, device, dtype)
@@ -170,9 +176,18 @@ def _spawn(world: int, forced: str | None = "graph") -> None:
     mp.spawn(_worker, args=(world, _free_port(), backend, forced), nprocs=world, join=True)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_matches_whole_row(world):
+    if world == 4 and os.environ.get("MAX_SOFTMAX_TEST_NCCL") != "1":
+        pytest.skip("gloo runs 2 and 3 processes; 4 runs over NCCL on 4 GPUs")
     _spawn(world)
+
+
+def test_extension_matches_whole_row():
+    """The launch extension's sharded entries (the path CUDA takes) on the CPU."""
+    if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1":
+        pytest.skip("the NCCL run takes the extension already")
+    _spawn(2, forced="extension")
 
 
 def test_torch_fallback_matches_whole_row():

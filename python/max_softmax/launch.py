@@ -88,9 +88,10 @@ ENTRIES: dict[str, str] = {
 (and torch's on CUDA) waits for no graph compile. A test checks each is
 in the built extension."""
 
-HELPERS: tuple[str, ...] = ("scale_rows",)
-"""Extension functions beside the registry's ops (the cross-entropy
-backward's scaling on CUDA)."""
+HELPERS: tuple[str, ...] = ("scale_rows", "sharded_row_stats", "sharded_epilogue")
+"""Extension functions beside the registry's ops: the cross-entropy
+backward's scaling on CUDA, and the vocab-parallel ops' statistics and
+epilogue (`torch/parallel.py`)."""
 
 ROW_OPS: tuple[str, ...] = tuple(n for n, s in registry.OPS.items() if s.kind == "row")
 """The row ops the extension takes, (ctx, stream, dtype, out, *inputs,

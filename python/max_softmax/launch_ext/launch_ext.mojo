@@ -41,6 +41,9 @@ from op.cpu_masked_rows import masked_softmax_cpu
 from op.gpu_cross_entropy import launch_cross_entropy
 from op.gpu_masked_rows import launch_masked_rows
 from op.gpu_scale_rows import launch_scale_rows
+from op.cpu_sharded_rows import epilogue_cpu, row_stats_cpu
+from op.gpu_sharded_rows import launch_epilogue, launch_row_stats
+from op.row_math import accum_dtype
 
 comptime GPU = not is_defined["MAX_SOFTMAX_CPU_ONLY"]()
 """Whether this build holds the GPU path: a host with no GPU builds with
@@ -180,6 +183,22 @@ def _torch_after(ctx: DeviceContext, ts: DeviceStream) raises:
         raise e^
 
 
+def _on_torch_stream[
+    Kernel: def() raises -> None
+](ctx: DeviceContext, torch_stream: PythonObject, kernel: Kernel) raises:
+    """Queue `kernel` (it launches on `ctx`) in order with torch's stream:
+    MAX's queue waits for what torch queued so far, and torch's stream for
+    what `kernel` queued, also when it raises, since torch must not reuse
+    memory a queued kernel still writes."""
+    var ts = _torch_first(ctx, torch_stream)
+    try:
+        kernel()
+    except e:
+        _torch_after(ctx, ts)
+        raise e^
+    _torch_after(ctx, ts)
+
+
 # ===----------------------------------------------------------------------=== #
 # softmax, log_softmax
 # ===----------------------------------------------------------------------=== #
@@ -225,8 +244,7 @@ def _forward[
                 _on_cpu(forward_cpu, dims[0] * dims[1] * dims[2])
                 return PythonObject(None)
             comptime if GPU:
-                var ts = _torch_first(ctx, torch_stream)
-                try:
+                def gpu_launch() raises {imm}:
                     softmax_rows[
                         "gpu", dtype, log_out, launch_auto[dtype, log_out]
                     ](
@@ -237,12 +255,8 @@ def _forward[
                         dims[1],
                         dims[2],
                     )
-                except e:
-                    # Whatever was queued before the error must finish before
-                    # torch reuses the memory.
-                    _torch_after(ctx, ts)
-                    raise e^
-                _torch_after(ctx, ts)
+
+                _on_torch_stream(ctx, torch_stream, gpu_launch)
                 return PythonObject(None)
             else:
                 raise _no_gpu()
@@ -328,8 +342,7 @@ def _backward[
                 _on_cpu(backward_cpu, dims[0] * dims[1] * dims[2])
                 return PythonObject(None)
             comptime if GPU:
-                var ts = _torch_first(ctx, torch_stream)
-                try:
+                def gpu_launch() raises {imm}:
                     softmax_backward_rows["gpu", dtype, log_in](
                         ctx,
                         _ptr[dtype](dx),
@@ -339,10 +352,8 @@ def _backward[
                         dims[1],
                         dims[2],
                     )
-                except e:
-                    _torch_after(ctx, ts)
-                    raise e^
-                _torch_after(ctx, ts)
+
+                _on_torch_stream(ctx, torch_stream, gpu_launch)
                 return PythonObject(None)
             else:
                 raise _no_gpu()
@@ -422,8 +433,7 @@ def _masked_on[
         _on_cpu(masked_on_cpu, rows * n)
         return
     comptime if GPU:
-        var ts = _torch_first(ctx, torch_stream)
-        try:
+        def gpu_launch() raises {imm}:
             launch_masked_rows[dtype, log_out, has_mask, causal](
                 ctx,
                 _ptr[dtype](dst),
@@ -435,10 +445,8 @@ def _masked_on[
                 mask_rows,
                 causal_rows,
             )
-        except e:
-            _torch_after(ctx, ts)
-            raise e^
-        _torch_after(ctx, ts)
+
+        _on_torch_stream(ctx, torch_stream, gpu_launch)
     else:
         raise _no_gpu()
 
@@ -611,8 +619,7 @@ def _cross_entropy_on[
         _on_cpu(cross_entropy_on_cpu, rows * n)
         return
     comptime if GPU:
-        var ts = _torch_first(ctx, torch_stream)
-        try:
+        def gpu_launch() raises {imm}:
             launch_cross_entropy[dtype, with_grad, reduction](
                 ctx,
                 _ptr[dtype](loss),
@@ -623,10 +630,8 @@ def _cross_entropy_on[
                 rows,
                 n,
             )
-        except e:
-            _torch_after(ctx, ts)
-            raise e^
-        _torch_after(ctx, ts)
+
+        _on_torch_stream(ctx, torch_stream, gpu_launch)
     else:
         raise _no_gpu()
 
@@ -724,8 +729,7 @@ def scale_rows(
         comptime dtype = _dtype_of[c]()
         if code == c:
             comptime if GPU:
-                var ts = _torch_first(ctx, torch_stream)
-                try:
+                def gpu_launch() raises {imm}:
                     launch_scale_rows[dtype](
                         ctx,
                         _ptr[dtype](data),
@@ -734,14 +738,182 @@ def scale_rows(
                         dims[1],
                         per_row,
                     )
-                except e:
-                    _torch_after(ctx, ts)
-                    raise e^
-                _torch_after(ctx, ts)
+
+                _on_torch_stream(ctx, torch_stream, gpu_launch)
                 return PythonObject(None)
             else:
                 raise _no_gpu()
     raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
+# ===----------------------------------------------------------------------=== #
+# sharded (vocab-parallel) row ops: torch/parallel.py
+# ===----------------------------------------------------------------------=== #
+
+
+def _sharded_on[
+    dtype: DType, kind: StaticString, stats: Bool
+](
+    ctx: DeviceContext,
+    torch_stream: PythonObject,
+    dst: Int,
+    logits: Int,
+    row_in: Int,
+    targets: Int,
+    options: Int,
+    rows: Int,
+    n: Int,
+) raises:
+    """One instance of `sharded_row_stats` (`stats`) or `sharded_epilogue`."""
+    comptime acc = accum_dtype[dtype]()
+    var t = Pointer[Int64, MutAnyOrigin](unsafe_from_address=targets)
+    var o = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
+    if torch_stream is PythonObject(None):
+
+        def on_cpu() raises {imm}:
+            comptime if stats:
+                row_stats_cpu[dtype, kind == "cross_entropy"](
+                    _ptr[acc](dst), _ptr[dtype](logits), t, o, rows, n
+                )
+            else:
+                epilogue_cpu[dtype, kind](
+                    _ptr[dtype](dst),
+                    _ptr[dtype](logits),
+                    _ptr[acc](row_in),
+                    t,
+                    o,
+                    rows,
+                    n,
+                )
+
+        _on_cpu(on_cpu, rows * n)
+        return
+    comptime if GPU:
+
+        def gpu_launch() raises {imm}:
+            comptime if stats:
+                launch_row_stats[dtype, kind == "cross_entropy"](
+                    ctx, _ptr[acc](dst), _ptr[dtype](logits), t, o, rows, n
+                )
+            else:
+                launch_epilogue[dtype, kind](
+                    ctx,
+                    _ptr[dtype](dst),
+                    _ptr[dtype](logits),
+                    _ptr[acc](row_in),
+                    t,
+                    o,
+                    rows,
+                    n,
+                )
+
+        _on_torch_stream(ctx, torch_stream, gpu_launch)
+    else:
+        raise _no_gpu()
+
+
+def _sharded[
+    stats: Bool
+](
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    kind_obj: PythonObject,
+    out_obj: PythonObject,
+    logits_obj: PythonObject,
+    row_in_obj: PythonObject,
+    targets_obj: PythonObject,
+    options_obj: PythonObject,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+) raises:
+    """Dispatch a sharded call on its dtype and kind codes."""
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var kind_code = Int(py=kind_obj)
+    var dims = _dims(rows_obj, n_obj, PythonObject(1))
+    if kind_code < 0 or kind_code >= 3:
+        raise _bad_code("kind", kind_code, 3)
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            comptime for k in range(3):
+                comptime kind = ("softmax", "log_softmax", "cross_entropy")[k]
+                if kind_code == k:
+                    _sharded_on[dtype, kind, stats](
+                        ctx,
+                        torch_stream,
+                        Int(py=out_obj),
+                        Int(py=logits_obj),
+                        Int(py=row_in_obj),
+                        Int(py=targets_obj),
+                        Int(py=options_obj),
+                        dims[0],
+                        dims[1],
+                    )
+                    return
+    raise _bad_code("dtype", code, DTYPE_COUNT)
+
+
+def sharded_row_stats(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    kind_obj: PythonObject,
+    stats_obj: PythonObject,
+    logits_obj: PythonObject,
+    targets_obj: PythonObject,
+    options_obj: PythonObject,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+) raises -> PythonObject:
+    """Per-row statistics (rows, 4) of a (rows, n) slice of classes
+    (op/sharded_ops.mojo); kind 0 softmax, 1 log_softmax, 2 cross_entropy."""
+    _sharded[True](
+        ctx_ptr,
+        torch_stream,
+        dtype_obj,
+        kind_obj,
+        stats_obj,
+        logits_obj,
+        PythonObject(0),
+        targets_obj,
+        options_obj,
+        rows_obj,
+        n_obj,
+    )
+    return PythonObject(None)
+
+
+def sharded_epilogue(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    kind_obj: PythonObject,
+    out_obj: PythonObject,
+    logits_obj: PythonObject,
+    row_in_obj: PythonObject,
+    targets_obj: PythonObject,
+    options_obj: PythonObject,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+) raises -> PythonObject:
+    """The slice's softmax, log-softmax or cross-entropy gradient from the
+    rows' global (max, sum, scale) (rows, 3) (op/sharded_ops.mojo)."""
+    _sharded[False](
+        ctx_ptr,
+        torch_stream,
+        dtype_obj,
+        kind_obj,
+        out_obj,
+        logits_obj,
+        row_in_obj,
+        targets_obj,
+        options_obj,
+        rows_obj,
+        n_obj,
+    )
+    return PythonObject(None)
 
 
 # ===----------------------------------------------------------------------=== #
@@ -803,6 +975,20 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
             "scale_rows",
             docstring=(
                 "scale_rows(ctx, stream, dtype, data, factor, rows, n, per_row)"
+            ),
+        )
+        b.def_function[sharded_row_stats](
+            "sharded_row_stats",
+            docstring=(
+                "sharded_row_stats(ctx, stream, dtype, kind, stats, logits,"
+                " targets, options, rows, n)"
+            ),
+        )
+        b.def_function[sharded_epilogue](
+            "sharded_epilogue",
+            docstring=(
+                "sharded_epilogue(ctx, stream, dtype, kind, out, logits,"
+                " row_in, targets, options, rows, n)"
             ),
         )
         return b.finalize()
