@@ -150,3 +150,70 @@ def test_clear_errors(rng):
         a, b = (v.tensor for v in g.inputs)
         with pytest.raises(ValueError, match="leading dims"):
             graph_ops.sharded_softmax([a, b], None)
+
+
+def _gpu_count() -> int:
+    from max.driver import accelerator_count
+
+    return accelerator_count()
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 4])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_gpus_with_real_collectives(rng, gpus, dtype):
+    """One slice a GPU, `ops.allgather` over `max.nn.comm.Signals`: softmax,
+    log-softmax and cross-entropy with its gradient in one graph, against
+    float64 references of the whole row (uneven slices, rows long enough
+    for the kernels' vector paths)."""
+    if _gpu_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs")
+    from max.driver import CPU, Accelerator
+    from max.engine import InferenceSession
+    from max.nn.comm import Signals
+
+    from max_softmax.dtypes import BFLOAT16
+
+    np_dtype = BFLOAT16 if dtype == "bfloat16" else np.float32
+    rows, widths = 37, [4099, 1, 2048, 777][:gpus]
+    classes = sum(widths)
+    x = (rng.standard_normal((rows, classes)) * 3).astype(np_dtype)
+    x[1, 3] = -np.inf
+    t = rng.integers(0, classes, size=rows).astype(np.int64)
+    t[2] = -100
+    t[3] = classes - 1
+    refs = [DeviceRef.GPU(id=i) for i in range(gpus)]
+    accels = [Accelerator(id=i) for i in range(gpus)]
+    signals = Signals(devices=refs)
+    md = DType.bfloat16 if dtype == "bfloat16" else DType.float32
+    shard_types = [TensorType(md, [rows, w], device=r) for w, r in zip(widths, refs)]
+    target_type = TensorType(DType.int64, [rows], device=refs[0])
+    with Graph(
+        "sharded_gpus",
+        input_types=[*shard_types, target_type, *signals.input_types()],
+        custom_extensions=[kernel_library()],
+    ) as g:
+        shards = [v.tensor for v in g.inputs[:gpus]]
+        targets = g.inputs[gpus].tensor
+        buffers = [v.buffer for v in g.inputs[gpus + 1 :]]
+        soft = graph_ops.sharded_softmax(shards, buffers)
+        logs = graph_ops.sharded_log_softmax(shards, buffers)
+        losses, grads = graph_ops.sharded_cross_entropy(
+            shards, targets, buffers, label_smoothing=0.1, with_grad=True
+        )
+        g.output(*soft, *logs, *losses, *grads)
+    model = InferenceSession(devices=[CPU(), *accels]).load(g)
+    parts = [to_buffer(p).to(a) for p, a in zip(_split(x, widths), accels)]
+    out = model.execute(*parts, to_buffer(t).to(accels[0]), *signals.buffers())
+    out = [to_numpy(b) for b in out]
+    for k, op in enumerate(("softmax", "log_softmax")):
+        got = np.concatenate(out[k * gpus : (k + 1) * gpus], axis=-1)
+        result = compare(op, got, x, axis=-1)
+        assert result.ok, (op, gpus, dtype, result)
+    losses, grads = out[2 * gpus : 3 * gpus], out[3 * gpus :]
+    want_loss, want_grad = cross_entropy_reference(x, t, label_smoothing=0.1)
+    ok, loss_err, grad_err = compare_cross_entropy(
+        losses[0], np.concatenate(grads, axis=-1), want_loss, want_grad, dtype
+    )
+    assert ok, (gpus, dtype, loss_err, grad_err)
+    for other in losses[1:]:
+        np.testing.assert_array_equal(other, losses[0])

@@ -127,6 +127,10 @@ def time_cuda(torch, step, warmup: int, iters: int) -> float:
 def run_torch(args) -> None:
     """The torchrun side: one GPU a rank."""
     os.environ.setdefault("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT", "30")
+    # Our kernels through the launch extension from the first call (build it once
+    # beforehand: every rank builds its own copy otherwise), not MAX models while
+    # it builds in the background.
+    os.environ.setdefault("MAX_SOFTMAX_LAUNCH", "extension")
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
