@@ -39,7 +39,7 @@ tests)
     > "$OUT/test_devices.log" 2>&1 &
   if [ -n "${EXTRA_TESTS:-}" ]; then
     # shellcheck disable=SC2086
-    timeout -s INT -k 30 "${LIMIT:-500}" python -m pytest -v -rfE --tb=short -n "${EXTRA_N:-8}" $EXTRA_TESTS \
+    timeout -s INT -k 30 "${LIMIT:-500}" python -m pytest -v -rfE --tb=short -n "${EXTRA_N:-8}" -k "${EXTRA_K:-gpu or cuda}" $EXTRA_TESTS \
       > "$OUT/extra_tests.log" 2>&1 &
   fi
   wait
