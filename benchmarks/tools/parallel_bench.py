@@ -124,6 +124,25 @@ def time_cuda(torch, step, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
+def profile_steps(torch, step, rank: int, stem: str, steps: int = 5) -> None:
+    """torch.profiler over `steps` calls of `step` after a warm-up: rank 0
+    prints the ops by CUDA and CPU time and writes a Chrome trace to
+    `stem`.json (where the time goes between our two kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    if rank == 0:
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15), flush=True)
+        prof.export_chrome_trace(f"{stem}.json")
+
+
 def run_torch(args) -> None:
     """The torchrun side: one GPU a rank."""
     os.environ.setdefault("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT", "30")
@@ -204,6 +223,8 @@ def run_torch(args) -> None:
 
                 providers["single"] = single
             for provider, step in providers.items():
+                if args.profile and provider == "ours":
+                    profile_steps(torch, step, rank, f"{args.profile}_{rows}x{classes}_{name}")
                 try:
                     ms = time_cuda(torch, step, args.warmup, args.iters)
                     moved = 3 * (whole_bytes if provider == "single" else shard_bytes)
@@ -366,6 +387,9 @@ def main() -> None:
         help="give Megatron a copy of the logits (it subtracts the max in place)",
     )
     parser.add_argument("--out", help="JSON file for the results")
+    parser.add_argument(
+        "--profile", help="torch side: profile ours at each shape, traces to PROFILE_<shape>.json"
+    )
     args = parser.parse_args()
     check_env()
     (run_torch if args.side == "torch" else run_max)(args)

@@ -22,13 +22,17 @@ def execute(model: Any, tensors: tuple[torch.Tensor, ...], replay_key: str | Non
     if not first.is_cuda:
         model.execute(*(torch_buffers.view(t) for t in tensors))
         return
-    stream = torch.cuda.current_stream(first.device)
-    torch_buffers.max_waits_for(stream)
-    cache = torch_replay.cache(first.device.index or 0)  # each device its own
-    replay = replay_key is not None and torch_replay.enabled() and cache.active
-    if not (replay and cache.run(model, replay_key, tensors, torch_buffers.view)):
-        model.execute(*(torch_buffers.view(t) for t in tensors))
-    torch_buffers.waits_for_max(stream)
+    # The tensors' device current: MAX makes a view's stream event in the
+    # current CUDA context, and one of another device is an invalid handle
+    # (CUDA_ERROR_INVALID_HANDLE on cuda:N with cuda:M current, seen on 4 H100s).
+    with torch.cuda.device(first.device):
+        stream = torch.cuda.current_stream(first.device)
+        torch_buffers.max_waits_for(stream)
+        cache = torch_replay.cache(first.device.index or 0)  # each device its own
+        replay = replay_key is not None and torch_replay.enabled() and cache.active
+        if not (replay and cache.run(model, replay_key, tensors, torch_buffers.view)):
+            model.execute(*(torch_buffers.view(t) for t in tensors))
+        torch_buffers.waits_for_max(stream)
 
 
 _small_tensors: dict[tuple, torch.Tensor] = {}

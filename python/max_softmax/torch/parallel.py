@@ -20,12 +20,13 @@ read and one write of the slice. Softmax / log-softmax backward exchange
 the per-row sum of dy * y (or of dy) with one all_reduce.
 
 Where the kernels run: the launch extension's `sharded_row_stats` /
-`sharded_epilogue` entries where it has them; otherwise our ops through a
-MAX graph (`Model.execute` on buffer views of the tensors, CPU and the
-first CUDA device); otherwise (a CUDA device the graph path cannot serve)
-the same math in torch ops, correct but several passes. `backend()` says
-which one a tensor gets. The functions are opaque to torch.compile: a
-graph break (`torch.compiler.disable`).
+`sharded_epilogue` entries once it is built (on CUDA it builds in the
+background on first use; `MAX_SOFTMAX_LAUNCH=extension` waits for it);
+until then our ops through a MAX graph (`Model.execute` on buffer views of
+the tensors, on any device); dtypes our kernels lack go through the same
+math in torch ops. `backend()` says which one a tensor gets. The
+functions are opaque to torch.compile: a graph break
+(`torch.compiler.disable`).
 """
 
 from __future__ import annotations
@@ -171,28 +172,13 @@ def backend(t: torch.Tensor) -> str:
         return "torch"
     if _extension_entries(t.is_cuda) is not None:
         return "extension"
-    if not t.is_cuda or (t.device.index or 0) == 0 or _any_device():
-        return "graph"
-    return "torch"
-
-
-def _any_device() -> bool:
-    """Whether the bridge's graph path serves every CUDA device (issue 35
-    part 1: `_buffers.device_name`), not only the first."""
-    from . import _buffers
-
-    return hasattr(_buffers, "device_name")
+    return "graph"
 
 
 def _device_name(t: torch.Tensor) -> str:
-    """The MAX device name of `t`: "cpu", "gpu", or "gpu:N" where the graph
-    path takes any device."""
-    from . import _buffers
+    from ._buffers import device_name
 
-    name_of = getattr(_buffers, "device_name", None)
-    if name_of is not None:
-        return name_of(t)
-    return "gpu" if t.is_cuda else "cpu"
+    return device_name(t)
 
 
 def _local_stats(x: torch.Tensor, t: torch.Tensor, opts: torch.Tensor, kind: str) -> torch.Tensor:
@@ -283,17 +269,9 @@ def _graph_model(name: str, kind: str, dtype: torch.dtype, device: str):
 
 
 def _graph_run(name: str, kind: str, dtype: torch.dtype, out, inputs) -> None:
-    from . import _buffers
+    from ._graph_path import execute
 
-    model = _graph_model(name, kind, dtype, _device_name(out))
-    tensors = [out, *inputs]
-    if not out.is_cuda:
-        model.execute(*(_buffers.view(t) for t in tensors))
-        return
-    stream = torch.cuda.current_stream(out.device)
-    _buffers.max_waits_for(stream)
-    model.execute(*(_buffers.view(t) for t in tensors))
-    _buffers.waits_for_max(stream)
+    execute(_graph_model(name, kind, dtype, _device_name(out)), (out, *inputs))
 
 
 def _torch_stats(x, t, opts, kind) -> torch.Tensor:
