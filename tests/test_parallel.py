@@ -114,6 +114,27 @@ def _ce_cases(rank, widths, device, dtype):
                 everyone = [torch.empty_like(loss) for _ in range(len(widths))]
                 dist.all_gather(everyone, loss.detach().contiguous())
                 assert all(torch.equal(e, everyone[0]) for e in everyone), what
+    # z-loss and softcap, against the same terms written in float64 torch.
+    full = torch.randn(2, 5, classes, generator=g, dtype=torch.float64) * 3
+    t = torch.randint(0, classes, (2, 5), generator=g)
+    t[0, 1] = -100
+    for reduction, z, cap in [("mean", 1e-3, None), ("sum", 0.05, 4.0), ("none", 0.0, 2.5)]:
+        what = f"ce {reduction} z_loss={z} softcap={cap} {dtype}"
+        x = _slice(full, widths, rank).to(device, dtype).requires_grad_()
+        loss = vocab_parallel_cross_entropy(
+            x, t.to(device), reduction=reduction, label_smoothing=0.1, z_loss=z, softcap=cap
+        )
+        dl = torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5
+        loss.backward(dl.to(device, dtype))
+        xr = full.clone().requires_grad_()
+        y = xr if cap is None else cap * torch.tanh(xr / cap)
+        kept = t != -100
+        rows = F.cross_entropy(y.movedim(-1, 1), t, reduction="none", label_smoothing=0.1)
+        rows = rows + z * torch.where(kept, torch.logsumexp(y, -1) ** 2, torch.zeros_like(rows))
+        lr = {"none": rows, "sum": rows.sum(), "mean": rows.sum() / kept.sum()}[reduction]
+        lr.backward(dl)
+        _close(loss, lr, dtype, what)
+        _close(x.grad, _slice(xr.grad, widths, rank), dtype, "d" + what)
     # ignore_index of another value, every row ignored, and a bad target.
     full = torch.randn(4, classes, generator=g, dtype=torch.float64)
     x = _slice(full, widths, rank).to(device, dtype)
@@ -201,6 +222,23 @@ def test_needs_an_initialised_group():
 
     with pytest.raises(RuntimeError, match="torch.distributed"):
         vocab_parallel_softmax(torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize(
+    "kw, error",
+    [
+        ({"z_loss": -1.0}, ValueError),
+        ({"softcap": float("inf")}, ValueError),
+        ({"z_loss": "x"}, TypeError),
+    ],
+)
+def test_bad_cross_entropy_options_are_refused(kw, error):
+    """z_loss and softcap are checked before any communication, as the
+    one-GPU cross_entropy checks them."""
+    from max_softmax.torch.parallel import vocab_parallel_cross_entropy
+
+    with pytest.raises(error, match="z_loss|softcap"):
+        vocab_parallel_cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64), **kw)
 
 
 def test_cross_entropy_tolerances_are_the_packages():

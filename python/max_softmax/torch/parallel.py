@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..validation import check_cross_entropy_options
+from ..validation import check_cross_entropy_extras, check_cross_entropy_options
 
 KIND_CODES = {"softmax": 0, "log_softmax": 1, "cross_entropy": 2}
 """The `kind` argument of the launch extension's sharded entries."""
@@ -417,6 +417,7 @@ class _CrossEntropy(torch.autograd.Function):
         ignore_index: int,
         reduction: str,
         eps: float,
+        z_loss: float,
     ) -> tuple[torch.Tensor, ...]:
         x2 = _rows_view(logits)
         t1 = target.reshape(-1).to(torch.int64).contiguous()
@@ -437,6 +438,8 @@ class _CrossEntropy(torch.autograd.Function):
         row = torch.log(total) + (big_m - x_t)
         if eps != 0:
             row = torch.log(total) + (1 - eps) * (big_m - x_t) + eps * (big_m - sum_x / classes)
+        if z_loss != 0:
+            row = row + z_loss * (big_m + torch.log(total)) ** 2
         kept = t1 != ignore_index
         valid = (t1 >= 0) & (t1 < classes)
         nan = torch.full_like(row, float("nan"))
@@ -452,20 +455,20 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        logits, target, group, ignore_index, reduction, eps = inputs
+        logits, target, group, ignore_index, reduction, eps, z_loss = inputs
         _, big_m, total, count = output
         ctx.mark_non_differentiable(big_m, total, count)
         ctx.set_materialize_grads(False)
         ctx.reduction, ctx.shape = reduction, logits.shape
-        ctx.opts = (ignore_index, eps, group)
+        ctx.opts = (ignore_index, eps, group, z_loss)
         ctx.save_for_backward(logits, target, big_m, total, count)
 
     @staticmethod
     def backward(ctx: Any, dloss: torch.Tensor | None, *_: Any) -> tuple:
         logits, target, big_m, total, count = ctx.saved_tensors
         if dloss is None:
-            return (None,) * 6
-        ignore_index, eps, group = ctx.opts
+            return (None,) * 7
+        ignore_index, eps, group, z_loss = ctx.opts
         x2 = _rows_view(logits)
         t1 = target.reshape(-1).to(torch.int64).contiguous()
         widths = class_widths(x2.shape[1], group, logits.device)
@@ -474,9 +477,14 @@ class _CrossEntropy(torch.autograd.Function):
         scale = dloss.to(big_m.dtype).reshape(-1).expand(big_m.shape[0])
         if ctx.reduction == "mean":
             scale = scale / count
+        if z_loss != 0:
+            # d (z lse^2) = 2 z lse softmax: the epilogue's softmax term
+            # exp(x - max) / sum, grown by (1 + 2 z lse), is exp(x - max)
+            # over a smaller sum; the smoothing and target terms keep theirs.
+            total = total / (1 + 2 * z_loss * (big_m + torch.log(total)))
         row_in = torch.stack([big_m, total, scale], dim=1).contiguous()
         grad = _local_epilogue(x2, row_in, t1, opts, "cross_entropy")
-        return grad.reshape(ctx.shape), None, None, None, None, None
+        return grad.reshape(ctx.shape), None, None, None, None, None, None
 
 
 @torch.compiler.disable
@@ -488,9 +496,12 @@ def vocab_parallel_cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of rows whose classes are split over the ranks of
-    `group`, as `F.cross_entropy(whole_logits, target, ...)`.
+    `group`, as `F.cross_entropy(whole_logits, target, ...)`, with the
+    z-loss and softcap of `max_softmax.torch.cross_entropy`.
 
     Args:
         logits: This rank's (..., n_rank) slice of the logits (classes last),
@@ -500,6 +511,11 @@ def vocab_parallel_cross_entropy(
         ignore_index: Target whose rows are left out.
         reduction: "mean" (over rows kept), "sum" or "none".
         label_smoothing: In [0, 1].
+        z_loss: w >= 0: each kept row adds w * lse^2 of the whole row (lse
+            after the softcap; inside the "mean"). No extra pass.
+        softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
+            first (Gemma 2), by torch ops on this rank's slice: one more
+            read and write of it each way.
 
     Returns:
         The loss, the same on every rank, in the logits' dtype. Its gradient
@@ -510,6 +526,7 @@ def vocab_parallel_cross_entropy(
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
+    z_loss, cap = check_cross_entropy_extras(z_loss, softcap)
     _check_float(logits, "logits")
     _check_group(group)
     if logits.dim() == 0:
@@ -521,5 +538,7 @@ def vocab_parallel_cross_entropy(
         )
     if target.dtype.is_floating_point or target.dtype == torch.bool:
         raise TypeError(f"max_softmax: target must hold integer class indices, got {target.dtype}")
-    loss, *_ = _CrossEntropy.apply(logits, target, group, ignore_index, reduction, eps)
+    if cap != 0:
+        logits = torch.tanh(logits / cap) * cap
+    loss, *_ = _CrossEntropy.apply(logits, target, group, ignore_index, reduction, eps, z_loss)
     return loss
