@@ -114,11 +114,7 @@ def cross_entropy_into(
     if torch_launch.available(logits.is_cuda):
         torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
         return
-    rows, classes = logits.shape
-    if rows == 0 or classes == 0:
-        loss.fill_(EMPTY_LOSS[reduction])
-        if dlogits is not None:
-            dlogits.zero_()
+    if torch_launch.fill_empty_cross_entropy(loss, dlogits, logits, reduction):
         return
     kind = torch_buffers.device_name(logits)  # "cpu", "gpu" or "gpu:N": its own device
     model = cross_entropy_into_model(dlogits is not None, DTYPES[logits.dtype], kind, reduction)
