@@ -44,6 +44,10 @@ def _call_masked(
     has_mask: bool,
     causal: bool,
 ) -> None:
+    """Write the masked op into `out` (the arguments as `_launch.masked`):
+    by the launch extension where it is built, else by the destination-passing
+    model. Called directly outside torch.compile; `_masked_op` is this same
+    function registered for it."""
     if torch_launch.available(out.is_cuda):
         torch_launch.masked(out, x, mask, options, log_out, has_mask, causal)
         return
@@ -52,18 +56,11 @@ def _call_masked(
     execute(model, (out, x, mask, options))
 
 
-@torch.library.custom_op("max_softmax::softmax_masked", mutates_args=("out",))
-def _masked_op(
-    out: torch.Tensor,
-    x: torch.Tensor,
-    mask: torch.Tensor,
-    options: torch.Tensor,
-    log_out: bool,
-    has_mask: bool,
-    causal: bool,
-) -> None:
-    """The masked op as a torch custom op, for torch.compile."""
-    _call_masked(out, x, mask, options, log_out, has_mask, causal)
+# The masked op as a torch custom op, for torch.compile (whose tracer cannot
+# see into MAX); torch reads its schema from `_call_masked`'s signature.
+_masked_op = torch.library.custom_op(
+    "max_softmax::softmax_masked", _call_masked, mutates_args=("out",)
+)
 
 
 def _run_masked(
