@@ -327,6 +327,15 @@ def _soft_cross_entropy(
     return loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
 
 
+def check_no_legacy_reduction(size_average: bool | None, reduce: bool | None) -> None:
+    """Raise ValueError unless torch's deprecated `size_average` and `reduce`
+    are None (`cross_entropy` and `CrossEntropyLoss` take `reduction=`)."""
+    if size_average is not None or reduce is not None:
+        raise ValueError(
+            "max_softmax: size_average and reduce are deprecated in torch; use reduction="
+        )
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -383,10 +392,7 @@ def cross_entropy(
     checked (that would sync with the host): its row's loss and gradient
     come out NaN, and so does a reduced loss.
     """
-    if size_average is not None or reduce is not None:
-        raise ValueError(
-            "max_softmax: size_average and reduce are deprecated in torch; use reduction="
-        )
+    check_no_legacy_reduction(size_average, reduce)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
