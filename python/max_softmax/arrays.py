@@ -30,7 +30,7 @@ from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
 from .validation import (
     EMPTY_LOSS,
     canonical_shape,
-    check_class_weight,
+    check_class_weight_array,
     check_cross_entropy_extras,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
@@ -285,11 +285,7 @@ def _cross_entropy(
     weight_array = None
     if weight is not None:
         weight_array = as_array(weight)
-        check_class_weight(list(weight_array.shape), array.shape[-1] if array.ndim else 0)
-        if weight_array.dtype.kind not in "fiu":
-            raise TypeError(
-                f"max_softmax: cross_entropy weight must be real, got {weight_array.dtype}"
-            )
+        check_class_weight_array(weight_array, array.shape[-1] if array.ndim else 0)
     target_array = as_array(targets)
     check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
     check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)

@@ -27,6 +27,7 @@ from .kernels import is_kernel_library, kernel_library
 from .validation import (
     BASELINE_VARIANTS,
     check_class_weight,
+    check_class_weight_array,
     check_cross_entropy_extras,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
@@ -499,11 +500,7 @@ def _cross_entropy_options(
         array = None
         if weight is not None:
             array = np.asarray(weight)
-            check_class_weight(list(array.shape), static_classes)
-            if array.dtype.kind not in "fiu":
-                raise TypeError(
-                    f"max_softmax: cross_entropy weight must be real, got {array.dtype}"
-                )
+            check_class_weight_array(array, static_classes)
         values = cross_entropy_options(ignore_index, eps, z_loss, cap, array)
         return ops.constant(values, DType.float64, device=logits.device)
     weight = TensorValue(weight)

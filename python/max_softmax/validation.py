@@ -189,6 +189,14 @@ def check_class_weight(shape: list, classes: Any) -> None:
         )
 
 
+def check_class_weight_array(weight: np.ndarray, classes: Any) -> None:
+    """`check_class_weight` for class weights given as a host array, which
+    must also hold real numbers (floating or integer)."""
+    check_class_weight(list(weight.shape), classes)
+    if weight.dtype.kind not in "fiu":
+        raise TypeError(f"max_softmax: cross_entropy weight must be real, got {weight.dtype}")
+
+
 def cross_entropy_options(
     ignore_index: int,
     eps: float,
