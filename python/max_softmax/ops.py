@@ -36,6 +36,7 @@ from .validation import (
     check_integer_targets,
     check_mask_dtype,
     check_masked_options,
+    check_same_device,
     check_scale,
     check_variant,
     cross_entropy_options,
@@ -256,11 +257,7 @@ def _masked(
         m = mask if isinstance(mask, TensorValue) else _mask_value(mask, x)
         m = TensorValue(m)
         check_mask_dtype(op, m.dtype == DType.bool, m.dtype.is_float(), m.dtype.name)
-        if m.device != x.device:
-            raise ValueError(
-                f"max_softmax: {op} needs the mask on the input's device ({x.device}), "
-                f"got {m.device}"
-            )
+        check_same_device(op, "the mask", m.device, x.device)
         k = mask_suffix(op, shape, list(m.shape), last)
         if m.dtype == DType.bool:
             m = ops.where(
@@ -458,11 +455,7 @@ def _cross_entropy(
     shape = list(logits.shape)
     check_cross_entropy_shapes(shape, list(targets.shape))
     check_integer_targets(targets.dtype.is_integral(), targets.dtype.name)
-    if targets.device != logits.device:
-        raise ValueError(
-            f"max_softmax: cross_entropy needs targets on the logits' device ({logits.device}), "
-            f"got {targets.device}"
-        )
+    check_same_device("cross_entropy", "targets", targets.device, logits.device, "the logits'")
     if targets.dtype != DType.int64:
         targets = ops.cast(targets, DType.int64)
     rows = reduce(mul, shape[:-1], Dim(1))
@@ -505,11 +498,7 @@ def _cross_entropy_options(
         return ops.constant(values, DType.float64, device=logits.device)
     weight = TensorValue(weight)
     check_class_weight(list(weight.shape), static_classes)
-    if weight.device != logits.device:
-        raise ValueError(
-            f"max_softmax: cross_entropy needs the weight on the logits' device "
-            f"({logits.device}), got {weight.device}"
-        )
+    check_same_device("cross_entropy", "the weight", weight.device, logits.device, "the logits'")
     head = ops.constant(
         np.array([ignore_index, eps, z_loss, cap], dtype=np.float64),
         DType.float64,

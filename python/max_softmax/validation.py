@@ -197,6 +197,15 @@ def check_class_weight_array(weight: np.ndarray, classes: Any) -> None:
         raise TypeError(f"max_softmax: cross_entropy weight must be real, got {weight.dtype}")
 
 
+def check_same_device(
+    op: str, what: str, got: object, device: object, owner: str = "the input's"
+) -> None:
+    """Raise ValueError unless `what` (an argument of `op`, on `got`) is on
+    `device`, the device of `owner`'s tensor (MAX devices or torch's)."""
+    if got != device:
+        raise ValueError(f"max_softmax: {op} needs {what} on {owner} device ({device}), got {got}")
+
+
 def cross_entropy_options(
     ignore_index: int,
     eps: float,

@@ -23,6 +23,7 @@ from ..validation import (
     check_class_weight,
     check_cross_entropy_extras,
     check_cross_entropy_options,
+    check_same_device,
     check_targets_in_range,
 )
 from . import _launch as torch_launch
@@ -419,11 +420,7 @@ def cross_entropy(
             raise TypeError(
                 f"max_softmax: cross_entropy weight must be a real tensor, got {weight!r}"
             )
-        if weight.device != input.device:
-            raise ValueError(
-                f"max_softmax: cross_entropy needs the weight on the input's device "
-                f"({input.device}), got {weight.device}"
-            )
+        check_same_device("cross_entropy", "the weight", weight.device, input.device)
         check_class_weight(list(weight.shape), input.shape[0 if input.dim() == 1 else 1])
     extras = (weight, z_loss, cap)
     if target.is_floating_point():

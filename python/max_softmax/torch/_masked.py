@@ -15,6 +15,7 @@ from ..models import masked_into_model
 from ..validation import (
     check_mask_dtype,
     check_masked_options,
+    check_same_device,
     mask_suffix,
     masked_view,
     normalize_axis,
@@ -158,11 +159,7 @@ def _mask_rows(op: str, x: torch.Tensor, dim: int, last: bool, mask: torch.Tenso
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"max_softmax: {op} needs the mask as a torch.Tensor, got {type(mask)}")
     check_mask_dtype(op, mask.dtype == torch.bool, mask.is_floating_point(), mask.dtype)
-    if mask.device != x.device:
-        raise ValueError(
-            f"max_softmax: {op} needs the mask on the input's device ({x.device}), "
-            f"got {mask.device}"
-        )
+    check_same_device(op, "the mask", mask.device, x.device)
     wants_grad = mask.requires_grad and torch.is_grad_enabled()
     if mask.is_floating_point() and (wants_grad or _wants_tangent(mask)):
         raise NotImplementedError(
