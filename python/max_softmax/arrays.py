@@ -30,7 +30,7 @@ from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
 from .validation import (
     EMPTY_LOSS,
     canonical_shape,
-    check_class_weight,
+    check_class_weight_array,
     check_cross_entropy_extras,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
@@ -285,11 +285,7 @@ def _cross_entropy(
     weight_array = None
     if weight is not None:
         weight_array = as_array(weight)
-        check_class_weight(list(weight_array.shape), array.shape[-1] if array.ndim else 0)
-        if weight_array.dtype.kind not in "fiu":
-            raise TypeError(
-                f"max_softmax: cross_entropy weight must be real, got {weight_array.dtype}"
-            )
+        check_class_weight_array(weight_array, array.shape[-1] if array.ndim else 0)
     target_array = as_array(targets)
     check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
     check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
@@ -322,11 +318,7 @@ def _cross_entropy(
     plain = len(inputs[2]) == 2
     if kind == "cpu" and plain and launch.available_for_arrays():
         return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape, out)
-    model = cross_entropy_model(with_grad, dtype, kind, reduction)
-    buffers = [to_buffer(a) for a in inputs]
-    if kind != "cpu":
-        buffers = [b.to(device(kind)) for b in buffers]
-    outs = model.execute(*buffers)
+    outs = _execute(cross_entropy_model(with_grad, dtype, kind, reduction), inputs, kind)
     result = [to_numpy(outs[0]).reshape(loss_shape)]
     if with_grad:
         result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
@@ -369,15 +361,12 @@ def _run(
     kind = resolve_device(device_name)
     check_variant(variant, device_kind(kind))
     if array.size == 0:
-        return np.empty(array.shape, dtype=array.dtype) if out is None else out
+        return _empty_result(array, out)
     view = canonical_shape(array.shape, axis)
     if kind == "cpu" and launch.available_for_arrays():
         return _launch_rows(op, arrays, view, out)
     model = row_op_model(ModelKey(op, dtype, kind, variant))
-    buffers = [to_buffer(np.ascontiguousarray(a).reshape(view)) for a in arrays]
-    if kind != "cpu":
-        buffers = [b.to(device(kind)) for b in buffers]
-    (result,) = model.execute(*buffers)
+    (result,) = _execute(model, [np.ascontiguousarray(a).reshape(view) for a in arrays], kind)
     return _deliver(to_numpy(result).reshape(array.shape), out)
 
 
@@ -407,6 +396,21 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
     raw = np.from_dlpack(Buffer(DType.uint8, (nbytes,), device=device("cpu")))
     return raw.view(dtype).reshape(shape)
+
+
+def _execute(model: Any, arrays: list[np.ndarray], kind: str) -> list[Buffer]:
+    """`model`'s outputs for host `arrays` (C-contiguous), moved first to
+    device `kind` where it is not the CPU: the cached-model path of every op."""
+    buffers = [to_buffer(a) for a in arrays]
+    if kind != "cpu":
+        buffers = [b.to(device(kind)) for b in buffers]
+    return model.execute(*buffers)
+
+
+def _empty_result(array: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The result of a row op on an empty `array`: `out` where given (there is
+    nothing to write), else a new empty array of its shape and dtype."""
+    return np.empty(array.shape, dtype=array.dtype) if out is None else out
 
 
 def _check_out(out: Any, like: np.ndarray) -> None:
@@ -566,7 +570,7 @@ def _run_masked(
         m = additive_mask(op, mask, array.dtype)
         k = mask_suffix(op, list(array.shape), list(m.shape), last)
         if array.size == 0:
-            return np.empty(array.shape, dtype=array.dtype) if out is None else out
+            return _empty_result(array, out)
         if not k:  # one mask row per row of x
             m = np.broadcast_to(m, array.shape)
             m = m if last else np.moveaxis(m, axis, -1)
@@ -574,7 +578,7 @@ def _run_masked(
         # (mask_rows, n) with row r of x reading mask row r % mask_rows.
         m = np.ascontiguousarray(m).reshape(-1, work.shape[-1])
     if array.size == 0:
-        return np.empty(array.shape, dtype=array.dtype) if out is None else out
+        return _empty_result(array, out)
     view = masked_view(list(work.shape))
     options = np.array([value], dtype=np.float64)
     if kind == "cpu" and launch.available_for_arrays():
@@ -601,14 +605,7 @@ def _run_masked(
         result = dst.reshape(work.shape)
     else:
         model = masked_model(f"{op}_masked", dtype, kind, mask is not None, causal)
-        buffers = [
-            to_buffer(np.ascontiguousarray(work).reshape(view)),
-            to_buffer(m),
-            to_buffer(options),
-        ]
-        if kind != "cpu":
-            buffers = [b.to(device(kind)) for b in buffers]
-        (y,) = model.execute(*buffers)
+        (y,) = _execute(model, [np.ascontiguousarray(work).reshape(view), m, options], kind)
         result = to_numpy(y).reshape(work.shape)
     if not last:
         result = np.moveaxis(result, -1, axis)

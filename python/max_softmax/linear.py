@@ -22,7 +22,9 @@ from .validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
     check_integer_targets,
+    check_linear_cross_entropy_dtypes,
     check_linear_cross_entropy_options,
+    check_linear_cross_entropy_shapes,
     check_targets_in_range,
 )
 
@@ -42,27 +44,9 @@ def _check(
     h, w, t = as_array(input), as_array(weight), as_array(target)
     b = None if bias is None else as_array(bias)
     max_dtype(h.dtype)  # raises for a dtype the kernels do not take
-    for name, a in (("weight", w), ("bias", b)):
-        if a is not None and a.dtype != h.dtype:
-            raise TypeError(
-                f"max_softmax: linear_cross_entropy needs {name} in the input's dtype "
-                f"({h.dtype}), got {a.dtype}"
-            )
+    check_linear_cross_entropy_dtypes(h.dtype, w.dtype, None if b is None else b.dtype)
     check_integer_targets(t.dtype.kind in "iu", t.dtype)
-    if h.ndim < 1 or w.ndim != 2 or w.shape[1] != h.shape[-1]:
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy needs input (..., H) and weight (V, H), got "
-            f"{h.shape} and {w.shape}"
-        )
-    if b is not None and b.shape != (w.shape[0],):
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy needs bias of shape ({w.shape[0]},), got {b.shape}"
-        )
-    if t.shape != h.shape[:-1]:
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy target of shape {t.shape} does not match input "
-            f"of shape {h.shape} (expected {h.shape[:-1]})"
-        )
+    check_linear_cross_entropy_shapes(h.shape, w.shape, None if b is None else b.shape, t.shape)
     return h, w, t, b
 
 

@@ -26,7 +26,9 @@ from .validation import (
     check_cross_entropy_options,
     check_dtype,
     check_integer_targets,
+    check_linear_cross_entropy_dtypes,
     check_linear_cross_entropy_options,
+    check_linear_cross_entropy_shapes,
 )
 
 CHUNK_BYTES = 256 * 2**20
@@ -54,32 +56,15 @@ def _build(
     h, w, t = TensorValue(input), TensorValue(weight), TensorValue(target)
     b = None if bias is None else TensorValue(bias)
     check_dtype(h.dtype)
-    for name, v in (("weight", w), ("bias", b)):
-        if v is not None and v.dtype != h.dtype:
-            raise TypeError(
-                f"max_softmax: linear_cross_entropy needs {name} in the input's dtype "
-                f"({h.dtype}), got {v.dtype}"
-            )
+    check_linear_cross_entropy_dtypes(h.dtype, w.dtype, None if b is None else b.dtype)
     check_integer_targets(t.dtype.is_integral(), t.dtype.name)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
     shape = list(h.shape)
-    if len(shape) < 1 or len(w.shape) != 2 or w.shape[1] != shape[-1]:
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy needs input (..., H) and weight (V, H), got "
-            f"{shape} and {list(w.shape)}"
-        )
-    if b is not None and list(b.shape) != [w.shape[0]]:
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy needs bias of shape [{w.shape[0]}], "
-            f"got {list(b.shape)}"
-        )
-    if list(t.shape) != shape[:-1]:
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy target of shape {list(t.shape)} does not match "
-            f"input of shape {shape}"
-        )
+    check_linear_cross_entropy_shapes(
+        shape, list(w.shape), None if b is None else list(b.shape), list(t.shape)
+    )
     dtype, acc, device = h.dtype, _acc(h.dtype), h.device
     rows = reduce(mul, shape[:-1], Dim(1))
     h2 = ops.reshape(h, [rows, shape[-1]])

@@ -27,6 +27,7 @@ from .kernels import is_kernel_library, kernel_library
 from .validation import (
     BASELINE_VARIANTS,
     check_class_weight,
+    check_class_weight_array,
     check_cross_entropy_extras,
     check_cross_entropy_options,
     check_cross_entropy_shapes,
@@ -35,6 +36,7 @@ from .validation import (
     check_integer_targets,
     check_mask_dtype,
     check_masked_options,
+    check_same_device,
     check_scale,
     check_variant,
     cross_entropy_options,
@@ -255,11 +257,7 @@ def _masked(
         m = mask if isinstance(mask, TensorValue) else _mask_value(mask, x)
         m = TensorValue(m)
         check_mask_dtype(op, m.dtype == DType.bool, m.dtype.is_float(), m.dtype.name)
-        if m.device != x.device:
-            raise ValueError(
-                f"max_softmax: {op} needs the mask on the input's device ({x.device}), "
-                f"got {m.device}"
-            )
+        check_same_device(op, "the mask", m.device, x.device)
         k = mask_suffix(op, shape, list(m.shape), last)
         if m.dtype == DType.bool:
             m = ops.where(
@@ -457,11 +455,7 @@ def _cross_entropy(
     shape = list(logits.shape)
     check_cross_entropy_shapes(shape, list(targets.shape))
     check_integer_targets(targets.dtype.is_integral(), targets.dtype.name)
-    if targets.device != logits.device:
-        raise ValueError(
-            f"max_softmax: cross_entropy needs targets on the logits' device ({logits.device}), "
-            f"got {targets.device}"
-        )
+    check_same_device("cross_entropy", "targets", targets.device, logits.device, "the logits'")
     if targets.dtype != DType.int64:
         targets = ops.cast(targets, DType.int64)
     rows = reduce(mul, shape[:-1], Dim(1))
@@ -499,20 +493,12 @@ def _cross_entropy_options(
         array = None
         if weight is not None:
             array = np.asarray(weight)
-            check_class_weight(list(array.shape), static_classes)
-            if array.dtype.kind not in "fiu":
-                raise TypeError(
-                    f"max_softmax: cross_entropy weight must be real, got {array.dtype}"
-                )
+            check_class_weight_array(array, static_classes)
         values = cross_entropy_options(ignore_index, eps, z_loss, cap, array)
         return ops.constant(values, DType.float64, device=logits.device)
     weight = TensorValue(weight)
     check_class_weight(list(weight.shape), static_classes)
-    if weight.device != logits.device:
-        raise ValueError(
-            f"max_softmax: cross_entropy needs the weight on the logits' device "
-            f"({logits.device}), got {weight.device}"
-        )
+    check_same_device("cross_entropy", "the weight", weight.device, logits.device, "the logits'")
     head = ops.constant(
         np.array([ignore_index, eps, z_loss, cap], dtype=np.float64),
         DType.float64,

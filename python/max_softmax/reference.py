@@ -158,6 +158,40 @@ absolute term of rtol x the largest reference value (each is rounded once
 to the output type; a gradient entry may cancel to ~0)."""
 
 
+def _rows_and_targets(
+    logits: np.ndarray, targets: np.ndarray, ignore_index: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The cross-entropy references' view of their arguments: the logits x
+    in float64, x as (rows, classes), the rows kept (target not
+    ignore_index), the targets with ignored ones read as class 0, and the
+    row indices."""
+    x = np.asarray(logits).astype(np.float64)
+    t1 = np.asarray(targets).reshape(-1)
+    kept = t1 != ignore_index
+    return x, x.reshape(-1, x.shape[-1]), kept, np.where(kept, t1, 0), np.arange(len(t1))
+
+
+def _reduced(
+    loss: np.ndarray,
+    grad: np.ndarray,
+    shape: tuple[int, ...],
+    reduction: str,
+    count: float,
+    grad_count: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The cross-entropy references' (loss, d loss / d logits) of the row
+    losses `loss` and (rows, classes) `grad` under `reduction`: "mean"
+    divides the summed loss by `count` and the gradient by `grad_count`
+    (each reference says what stands there when nothing is kept), "none"
+    keeps the rows in `shape[:-1]`."""
+    if reduction == "mean":
+        with np.errstate(all="ignore"):
+            return loss.sum() / count, (grad / grad_count).reshape(shape)
+    if reduction == "sum":
+        return loss.sum(), grad.reshape(shape)
+    return loss.reshape(shape[:-1]), grad.reshape(shape)
+
+
 def cross_entropy_reference(
     logits: np.ndarray,
     targets: np.ndarray,
@@ -177,14 +211,9 @@ def cross_entropy_reference(
         return cross_entropy_options_reference(
             logits, targets, ignore_index, reduction, label_smoothing, weight, z_loss, softcap
         )
-    x = np.asarray(logits).astype(np.float64)
+    x, x2, kept, safe, rows = _rows_and_targets(logits, targets, ignore_index)
     eps = label_smoothing
     classes = x.shape[-1]
-    x2 = x.reshape(-1, classes)
-    t1 = np.asarray(targets).reshape(-1)
-    kept = t1 != ignore_index
-    safe = np.where(kept, t1, 0)
-    rows = np.arange(len(t1))
     with np.errstate(all="ignore"):
         m = x2.max(axis=-1, keepdims=True)
         # (x - m) - log s, not x - (m + log s): at |m| ~ 1e38 even float64
@@ -197,14 +226,10 @@ def cross_entropy_reference(
         grad = np.exp(logp) - eps / classes
         grad[rows, safe] -= 1 - eps
         grad = np.where(kept[:, None], grad, 0.0)
-        if reduction == "mean":
-            count = kept.sum()
-            # Every row ignored: the loss is 0 / 0 = NaN, the gradient
-            # (zeros, as each ignored row's) stays 0, as torch's.
-            return loss.sum() / count, (grad / max(count, 1)).reshape(x.shape)
-    if reduction == "sum":
-        return loss.sum(), grad.reshape(x.shape)
-    return loss.reshape(x.shape[:-1]), grad.reshape(x.shape)
+    # Every row ignored: the mean's loss is 0 / 0 = NaN, the gradient
+    # (zeros, as each ignored row's) stays 0, as torch's.
+    count = kept.sum()
+    return _reduced(loss, grad, x.shape, reduction, count, max(count, 1))
 
 
 def cross_entropy_options_reference(
@@ -221,16 +246,11 @@ def cross_entropy_options_reference(
     (w lse^2 a kept row, lse after the softcap) and softcap (c tanh(x / c)
     first): (loss, d loss / d logits), written term by term from the
     definition (no shared code with the kernels' algebra)."""
-    x = np.asarray(logits).astype(np.float64)
+    x, x2, kept, safe, rows = _rows_and_targets(logits, targets, ignore_index)
     eps = label_smoothing
     classes = x.shape[-1]
-    x2 = x.reshape(-1, classes)
     y = softcap * np.tanh(x2 / softcap) if softcap else x2
     w = np.ones(classes) if weight is None else np.asarray(weight, dtype=np.float64)
-    t1 = np.asarray(targets).reshape(-1)
-    kept = t1 != ignore_index
-    safe = np.where(kept, t1, 0)
-    rows = np.arange(len(t1))
     with np.errstate(all="ignore"):
         m = y.max(axis=-1, keepdims=True)
         lse = m + np.log(np.exp(y - m).sum(axis=-1, keepdims=True))
@@ -248,13 +268,8 @@ def cross_entropy_options_reference(
         if softcap:
             grad = grad * (1 - np.tanh(x2 / softcap) ** 2)
         grad = np.where(kept[:, None], grad, 0.0)
-        if reduction == "mean":
-            count = np.where(kept, w_t, 0.0).sum()
-            g = grad / count if count else grad
-            return loss.sum() / count, g.reshape(x.shape)
-    if reduction == "sum":
-        return loss.sum(), grad.reshape(x.shape)
-    return loss.reshape(x.shape[:-1]), grad.reshape(x.shape)
+    count = np.where(kept, w_t, 0.0).sum()
+    return _reduced(loss, grad, x.shape, reduction, count, count if count else 1.0)
 
 
 def compare_cross_entropy(

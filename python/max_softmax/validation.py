@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -189,6 +189,23 @@ def check_class_weight(shape: list, classes: Any) -> None:
         )
 
 
+def check_class_weight_array(weight: np.ndarray, classes: Any) -> None:
+    """`check_class_weight` for class weights given as a host array, which
+    must also hold real numbers (floating or integer)."""
+    check_class_weight(list(weight.shape), classes)
+    if weight.dtype.kind not in "fiu":
+        raise TypeError(f"max_softmax: cross_entropy weight must be real, got {weight.dtype}")
+
+
+def check_same_device(
+    op: str, what: str, got: object, device: object, owner: str = "the input's"
+) -> None:
+    """Raise ValueError unless `what` (an argument of `op`, on `got`) is on
+    `device`, the device of `owner`'s tensor (MAX devices or torch's)."""
+    if got != device:
+        raise ValueError(f"max_softmax: {op} needs {what} on {owner} device ({device}), got {got}")
+
+
 def cross_entropy_options(
     ignore_index: int,
     eps: float,
@@ -230,6 +247,46 @@ def check_linear_cross_entropy_options(
     ):
         raise ValueError(
             f"max_softmax: chunk_rows must be a positive int or None, got {chunk_rows!r}"
+        )
+
+
+def check_linear_cross_entropy_dtypes(
+    input_dtype: object, weight_dtype: object, bias_dtype: object | None
+) -> None:
+    """Raise TypeError unless `linear_cross_entropy`'s weight (and bias,
+    where given: `bias_dtype` not None) are in the input's dtype; any
+    front door's dtype objects (numpy, MAX, torch)."""
+    for name, dtype in (("weight", weight_dtype), ("bias", bias_dtype)):
+        if dtype is not None and dtype != input_dtype:
+            raise TypeError(
+                f"max_softmax: linear_cross_entropy needs {name} in the input's dtype "
+                f"({input_dtype}), got {dtype}"
+            )
+
+
+def check_linear_cross_entropy_shapes(
+    input_shape: Sequence,
+    weight_shape: Sequence,
+    bias_shape: Sequence | None,
+    target_shape: Sequence,
+) -> None:
+    """Raise ValueError unless `linear_cross_entropy` has input (..., H),
+    weight (V, H), bias (V,) or None and target `input.shape[:-1]`. The
+    shapes are all tuples or all lists (the messages show them as given)."""
+    if len(input_shape) < 1 or len(weight_shape) != 2 or weight_shape[1] != input_shape[-1]:
+        raise ValueError(
+            f"max_softmax: linear_cross_entropy needs input (..., H) and weight (V, H), got "
+            f"{input_shape} and {weight_shape}"
+        )
+    if bias_shape is not None and bias_shape != weight_shape[:1]:
+        raise ValueError(
+            f"max_softmax: linear_cross_entropy needs bias of shape {weight_shape[:1]}, "
+            f"got {bias_shape}"
+        )
+    if target_shape != input_shape[:-1]:
+        raise ValueError(
+            f"max_softmax: linear_cross_entropy target of shape {target_shape} does not match "
+            f"input of shape {input_shape} (expected {input_shape[:-1]})"
         )
 
 

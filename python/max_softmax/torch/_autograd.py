@@ -16,6 +16,7 @@ the ops are row-wise, so it is one more leading dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -200,65 +201,70 @@ def row_backward(name: str, out: torch.Tensor, dy: torch.Tensor, dim: int) -> to
     return run(name, dim, out, dy)
 
 
-class SoftmaxFn(torch.autograd.Function):
+def _row_function(
+    name: str,
+    op: str,
+    jvp_of: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+    doc: str,
+) -> type[torch.autograd.Function]:
+    """The autograd Function `name` of forward row op `op` (setup_context
+    style): our kernel forward, our `{op}_backward` op as its gradient,
+    `jvp_of(out, tangent, dim)` as its jvp, vmap as one more leading dim.
+    softmax and log_softmax differ in nothing else. Made by `type()`, as
+    `for_eager` and `for_compile` make theirs, so that the class and its
+    grad_fn ("SoftmaxFnBackward") carry `name`."""
+    backward_op = f"{op}_backward"
+
+    def forward(x: torch.Tensor, dim: int) -> torch.Tensor:
+        return run(op, dim, x)
+
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.dim = inputs[1]
+
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (out,) = ctx.saved_tensors
+        return row_backward(backward_op, out, dy, ctx.dim), None
+
+    def jvp(ctx: Any, t: torch.Tensor, _: None) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        return jvp_of(out, t, ctx.dim)
+
+    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int]:
+        (x,), rank = leading(info, in_dims[:1], x)
+        return fn.apply(x, normalize_axis(dim, rank) + 1), 0
+
+    namespace = {
+        "__doc__": doc,
+        "__module__": __name__,
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+        "jvp": staticmethod(jvp),
+        "vmap": staticmethod(vmap),
+    }
+    fn = type(name, (torch.autograd.Function,), namespace)
+    return fn
+
+
+SoftmaxFn = _row_function(
+    "SoftmaxFn",
+    "softmax",
+    # The Jacobian is symmetric: the jvp is the backward op of the tangent.
+    lambda y, t, dim: row_backward("softmax_backward", y, t, dim),
     """softmax(x) along `dim` by our kernel; its gradient is our
     softmax_backward op, its jvp the same op applied to the tangent (the
-    Jacobian is symmetric)."""
+    Jacobian is symmetric).""",
+)
 
-    @staticmethod
-    def forward(x: torch.Tensor, dim: int) -> torch.Tensor:  # type: ignore[override]
-        return run("softmax", dim, x)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-        ctx.dim = inputs[1]
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
-        (y,) = ctx.saved_tensors
-        return row_backward("softmax_backward", y, dy, ctx.dim), None
-
-    @staticmethod
-    def jvp(ctx: Any, t: torch.Tensor, _: None) -> torch.Tensor:  # type: ignore[override]
-        (y,) = ctx.saved_tensors
-        return row_backward("softmax_backward", y, t, ctx.dim)
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, dim: int):  # type: ignore[override]
-        (x,), rank = leading(info, in_dims[:1], x)
-        return SoftmaxFn.apply(x, normalize_axis(dim, rank) + 1), 0
-
-
-class LogSoftmaxFn(torch.autograd.Function):
+LogSoftmaxFn = _row_function(
+    "LogSoftmaxFn",
+    "log_softmax",
+    lambda z, t, dim: t - _keep(t * z.exp(), dim),
     """log_softmax(x) along `dim` by our kernel; its gradient is our
-    log_softmax_backward op, its jvp t - <t, softmax>."""
-
-    @staticmethod
-    def forward(x: torch.Tensor, dim: int) -> torch.Tensor:  # type: ignore[override]
-        return run("log_softmax", dim, x)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-        ctx.dim = inputs[1]
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
-        (z,) = ctx.saved_tensors
-        return row_backward("log_softmax_backward", z, dy, ctx.dim), None
-
-    @staticmethod
-    def jvp(ctx: Any, t: torch.Tensor, _: None) -> torch.Tensor:  # type: ignore[override]
-        (z,) = ctx.saved_tensors
-        return t - _keep(t * z.exp(), ctx.dim)
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, dim: int):  # type: ignore[override]
-        (x,), rank = leading(info, in_dims[:1], x)
-        return LogSoftmaxFn.apply(x, normalize_axis(dim, rank) + 1), 0
+    log_softmax_backward op, its jvp t - <t, softmax>.""",
+)
 
 
 SoftmaxFnEager, SoftmaxFnCompiled = for_eager(SoftmaxFn), for_compile(SoftmaxFn)

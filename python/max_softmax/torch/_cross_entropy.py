@@ -23,6 +23,7 @@ from ..validation import (
     check_class_weight,
     check_cross_entropy_extras,
     check_cross_entropy_options,
+    check_same_device,
     check_targets_in_range,
 )
 from . import _launch as torch_launch
@@ -327,6 +328,15 @@ def _soft_cross_entropy(
     return loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
 
 
+def check_no_legacy_reduction(size_average: bool | None, reduce: bool | None) -> None:
+    """Raise ValueError unless torch's deprecated `size_average` and `reduce`
+    are None (`cross_entropy` and `CrossEntropyLoss` take `reduction=`)."""
+    if size_average is not None or reduce is not None:
+        raise ValueError(
+            "max_softmax: size_average and reduce are deprecated in torch; use reduction="
+        )
+
+
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -383,10 +393,7 @@ def cross_entropy(
     checked (that would sync with the host): its row's loss and gradient
     come out NaN, and so does a reduced loss.
     """
-    if size_average is not None or reduce is not None:
-        raise ValueError(
-            "max_softmax: size_average and reduce are deprecated in torch; use reduction="
-        )
+    check_no_legacy_reduction(size_average, reduce)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
@@ -413,11 +420,7 @@ def cross_entropy(
             raise TypeError(
                 f"max_softmax: cross_entropy weight must be a real tensor, got {weight!r}"
             )
-        if weight.device != input.device:
-            raise ValueError(
-                f"max_softmax: cross_entropy needs the weight on the input's device "
-                f"({input.device}), got {weight.device}"
-            )
+        check_same_device("cross_entropy", "the weight", weight.device, input.device)
         check_class_weight(list(weight.shape), input.shape[0 if input.dim() == 1 else 1])
     extras = (weight, z_loss, cap)
     if target.is_floating_point():

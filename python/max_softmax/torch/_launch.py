@@ -132,12 +132,9 @@ def cross_entropy(
     device. With no rows or no classes the loss is `EMPTY_LOSS[reduction]`
     and dlogits zeros, as the bridge's graph path gives. Ordering and
     guarantees as `run`."""
-    rows, classes = logits.shape
-    if rows == 0 or classes == 0:
-        loss.fill_(EMPTY_LOSS[reduction])
-        if dlogits is not None:
-            dlogits.zero_()
+    if fill_empty_cross_entropy(loss, dlogits, logits, reduction):
         return
+    rows, classes = logits.shape
     ctx, stream = _context_and_stream(logits)
     launch.run_cross_entropy(
         ctx,
@@ -152,6 +149,23 @@ def cross_entropy(
         rows,
         classes,
     )
+
+
+def fill_empty_cross_entropy(
+    loss: torch.Tensor, dlogits: torch.Tensor | None, logits: torch.Tensor, reduction: str
+) -> bool:
+    """Where the (rows, classes) `logits` have no rows or no classes, write
+    the loss `EMPTY_LOSS[reduction]` and zeros into `dlogits` (where given),
+    as the bridge's graph path gives, and return True: there is nothing to
+    launch (`cross_entropy` here and `linear.cross_entropy_into`'s model
+    path ask this first); else return False, writing nothing."""
+    rows, classes = logits.shape
+    if rows and classes:
+        return False
+    loss.fill_(EMPTY_LOSS[reduction])
+    if dlogits is not None:
+        dlogits.zero_()
+    return True
 
 
 def scale_rows(data: torch.Tensor, factor: torch.Tensor) -> None:

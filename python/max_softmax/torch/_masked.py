@@ -15,6 +15,7 @@ from ..models import masked_into_model
 from ..validation import (
     check_mask_dtype,
     check_masked_options,
+    check_same_device,
     mask_suffix,
     masked_view,
     normalize_axis,
@@ -44,6 +45,10 @@ def _call_masked(
     has_mask: bool,
     causal: bool,
 ) -> None:
+    """Write the masked op into `out` (the arguments as `_launch.masked`):
+    by the launch extension where it is built, else by the destination-passing
+    model. Called directly outside torch.compile; `_masked_op` is this same
+    function registered for it."""
     if torch_launch.available(out.is_cuda):
         torch_launch.masked(out, x, mask, options, log_out, has_mask, causal)
         return
@@ -52,18 +57,11 @@ def _call_masked(
     execute(model, (out, x, mask, options))
 
 
-@torch.library.custom_op("max_softmax::softmax_masked", mutates_args=("out",))
-def _masked_op(
-    out: torch.Tensor,
-    x: torch.Tensor,
-    mask: torch.Tensor,
-    options: torch.Tensor,
-    log_out: bool,
-    has_mask: bool,
-    causal: bool,
-) -> None:
-    """The masked op as a torch custom op, for torch.compile."""
-    _call_masked(out, x, mask, options, log_out, has_mask, causal)
+# The masked op as a torch custom op, for torch.compile (whose tracer cannot
+# see into MAX); torch reads its schema from `_call_masked`'s signature.
+_masked_op = torch.library.custom_op(
+    "max_softmax::softmax_masked", _call_masked, mutates_args=("out",)
+)
 
 
 def _run_masked(
@@ -161,11 +159,7 @@ def _mask_rows(op: str, x: torch.Tensor, dim: int, last: bool, mask: torch.Tenso
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"max_softmax: {op} needs the mask as a torch.Tensor, got {type(mask)}")
     check_mask_dtype(op, mask.dtype == torch.bool, mask.is_floating_point(), mask.dtype)
-    if mask.device != x.device:
-        raise ValueError(
-            f"max_softmax: {op} needs the mask on the input's device ({x.device}), "
-            f"got {mask.device}"
-        )
+    check_same_device(op, "the mask", mask.device, x.device)
     wants_grad = mask.requires_grad and torch.is_grad_enabled()
     if mask.is_floating_point() and (wants_grad or _wants_tangent(mask)):
         raise NotImplementedError(

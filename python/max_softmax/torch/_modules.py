@@ -5,38 +5,36 @@ from __future__ import annotations
 
 import torch
 
-from ._cross_entropy import cross_entropy
+from ._cross_entropy import check_no_legacy_reduction, cross_entropy
 from ._functional import log_softmax, softmax
 
 
-class Softmax(torch.nn.Module):
-    """Drop-in for `torch.nn.Softmax(dim)` (dim=None: torch's legacy implicit dim)."""
+class _AlongDim(torch.nn.Module):
+    """A module of one row op along `dim`, as torch's `nn.Softmax` and
+    `nn.LogSoftmax` keep it (dim=None: torch's legacy implicit dim)."""
 
     def __init__(self, dim: int | None = -1):
         super().__init__()
         self.dim = dim
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmax(_AlongDim):
+    """Drop-in for `torch.nn.Softmax(dim)` (dim=None: torch's legacy implicit dim)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Softmax of `x` along `self.dim`."""
         return softmax(x, self.dim)
 
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
 
-
-class LogSoftmax(torch.nn.Module):
+class LogSoftmax(_AlongDim):
     """Drop-in for `torch.nn.LogSoftmax(dim)`."""
-
-    def __init__(self, dim: int | None = -1):
-        super().__init__()
-        self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Log-softmax of `x` along `self.dim`."""
         return log_softmax(x, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
 
 
 class Softmax2d(torch.nn.Module):
@@ -71,10 +69,7 @@ class CrossEntropyLoss(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.z_loss = z_loss
         self.softcap = softcap
-        if size_average is not None or reduce is not None:
-            raise ValueError(
-                "max_softmax: size_average and reduce are deprecated in torch; use reduction="
-            )
+        check_no_legacy_reduction(size_average, reduce)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing

@@ -45,7 +45,9 @@ from ..models import cross_entropy_into_model
 from ..validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
+    check_linear_cross_entropy_dtypes,
     check_linear_cross_entropy_options,
+    check_linear_cross_entropy_shapes,
     check_targets_in_range,
 )
 from . import _buffers as torch_buffers
@@ -112,11 +114,7 @@ def cross_entropy_into(
     if torch_launch.available(logits.is_cuda):
         torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
         return
-    rows, classes = logits.shape
-    if rows == 0 or classes == 0:
-        loss.fill_(EMPTY_LOSS[reduction])
-        if dlogits is not None:
-            dlogits.zero_()
+    if torch_launch.fill_empty_cross_entropy(loss, dlogits, logits, reduction):
         return
     kind = torch_buffers.device_name(logits)  # "cpu", "gpu" or "gpu:N": its own device
     model = cross_entropy_into_model(dlogits is not None, DTYPES[logits.dtype], kind, reduction)
@@ -433,12 +431,9 @@ def _check(
         raise TypeError(
             f"max_softmax: linear_cross_entropy needs a floating-point input, got {input.dtype}"
         )
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != input.dtype:
-            raise TypeError(
-                f"max_softmax: linear_cross_entropy needs {name} in the input's dtype "
-                f"({input.dtype}), got {t.dtype}"
-            )
+    check_linear_cross_entropy_dtypes(
+        input.dtype, weight.dtype, None if bias is None else bias.dtype
+    )
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         raise TypeError(
             "max_softmax: linear_cross_entropy takes integer class indices as target, "
@@ -450,21 +445,12 @@ def _check(
             "max_softmax: linear_cross_entropy needs every tensor on one CPU or CUDA device, "
             f"got {sorted(str(d) for d in devices)}"
         )
-    if input.dim() < 1 or weight.dim() != 2 or weight.shape[1] != input.shape[-1]:
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy needs input (..., H) and weight (V, H), got "
-            f"{tuple(input.shape)} and {tuple(weight.shape)}"
-        )
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy needs bias of shape ({weight.shape[0]},), "
-            f"got {tuple(bias.shape)}"
-        )
-    if tuple(target.shape) != tuple(input.shape[:-1]):
-        raise ValueError(
-            f"max_softmax: linear_cross_entropy target of shape {tuple(target.shape)} does not "
-            f"match input of shape {tuple(input.shape)} (expected {tuple(input.shape[:-1])})"
-        )
+    check_linear_cross_entropy_shapes(
+        tuple(input.shape),
+        tuple(weight.shape),
+        None if bias is None else tuple(bias.shape),
+        tuple(target.shape),
+    )
 
 
 @torch.compiler.disable
