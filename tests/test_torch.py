@@ -118,13 +118,34 @@ def test_torch_compile_fullgraph_backward(name):
         return (fn(t, dim=-1) * w).sum()
 
     x = torch.randn(4, 6, requires_grad=True)
-    # An eager call first: the launch extension's first load takes a lock,
-    # which Dynamo cannot trace.
-    ours(x.detach(), dim=-1)
     got = torch.compile(lambda t: loss(t, ours), fullgraph=True)(x)
     want = loss(x, ref)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got, x), torch.autograd.grad(want, x))
+
+
+def test_torch_compile_as_a_process_first_call():
+    """A compiled call may be a process's first use of the bridge: the
+    launch extension's first load (a lock Dynamo cannot trace) happens at
+    trace time, outside the graph. A fresh interpreter, since this one has
+    loaded the extension already."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, max_softmax.torch as mst\n"
+        "x = torch.randn(4, 8, requires_grad=True)\n"
+        "t = torch.randint(0, 8, (4,))\n"
+        "f = torch.compile(lambda x, t: mst.cross_entropy(mst.log_softmax(x, -1), t), "
+        "fullgraph=True)\n"
+        "want = torch.nn.functional.cross_entropy(torch.log_softmax(x, -1), t)\n"
+        "torch.testing.assert_close(f(x, t), want)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
 def test_bad_dtype():

@@ -36,9 +36,19 @@ import torch
 
 from .. import launch
 from ..launch import LaunchError
-from ..launch import available as available  # re-exported: the bridge asks here
 from ..launch import extension as extension  # re-exported
 from ..validation import EMPTY_LOSS
+
+
+@torch.compiler.assume_constant_result
+def available(cuda: bool = False) -> bool:
+    """`launch.available`, where the bridge asks it. Under torch.compile the
+    answer at trace time is baked into the graph: Dynamo cannot trace the
+    lock that guards the extension's first load (a compiled call as a
+    process's first use failed on it), and either answer gives the same
+    numbers (a graph traced while a CUDA build runs keeps the graph path)."""
+    return launch.available(cuda)
+
 
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float32: launch.DTYPE_CODES["float32"],
