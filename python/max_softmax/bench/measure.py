@@ -44,10 +44,9 @@ and the final sync's return, ~15-25 µs) cancels. wall / (R K) counted it,
 0.5-1 µs an op at small shapes, and not alike for every provider: MAX's
 `model.replay` takes ~10 µs of host a call, a torch CUDA graph's
 `replay()` its own. 96 rather than 48: a difference of two medians is
-noisier than one median. Why replays run back to back (history): with a
-sync after each replay, its ~10-20 µs weighed 20 / K µs an op (a 3-op
-graph of 130 µs ops read 81-84% of a copy for that alone, H100
-2026-11-24)."""
+noisier than one median. Replays run back to back: a sync after each
+would add its ~10-20 µs, 20 / K µs an op (a 3-op graph of 130 µs ops
+read 81-84% of a copy for that alone on an H100)."""
 
 REPLAY_UNRELIABLE = "replay n/a: unreliable: T(R) <= T(1); raise --reps"
 """`checked_replay`'s note where `time_replays` finds no marginal figure."""
