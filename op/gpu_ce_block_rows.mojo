@@ -62,7 +62,7 @@ def ce_block_loss_threads[dtype: DType]() -> Int:
 
 
 @always_inline
-def _fold_group[
+def fold_group[
     dtype: DType, W: Int, U: Int, smoothing: Bool
 ](
     raw: SIMD[dtype, U * W],
@@ -78,7 +78,8 @@ def _fold_group[
     cast as it is used, so the U * W cast values need not all be live at
     once (16-bit U = 4 at 512 threads: 55 registers, against 75 with
     `online_add` of the whole group; U = 8 still takes ~125, one
-    512-thread block an SM)."""
+    512-thread block an SM). The sharded statistics pass
+    (gpu_sharded_rows) folds its groups with it too."""
     comptime acc = accum_dtype[dtype]()
     var new_m = max(m, raw.reduce_max().cast[acc]())
     var shift = sum_shift[acc](new_m)
@@ -110,7 +111,7 @@ def _fold_items[
     """Fold thread `t`'s items of `W` elements (16-byte vectors, or
     scalars), from `base + i * W` for i = t, t + T, ... < `count`, into its
     online pair (`m`, `s`) and, `smoothing`, its plain sum `sx`: U items at
-    a time, the group's U loads issued before any is used (`_fold_group`).
+    a time, the group's U loads issued before any is used (`fold_group`).
 
     With one load an iteration the loop-carried (m, s) waits on each load
     in turn, one 16-byte load a thread in flight; a group keeps U in flight
@@ -129,7 +130,7 @@ def _fold_items[
                     width=W, alignment=align
                 ]()
             )
-        _fold_group[dtype, W, U, smoothing](raw, m, s, sx)
+        fold_group[dtype, W, U, smoothing](raw, m, s, sx)
         i += U * T
     if i < count:  # 1 to U - 1 items left
         var raw = SIMD[dtype, U * W](-inf[dtype]())
@@ -147,7 +148,7 @@ def _fold_items[
                     item if ok else SIMD[dtype, W](0)
                 )
         var no_sum = Scalar[accum_dtype[dtype]()](0)
-        _fold_group[dtype, W, U, False](raw, m, s, no_sum)
+        fold_group[dtype, W, U, False](raw, m, s, no_sum)
         comptime if smoothing:
             sx += kept.cast[accum_dtype[dtype]()]().reduce_add()
 

@@ -28,17 +28,16 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
 from .cross_entropy_math import grad_of, smoothing_of, target_grad
+from .gpu_ce_block_rows import fold_group
 from .gpu_launch import aligned16, aligned_flag_of
 from .gpu_reductions import block_max_sum, block_sum
 from .row_math import (
     accum_dtype,
     epilogue,
-    exp_diff,
     exp_nan,
     online_add,
     online_sum_guard,
     row_scale,
-    sum_shift,
     vector_width,
 )
 
@@ -68,34 +67,6 @@ def stats_threads[dtype: DType]() -> Int:
 
 
 @always_inline
-def _fold_group[
-    dtype: DType, W: Int, U: Int, smoothing: Bool
-](
-    raw: SIMD[dtype, U * W],
-    mut m: Scalar[accum_dtype[dtype]()],
-    mut s: Scalar[accum_dtype[dtype]()],
-    mut sx: Scalar[accum_dtype[dtype]()],
-):
-    """Fold U loaded items into the online pair (m, s) with one rescale,
-    and, `smoothing`, into the plain sum `sx`. The max is taken on the raw
-    values (the cast is exact and keeps order)."""
-    comptime acc = accum_dtype[dtype]()
-    var new_m = max(m, raw.reduce_max().cast[acc]())
-    var shift = sum_shift[acc](new_m)
-    var xs = raw.slice[W]().cast[acc]()
-    var e = exp_nan[acc, W](xs - shift)
-    comptime for k in range(1, U):
-        var v = raw.slice[W, offset=k * W]().cast[acc]()
-        e += exp_nan[acc, W](v - shift)
-        comptime if smoothing:
-            xs += v
-    s = s * exp_diff[acc, 1](m, new_m) + e.reduce_add()
-    m = new_m
-    comptime if smoothing:
-        sx += xs.reduce_add()
-
-
-@always_inline
 def _fold_items[
     dtype: DType, W: Int, T: Int, U: Int, smoothing: Bool
 ](
@@ -108,7 +79,8 @@ def _fold_items[
 ):
     """Fold thread `t`'s items of W elements (x + i * W for i = t, t + T,
     ... < count; W = V: aligned 16-byte vectors) U at a time, the U loads
-    issued before any is used, then the fewer than U left one by one."""
+    issued before any is used (`fold_group`), then the fewer than U left
+    one by one."""
     comptime acc = accum_dtype[dtype]()
     comptime align = size_of[dtype]() * W
     var i = t
@@ -120,7 +92,7 @@ def _fold_items[
                     width=W, alignment=align
                 ]()
             )
-        _fold_group[dtype, W, U, smoothing](raw, m, s, sx)
+        fold_group[dtype, W, U, smoothing](raw, m, s, sx)
         i += U * T
     while i < count:
         var v = (
