@@ -26,7 +26,7 @@ from .cross_entropy_math import (
     softcap_of,
     target_kind,
 )
-from .gpu_cross_entropy import CE_SMALL_THREADS, ce_reduce_kernel
+from .gpu_cross_entropy import CE_SMALL_THREADS, CEWorkspace
 from .gpu_reductions import block_max_sum, block_sum
 from .row_math import accum_dtype, exp_nan, online_add, online_sum_guard
 
@@ -307,18 +307,12 @@ def launch_cross_entropy_options[
             + "), got "
             + String(n_options)
         )
-    comptime acc = accum_dtype[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
     var has_weight = Int32(1) if n_options > EXTENDED_OPTIONS else Int32(0)
-    var count = ctx.enqueue_create_buffer[DType.float64](1)
-    var row_losses = ctx.enqueue_create_buffer[acc](
-        max(rows, 1) if reduce else 1
-    )
-    var count_ptr = rebind[Pointer[Float64, MutAnyOrigin]](count.unsafe_ptr())
-    var losses_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-        row_losses.unsafe_ptr()
-    )
+    var workspace = CEWorkspace[dtype, mean, reduce](ctx, rows)
+    var count_ptr = workspace.count_ptr()
+    var losses_ptr = workspace.losses_ptr()
     comptime if mean:
         ctx.enqueue_function[ce_weighted_count_kernel](
             count_ptr,
@@ -345,15 +339,6 @@ def launch_cross_entropy_options[
             grid_dim=rows,
             block_dim=CE_OPTIONS_THREADS,
         )
-    comptime if reduce:
-        comptime reduce_kernel = ce_reduce_kernel[dtype, mean]
-        ctx.enqueue_function[reduce_kernel](
-            loss,
-            losses_ptr,
-            count_ptr,
-            Int64(rows),
-            grid_dim=1,
-            block_dim=CE_SMALL_THREADS,
-        )
-    _ = count^
-    _ = row_losses^
+    workspace.enqueue_reduce(ctx, loss, rows)
+    # Freed in stream order, after the kernels.
+    _ = workspace^

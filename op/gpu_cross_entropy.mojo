@@ -39,7 +39,7 @@ Ignored and out-of-range rows skip the logits: nothing is loaded for them.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
 from .dispatch import SPLIT_BELOW_ROWS
@@ -131,6 +131,56 @@ def ce_reduce_kernel[
         comptime if mean:
             total = total / count[unsafe_offset=0]
         loss[unsafe_offset=0] = total.cast[dtype]()
+
+
+struct CEWorkspace[dtype: DType, mean: Bool, reduce: Bool](Movable):
+    """What a cross-entropy launch sequence (`launch_cross_entropy`,
+    `launch_cross_entropy_options`) passes between its kernels: the
+    "mean" count and the row losses, freed in stream order after them."""
+
+    var count: DeviceBuffer[DType.float64]
+    """One float64 word: the count ("mean") the gradient and loss divide by."""
+    var row_losses: DeviceBuffer[accum_dtype[Self.dtype]()]
+    """Row losses in the accumulator type, for the reduction ("none"
+    writes them to the output instead and gets a placeholder)."""
+
+    def __init__(out self, ctx: DeviceContext, rows: Int) raises:
+        """Room for `rows` rows."""
+        self.count = ctx.enqueue_create_buffer[DType.float64](1)
+        self.row_losses = ctx.enqueue_create_buffer[accum_dtype[Self.dtype]()](
+            max(rows, 1) if Self.reduce else 1
+        )
+
+    def count_ptr(self) -> Pointer[Float64, MutAnyOrigin]:
+        """The count as the kernels take it."""
+        return rebind[Pointer[Float64, MutAnyOrigin]](self.count.unsafe_ptr())
+
+    def losses_ptr(
+        self,
+    ) -> Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin]:
+        """The row losses as the kernels take them."""
+        return rebind[Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin]](
+            self.row_losses.unsafe_ptr()
+        )
+
+    def enqueue_reduce(
+        self,
+        ctx: DeviceContext,
+        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        rows: Int,
+    ) raises:
+        """The sequence's last kernel: "mean"/"sum" reduce the row losses
+        into `loss[0]` (`ce_reduce_kernel`); "none" enqueues nothing."""
+        comptime if Self.reduce:
+            comptime kernel = ce_reduce_kernel[Self.dtype, Self.mean]
+            ctx.enqueue_function[kernel](
+                loss,
+                self.losses_ptr(),
+                self.count_ptr(),
+                Int64(rows),
+                grid_dim=1,
+                block_dim=CE_SMALL_THREADS,
+            )
 
 
 def ce_kernel_for(
@@ -360,19 +410,11 @@ def launch_cross_entropy[
     module docstring): the count ("mean"), the row kernel the row length
     picks (or `variant` forces: `CERows`), the reduction ("mean", "sum").
     Arguments as `cross_entropy_cpu`, with `options` on the device."""
-    comptime acc = accum_dtype[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    var count = ctx.enqueue_create_buffer[DType.float64](1)
-    # Row losses in the accumulator type, for the reduction ("none" writes
-    # them to the output instead and gets a placeholder).
-    var row_losses = ctx.enqueue_create_buffer[acc](
-        max(rows, 1) if reduce else 1
-    )
-    var count_ptr = rebind[Pointer[Float64, MutAnyOrigin]](count.unsafe_ptr())
-    var losses_ptr = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-        row_losses.unsafe_ptr()
-    )
+    var workspace = CEWorkspace[dtype, mean, reduce](ctx, rows)
+    var count_ptr = workspace.count_ptr()
+    var losses_ptr = workspace.losses_ptr()
     comptime if mean:
         ctx.enqueue_function[ce_count_kernel](
             count_ptr,
@@ -398,16 +440,6 @@ def launch_cross_entropy[
             ),
             ctx,
         )
-    comptime if reduce:
-        comptime kernel = ce_reduce_kernel[dtype, mean]
-        ctx.enqueue_function[kernel](
-            loss,
-            losses_ptr,
-            count_ptr,
-            Int64(rows),
-            grid_dim=1,
-            block_dim=CE_SMALL_THREADS,
-        )
+    workspace.enqueue_reduce(ctx, loss, rows)
     # Freed in stream order, after the kernels.
-    _ = count^
-    _ = row_losses^
+    _ = workspace^
