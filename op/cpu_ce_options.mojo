@@ -15,6 +15,7 @@ from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
     OUT_OF_RANGE,
+    check_extended_options,
     extended_p_factor,
     extended_row_loss,
     softcap_chain,
@@ -43,14 +44,7 @@ def cross_entropy_options_cpu[
     comptime assert acc.is_floating_point()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    if n_options != EXTENDED_OPTIONS and n_options != EXTENDED_OPTIONS + n:
-        raise Error(
-            "max_softmax: cross_entropy options must hold 4 values, or 4"
-            " and a weight per class (4 + "
-            + String(n)
-            + "), got "
-            + String(n_options)
-        )
+    check_extended_options(n_options, n)
     var has_weight = n_options > EXTENDED_OPTIONS
     var weights = options.unsafe_offset(EXTENDED_OPTIONS)
     var ignore_index = Int64(options[unsafe_offset=0])

@@ -105,6 +105,20 @@ comptime PLAIN_OPTIONS = 2
 comptime EXTENDED_OPTIONS = 4
 
 
+def check_extended_options(n_options: Int, n: Int) raises:
+    """Raise unless `n_options`, the length of extended options for rows
+    of `n` classes, is EXTENDED_OPTIONS or that and a weight per class: the
+    check the CPU op and the GPU launch make before anything runs."""
+    if n_options != EXTENDED_OPTIONS and n_options != EXTENDED_OPTIONS + n:
+        raise Error(
+            "max_softmax: cross_entropy options must hold 4 values, or 4"
+            " and a weight per class (4 + "
+            + String(n)
+            + "), got "
+            + String(n_options)
+        )
+
+
 @always_inline
 def softcap_of[
     acc: DType, w: Int

@@ -20,6 +20,7 @@ from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     KEPT,
     OUT_OF_RANGE,
+    check_extended_options,
     extended_p_factor,
     extended_row_loss,
     softcap_chain,
@@ -299,14 +300,7 @@ def launch_cross_entropy_options[
     """Enqueue the extended cross-entropy of `rows` rows of `n` logits:
     `options` (on the device) holds `n_options` float64 values,
     (ignore_index, eps, z_loss, softcap[, V class weights])."""
-    if n_options != EXTENDED_OPTIONS and n_options != EXTENDED_OPTIONS + n:
-        raise Error(
-            "max_softmax: cross_entropy options must hold 4 values, or 4"
-            " and a weight per class (4 + "
-            + String(n)
-            + "), got "
-            + String(n_options)
-        )
+    check_extended_options(n_options, n)
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
     var has_weight = Int32(1) if n_options > EXTENDED_OPTIONS else Int32(0)
