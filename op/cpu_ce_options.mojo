@@ -14,13 +14,12 @@ from .cpu_tasks import items_per_task, run_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
-    OUT_OF_RANGE,
     check_extended_options,
+    checked_target_kind,
     extended_p_factor,
     extended_row_loss,
     softcap_chain,
     softcap_of,
-    target_kind,
 )
 from .row_math import accum_dtype, exp_nan, online_add, online_sum_guard
 
@@ -51,19 +50,7 @@ def cross_entropy_options_cpu[
     var kept = Float64(0)
     for r in range(rows):
         var t = targets[unsafe_offset=r]
-        var kind = target_kind(t, ignore_index, n)
-        if kind == OUT_OF_RANGE:
-            raise Error(
-                "max_softmax: cross_entropy target "
-                + String(t)
-                + " at row "
-                + String(r)
-                + " is out of range for "
-                + String(n)
-                + " classes (and is not ignore_index "
-                + String(ignore_index)
-                + ")"
-            )
+        var kind = checked_target_kind(t, r, ignore_index, n)
         if kind != IGNORED:
             kept += weights[unsafe_offset=Int(t)] if has_weight else 1
     var scale = Scalar[acc](1 / kept) if mean else Scalar[acc](1)

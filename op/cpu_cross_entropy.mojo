@@ -20,12 +20,11 @@ from .cpu_tasks import items_per_task, run_tasks
 from .gpu_launch import HeldRows, held
 from .cross_entropy_math import (
     IGNORED,
-    OUT_OF_RANGE,
+    checked_target_kind,
     grad_of,
     row_loss,
     smoothing_of,
     target_grad,
-    target_kind,
 )
 from .row_math import accum_dtype, exp_nan
 
@@ -68,19 +67,7 @@ def cross_entropy_cpu[
     var kept = 0
     for r in range(rows):
         var t = targets[unsafe_offset=r]
-        var kind = target_kind(t, ignore_index, n)
-        if kind == OUT_OF_RANGE:
-            raise Error(
-                "max_softmax: cross_entropy target "
-                + String(t)
-                + " at row "
-                + String(r)
-                + " is out of range for "
-                + String(n)
-                + " classes (and is not ignore_index "
-                + String(ignore_index)
-                + ")"
-            )
+        var kind = checked_target_kind(t, r, ignore_index, n)
         if kind != IGNORED:
             kept += 1
     # 1 / 0 = inf for "mean" over no kept rows: every row is then ignored

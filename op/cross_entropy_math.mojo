@@ -37,6 +37,28 @@ def target_kind(t: Int64, ignore_index: Int64, n: Int) -> Int:
     return KEPT
 
 
+def checked_target_kind(
+    t: Int64, row: Int, ignore_index: Int64, n: Int
+) raises -> Int:
+    """`target_kind` of row `row`'s target `t`, raising (naming the row) for
+    OUT_OF_RANGE: the CPU ops have the targets on the host, so a bad one
+    stops the op before any output is written."""
+    var kind = target_kind(t, ignore_index, n)
+    if kind == OUT_OF_RANGE:
+        raise Error(
+            "max_softmax: cross_entropy target "
+            + String(t)
+            + " at row "
+            + String(row)
+            + " is out of range for "
+            + String(n)
+            + " classes (and is not ignore_index "
+            + String(ignore_index)
+            + ")"
+        )
+    return kind
+
+
 @always_inline
 def row_loss[
     acc: DType
