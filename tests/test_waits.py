@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, ops
@@ -219,3 +220,24 @@ def test_help_lists_warmup(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "softmax warmup" in capsys.readouterr().out
+
+
+def test_first_eager_call_announced_once(tmp_path, monkeypatch, quiet, capsys):
+    """A MAX eager op's first realization in a process, where this machine
+    never compiled its chain, is announced before and after; the next call
+    is not."""
+    from max.experimental.tensor import Tensor
+
+    from max_softmax import eager
+
+    monkeypatch.setattr(eager, "_compiled", set())
+    monkeypatch.setattr(eager, "compile_marker", lambda key: tmp_path / str(abs(hash(key))))
+    x = Tensor(np.random.default_rng(0).standard_normal((4, 10)).astype(np.float32))
+    max_softmax.KERNELS  # noqa: B018 - built before the capture
+    capsys.readouterr()
+    max_softmax.softmax(x)
+    _assert_announced(
+        capsys.readouterr().err, "compiling softmax float32 for MAX eager on cpu", quiet
+    )
+    max_softmax.softmax(x)
+    assert _lines(capsys.readouterr().err) == []
