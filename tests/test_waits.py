@@ -59,7 +59,7 @@ def test_estimate_stretches_with_the_tasks_competing_for_the_cpu(
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(4.6, "~5 s"), (16.2, "~16 s"), (34.0, "~30 s"), (150.0, "~2 min")]
+    ("seconds", "text"), [(4.6, "~5 s"), (16.2, "~16 s"), (34.0, "~34 s"), (150.0, "~2 min")]
 )
 def test_estimate_text(seconds, text):
     assert waits._seconds(seconds) == text

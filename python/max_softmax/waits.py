@@ -43,11 +43,11 @@ _WARMUP = "XDG_CACHE_HOME=$(mktemp -d) softmax warmup --device cpu"
 
 BUILDS: dict[str, Build] = {
     "kernel_library": Build(5.0, VM, 1.0, _WARMUP),
-    "extension:cpu": Build(34.0, VM, 1.1, _WARMUP),
+    "extension:cpu": Build(30.0, VM, 1.1, _WARMUP),
     "extension:gpu": Build(100.0, H100_HOST, 1.1, "benchmarks/tools/first_call.py --cold"),
-    "model:cpu": Build(16.0, VM, 1.0, _WARMUP),
+    "model:cpu": Build(18.0, VM, 1.0, _WARMUP),
     "model:gpu": Build(15.0, H100_HOST, 1.0, "benchmarks/tools/compile_time.py --device gpu"),
-    "attention_example:cpu": Build(60.0, VM, 1.0, "the README's 'attention' graph, empty caches"),
+    "attention_example:cpu": Build(65.0, VM, 1.0, "the README's 'attention' graph, empty caches"),
 }
 """Measured seconds per kind of build (benchmarks/RESULTS.md, "First call
 and compile time"): the precompiled kernel library; the launch extension
@@ -103,11 +103,9 @@ def estimate(kind: str) -> float:
 
 
 def _seconds(seconds: float) -> str:
-    """`seconds` as an estimate reads: "~5 s", "~40 s", "~2 min"."""
-    if seconds < 10:
-        return f"~{seconds:.0f} s"
+    """`seconds` as an estimate reads: "~5 s", "~34 s", "~2 min"."""
     if seconds < 120:
-        return f"~{round(seconds, -1) if seconds >= 30 else round(seconds):.0f} s"
+        return f"~{seconds:.0f} s"
     return f"~{seconds / 60:.0f} min"
 
 
