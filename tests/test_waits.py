@@ -24,6 +24,12 @@ def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("max-softmax:")]
 
 
+@pytest.fixture(autouse=True)
+def loud(monkeypatch) -> None:
+    """The notices on, whatever the environment says (`quiet` turns them off)."""
+    monkeypatch.setenv("MAX_SOFTMAX_QUIET", "0")
+
+
 @pytest.fixture(params=["loud", "quiet"])
 def quiet(request, monkeypatch) -> bool:
     """Run a test with the notices on, and again with MAX_SOFTMAX_QUIET=1."""
@@ -106,6 +112,18 @@ def test_model_compile_announced_before_and_after(fresh_cache, quiet, device, ca
     if not quiet:
         assert len(_lines(seen_at_build[0])) == 1  # only "before" when the build ran
     assert models.compile_marker(key).is_file()
+
+
+@pytest.mark.parametrize("cost", ["model", "train_step"])
+def test_model_estimate_is_its_kind_of_build(fresh_cache, cost, capsys):
+    """A graph that costs MAX more than our ops (the training step's
+    matmuls) is announced with its own measured estimate, not a model's."""
+    key = ("waits-test", "cost", cost)
+    models.compiled(key, "cpu", lambda: _plain_graph("waits_test_add_one", 1.0), "a test", cost)
+    before = BEFORE.match(_lines(capsys.readouterr().err)[0])
+    assert before
+    seconds = float(before.group(2)) * (60 if before.group(3) == "min" else 1)
+    assert seconds >= 0.75 * waits.BUILDS[f"{cost}:cpu"].seconds  # rounding to minutes
 
 
 def test_compiled_model_is_not_announced_again(fresh_cache, capsys):

@@ -44,16 +44,18 @@ _WARMUP = "XDG_CACHE_HOME=$(mktemp -d) softmax warmup --device cpu"
 BUILDS: dict[str, Build] = {
     "kernel_library": Build(5.0, VM, 1.0, _WARMUP),
     "extension:cpu": Build(30.0, VM, 1.1, _WARMUP),
-    "extension:gpu": Build(100.0, H100_HOST, 1.1, "benchmarks/tools/first_call.py --cold"),
+    "extension:gpu": Build(100.0, H100_HOST, 1.1, "RESULTS.md, First call: 1 min 40 s"),
     "model:cpu": Build(18.0, VM, 1.0, _WARMUP),
     "model:gpu": Build(15.0, H100_HOST, 1.0, "benchmarks/tools/compile_time.py --device gpu"),
     "attention_example:cpu": Build(65.0, VM, 1.0, "the README's 'attention' graph, empty caches"),
+    "train_step:cpu": Build(140.0, VM, 1.0, "softmax train --steps 1 --device cpu, empty caches"),
 }
 """Measured seconds per kind of build (benchmarks/RESULTS.md, "First call
 and compile time"): the precompiled kernel library; the launch extension
 for the CPU only or with a GPU target; one MAX model of our ops (any graph
 costs MAX about that much at least); the README's user graph, where two
-matmuls add ~45 s to our op's compile."""
+matmuls add ~45 s to our op's compile; `softmax train`'s step graph (its
+matmuls, forward and backward)."""
 
 
 def announce(message: str) -> None:
