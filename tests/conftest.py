@@ -86,6 +86,12 @@ QUICK: dict[str, tuple[str, ...]] = {
     "test_readme.py": ("test_the_readme_has_examples",),
     "test_replay.py": ("test_cpu_has_no_device_graphs",),
     "test_torch_replay.py": ("test_declines_twice_captures_third_replays_after",),
+    "test_waits.py": (
+        "test_estimate_stretches_with_the_tasks_competing_for_the_cpu",
+        "test_model_compile_announced_before_and_after",
+        "test_user_graph_announced_once",
+        "test_warmup_builds_what_it_lists",
+    ),
 }
 """The quick subset: test file -> the test functions (every parametrization)
 that `--quick` runs: every op and front door on the CPU, through the launch

@@ -3,6 +3,7 @@
 softmax                          # GPT-2 logits batch + the classic 128-vector
 softmax --shape 4,1000 --axis 0 --dtype bfloat16 --device cpu
 softmax bench ...                # the benchmark sweep (see max_softmax/bench)
+softmax warmup [--device ...]    # build the kernels and models ahead of time
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         "through the launch extension, on a GPU in a MAX graph), check them against "
         "scipy.special.softmax (float64) and time them.",
         epilog="subcommands: 'softmax bench --help' (speed against MAX, torch, Triton, "
-        "JAX), 'softmax train --help' (a classifier trained with our ops). "
+        "JAX), 'softmax train --help' (a classifier trained with our ops), "
+        "'softmax warmup --help' (build the kernels and models ahead of time, "
+        "for images and CI). "
         "MAX_SOFTMAX_QUIET=1 silences the compile notices.",
     )
     p.add_argument(
@@ -131,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench import main as bench_main
 
             return bench_main(argv[1:])
+        if argv and argv[0] == "warmup":
+            from .warmup import main as warmup_main
+
+            return warmup_main(argv[1:])
         if argv and argv[0] == "train":
             from .train import main as train_main
 

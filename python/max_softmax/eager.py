@@ -21,14 +21,18 @@ three ops one by one eagerly costs seconds per call.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from . import ops as graph_ops
+from . import waits
 from .dtypes import to_buffer
+from .models import compile_marker, loss_declaration, masked_declaration
 from .models import declaration as declaration  # re-exported: eager.declaration(op)
-from .models import loss_declaration, masked_declaration
 from .validation import (
     canonical_shape,
     check_dtype,
@@ -60,7 +64,8 @@ def run(op: str, x: Any, axis: int, dy: Any = None) -> Any:
     view = list(canonical_shape(tuple(shape), axis))
     with F.lazy():
         out = F.reshape(declaration(op)(*[F.reshape(t, view) for t in operands]), shape)
-    return _realize(out)
+    with _first_compile(x, op, len(shape)):
+        return _realize(out)
 
 
 def scaled(op: str, dx: Any, scale: float) -> Any:
@@ -72,7 +77,8 @@ def scaled(op: str, dx: Any, scale: float) -> Any:
 
     with F.lazy():
         out = Tensor.from_graph_value(graph_ops._scaled(TensorValue(dx), op, scale))
-    return _realize(out)
+    with _first_compile(dx, f"{op} scaling", len(dx.shape)):
+        return _realize(out)
 
 
 def run_masked(op: str, x: Any, axis: int, scale: float | None, mask: Any, causal: bool) -> Any:
@@ -95,7 +101,9 @@ def run_masked(op: str, x: Any, axis: int, scale: float | None, mask: Any, causa
         m = None if mask is None else TensorValue(mask)
         y = graph_ops._masked(op, TensorValue(x), axis, "auto", scale, m, causal, kernel=kernel)
         out = Tensor.from_graph_value(y)
-    return _realize(out)
+    options = ("scale " if scale is not None else "") + ("mask " if mask is not None else "")
+    with _first_compile(x, f"{op} ({options}{'causal' if causal else ''})", len(x.shape)):
+        return _realize(out)
 
 
 def _device_tensor(array: np.ndarray, device: Any) -> Any:
@@ -109,6 +117,35 @@ def _device_tensor(array: np.ndarray, device: Any) -> Any:
 def _dims(t: Any) -> list[int]:
     """An eager tensor's shape as ints."""
     return [int(d) for d in t.shape]
+
+
+_compiled: set[tuple[str, ...]] = set()
+_compiled_lock = threading.Lock()
+
+
+@contextmanager
+def _first_compile(x: Any, what: str, *variant: Any) -> Iterator[None]:
+    """Announce the realization this block runs where it is the first of
+    its chain (`what`, `variant`: what else shapes the staged graph) on x's
+    dtype and device in this process and this machine never compiled it:
+    MAX then compiles the chain as it would a model (`waits.BUILDS`); from
+    its cache, or later in the process, it takes ~2-5 s or nothing."""
+    device = x.device
+    dtype = getattr(x.dtype, "name", str(x.dtype))
+    key = ("eager", what, repr(variant), dtype, str(device))
+    with _compiled_lock:
+        first = key not in _compiled
+        _compiled.add(key)
+    marker = compile_marker(key)
+    if not first or marker.is_file():
+        yield
+        return
+    kind = "cpu" if device.is_host else "gpu"
+    doing = f"{what} {dtype} for MAX eager on {kind}"
+    with waits.announced(f"model:{kind}", f"compiling {doing}", f"compiled {doing}"):
+        yield
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
 
 
 def _realize(t: Any) -> Any:
@@ -182,4 +219,7 @@ def run_cross_entropy(
         results = [Tensor.from_graph_value(v) for v in outs]
     if host_targets is not None:  # the shapes and dtypes passed the edge
         check_targets_in_range(host_targets, _dims(logits)[-1], ignore_index)
-    return [_realize(t) for t in results]
+    extras = (weight is not None, z_loss != 0.0, softcap is not None)
+    what = f"{'cross_entropy_with_grad' if with_grad else 'cross_entropy'} ({reduction})"
+    with _first_compile(logits, what, extras):
+        return [_realize(t) for t in results]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
-import sys
 import threading
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 from . import settings
+from .waits import announce, announced
 
 
 def _find_sources() -> Path:
@@ -49,14 +49,6 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "max-softmax"
-
-
-def announce(message: str) -> None:
-    """One line to stderr about a wait the user would otherwise not see;
-    silenced by MAX_SOFTMAX_QUIET=1."""
-    if settings.flag("MAX_SOFTMAX_QUIET"):
-        return
-    print(f"max-softmax: {message}", file=sys.stderr, flush=True)
 
 
 @cache
@@ -97,11 +89,17 @@ def _precompile(target: Path) -> None:
         from mojo.run import subprocess_run_mojo  # noqa: F401 - is the compiler here?
     except ImportError:  # pragma: no cover - max always brings mojo
         return
-    announce("precompiling the kernel library (once per version, ~3-5 s)")
     try:
-        build_into(
-            target, KERNEL_SOURCES, lambda out: ["precompile", str(KERNEL_SOURCES), "-o", str(out)]
-        )
+        with announced(
+            "kernel_library",
+            "precompiling the kernel library",
+            "precompiled the kernel library",
+        ):
+            build_into(
+                target,
+                KERNEL_SOURCES,
+                lambda out: ["precompile", str(KERNEL_SOURCES), "-o", str(out)],
+            )
     except (OSError, RuntimeError) as err:  # no compiler here: MAX packages the sources
         announce(f"could not precompile the kernels ({err}); using the sources")
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import kernels, registry, settings
+from . import kernels, registry, settings, waits
 from .devices import check_gpu_index, gpu_available, gpu_name
 from .devices import device as max_device
 
@@ -197,11 +197,8 @@ def _build(target: Path) -> None:
         from mojo.paths import MojoCompilationError
     except ImportError as err:  # pragma: no cover - max always brings mojo
         raise LaunchError(f"max_softmax: the Mojo compiler is not installed ({err})") from err
-    where = target_accelerator() or "the CPU only"
-    kernels.announce(
-        f"building the launch extension for {where} "
-        "(once per version: ~20 s, 1-2 min with a GPU target)"
-    )
+    accelerator = target_accelerator()
+    where = accelerator or "the CPU only"
 
     def args(output: Path) -> list[str]:
         # The extension imports the kernels as package `op`; a wheel carries
@@ -212,7 +209,12 @@ def _build(target: Path) -> None:
         return _build_args(include, output)
 
     try:
-        kernels.build_into(target, EXTENSION_SOURCE, args)
+        with waits.announced(
+            "extension:cpu" if accelerator is None else "extension:gpu",
+            f"building the launch extension for {where}",
+            "built the launch extension",
+        ):
+            kernels.build_into(target, EXTENSION_SOURCE, args)
     except MojoCompilationError as error:
         raise LaunchError(f"max_softmax: building the launch extension failed:\n{error}") from error
     except OSError as err:

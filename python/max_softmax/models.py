@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from max.dtype import DType
@@ -34,16 +34,14 @@ from max.graph import (
 )
 
 from . import ops as graph_ops
+from . import waits
 from .devices import canonical_name, device, device_kind
 from .devices import device_ref as device_ref  # re-exported: graph builders take it here
-from .kernels import announce, cache_dir, kernel_library, sources_fingerprint
+from .kernels import cache_dir, kernel_library, sources_fingerprint
 from .registry import op_spec
 
 ROW_DIMS = ["outer", "n", "inner"]
 """The symbolic (outer, n, inner) view every op works on (see ops.py)."""
-
-# Rough cold-compile times on a 2-core machine, for the announcement.
-_COLD_SECONDS = {"cpu": "15-30", "gpu": "20-40"}
 
 
 def session(kind: str) -> InferenceSession:
@@ -72,7 +70,10 @@ def build_graph(
 ) -> Graph:
     """A graph with our kernel library whose outputs are `body(*inputs)`:
     tensor values for `TensorType` inputs, buffer values for `BufferType`s."""
-    with Graph(name, input_types=input_types, custom_extensions=[kernel_library()]) as graph:
+    with (
+        waits.our_graph(),  # compiled by `compiled`, which announces it
+        Graph(name, input_types=input_types, custom_extensions=[kernel_library()]) as graph,
+    ):
         values = [
             v.buffer if isinstance(t, BufferType) else v.tensor
             for v, t in zip(graph.inputs, input_types)
@@ -88,10 +89,14 @@ compile_count: dict[Hashable, int] = {}
 """How many times each key was compiled (tests check it stays 1)."""
 
 
-def compiled(key: Hashable, kind: str, build: Callable[[], Graph], what: str) -> Model:
+def compiled(
+    key: Hashable, kind: str, build: Callable[[], Graph], what: str, cost: str = "model"
+) -> Model:
     """The model cached under `key`, made on first use by loading `build()`
     into the session of device `kind` (a device name); `what` names it for the
-    announcement of a first compile."""
+    announcement of a first compile, `cost` the measured build it costs like
+    (`waits.BUILDS`: "model", or a graph that takes longer to compile, such
+    as "train_step")."""
     model = _models.get(key)
     if model is not None:
         return model
@@ -100,27 +105,34 @@ def compiled(key: Hashable, kind: str, build: Callable[[], Graph], what: str) ->
     with lock:
         model = _models.get(key)
         if model is None:
-            model = _load_announced(key, kind, build, what)
+            model = _load_announced(key, kind, build, what, cost)
             compile_count[key] = compile_count.get(key, 0) + 1
             _models[key] = model
     return model
 
 
-def _load_announced(key: Hashable, kind: str, build: Callable[[], Graph], what: str) -> Model:
+def compile_marker(key: Hashable) -> Path:
+    """The file that says this machine compiled the model of `key` for the
+    current kernels (MAX's cache then serves it in ~2 s, unannounced)."""
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    return cache_dir() / "compiled" / f"{sources_fingerprint()}-{digest}"
+
+
+def _load_announced(
+    key: Hashable, kind: str, build: Callable[[], Graph], what: str, cost: str
+) -> Model:
     """Build and load, saying so first unless this machine compiled the same
     key for the same kernels before (then MAX's cache serves it in ~1 s)."""
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
-    marker = cache_dir() / "compiled" / f"{sources_fingerprint()}-{digest}"
-    seen = marker.is_file()
-    if not seen:
-        cold = _COLD_SECONDS[device_kind(kind)]
-        announce(f"compiling {what} for {kind} (first use, ~{cold} s; then cached)")
-    start = time.perf_counter()
-    model = session(kind).load(build())
-    if not seen:
-        announce(f"compiled {what} in {time.perf_counter() - start:.1f} s")
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+    marker = compile_marker(key)
+    if marker.is_file():
+        return session(kind).load(build())
+    build_kind = f"{cost}:{device_kind(kind)}"
+    if build_kind not in waits.BUILDS:  # not measured on this kind of device
+        build_kind = f"model:{device_kind(kind)}"
+    with waits.announced(build_kind, f"compiling {what} for {kind}", f"compiled {what} for {kind}"):
+        model = session(kind).load(build())
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     return model
 
 

@@ -22,6 +22,7 @@ from max.dtype import DType
 from max.graph import Graph, TensorType, TensorValue, Value, ops
 from max.graph.dim import Dim, StaticDim
 
+from . import waits
 from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
 from .validation import (
@@ -553,6 +554,7 @@ def _variant(variant: str) -> dict[str, str]:
 
 def _ensure_kernels_loaded() -> None:
     graph = Graph.current
+    waits.user_graph(graph)  # its load will compile our ops: say so once
     if any(is_kernel_library(p) for p in graph.kernel_libraries_paths):
         return
     try:

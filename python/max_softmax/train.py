@@ -119,6 +119,7 @@ class Trainer:
             self.kind,
             lambda: build_step_graph(problem, self.kind),
             "the training step graph",
+            cost="train_step",  # its matmuls take MAX far longer than our ops
         )
         self.dev = device(self.kind)
         self.data = [to_buffer(a).to(self.dev) for a in (problem.x, problem.labels)]

@@ -87,10 +87,8 @@ class MaxGraphProvider(Provider):
         key = ("bench", self.name, self.op, self.dtype, self.kind, k)
         if key not in _announced:
             _announced.add(key)
-            say(
-                f"loading {self.name}'s {k}-op {self.op} graph ({self.dtype}) for {self.kind} "
-                "(a first compile can take ~30 s)..."
-            )
+            # A first compile is announced, with its estimate, by models.compiled.
+            say(f"loading {self.name}'s {k}-op {self.op} graph ({self.dtype}) for {self.kind}...")
         spec, variant, ours, arity = OPS.get(self.op), self.variant, self.ours, self.arity
 
         def body(*xs: Any) -> list[Any]:
