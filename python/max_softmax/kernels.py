@@ -67,6 +67,11 @@ def sources_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def library_path() -> Path:
+    """Where the precompiled library of the current sources lives (built or not)."""
+    return cache_dir() / f"max_softmax_kernels_{sources_fingerprint()}.mojoc"
+
+
 def kernel_library() -> Path:
     """The kernel package to pass as `Graph(..., custom_extensions=[...])`:
     the precompiled `.mojoc` (built on first use, ~3 s, then cached), or the
@@ -74,7 +79,7 @@ def kernel_library() -> Path:
     (MAX_SOFTMAX_PRECOMPILE=0) or the Mojo compiler cannot be found."""
     if not settings.flag("MAX_SOFTMAX_PRECOMPILE"):
         return KERNEL_SOURCES
-    target = cache_dir() / f"max_softmax_kernels_{sources_fingerprint()}.mojoc"
+    target = library_path()
     if target.is_file():
         return target
     with _lock:

@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import kernels, launch, models, registry
 from .devices import DEVICE_CHOICES, NoGPUError, device_kind, resolve_device
@@ -74,7 +73,7 @@ def warmup(
         max_dtype(DTYPE_NAMES[dtype])
     steps = []
 
-    library = _library_path()
+    library = kernels.library_path()
     cached = library.is_file()
     start = time.perf_counter()
     path = kernels.kernel_library()  # the sources where precompiling is off or fails
@@ -95,11 +94,6 @@ def warmup(
         models.row_op_model(key)
         steps.append(Step(f"model {op} {dtype}", name, not cached, time.perf_counter() - start))
     return steps
-
-
-def _library_path() -> Path:
-    """Where `kernels.kernel_library()` keeps the precompiled library."""
-    return kernels.cache_dir() / f"max_softmax_kernels_{kernels.sources_fingerprint()}.mojoc"
 
 
 def build_parser() -> argparse.ArgumentParser:
