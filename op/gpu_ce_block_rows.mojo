@@ -40,17 +40,11 @@ comptime CE_BLOCK_THREADS = 512
 # Vectors a thread loads before it uses them in the first (online) pass:
 # 1 is a load, then its use, an iteration (`_online_pass`; more: `_fold_items`).
 comptime CE_BLOCK_UNROLL = 1
-# Loss-only rows (no gradient: the logits read once): U = 4 and
-# `ce_block_loss_threads`. H100, 2026-11-26, benchmarks/ce_loss_sweep
-# (kernel wall time, GB/s = logits bytes / time; a copy reads and writes
-# at ~3020), U = 1 at 512 threads -> U = 4 at 256 (16-bit) / 512 (fp32)
-# threads, against the smem / pair kernel there now: bf16 16384 x 32000
-# 3235 -> 3366 (smem 2836), 4096 x 128256 3215 -> 3305 (smem 2894),
-# 8192 x 50257 3127 -> 3237 (smem 3064); fp32 16384 x 32000 3387 -> 3409
-# (smem 3355), 4096 x 128256 3364 -> 3362 (pair 2917), 8192 x 50257
-# 3272 -> 3318 (smem 3168). 1024 threads, or 16-bit U = 8 (~125
-# registers), hold one block an SM and lose 5-50%; a launch bound capping
-# U = 8 at 64 registers did not beat U = 4.
+# Loss-only rows (no gradient: the logits read once) keep four loads a
+# thread in flight, at `ce_block_loss_threads`: enough to cover HBM latency
+# with a block of a row, where more threads or U = 8 (16-bit: ~125
+# registers) leave one block an SM and lose (benchmarks/RESULTS.md,
+# "Cross-entropy", the loss-only sweep).
 comptime CE_BLOCK_LOSS_UNROLL = 4
 
 

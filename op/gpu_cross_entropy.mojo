@@ -192,11 +192,8 @@ def ce_kernel_for(
     The loss alone keeps the register plans that the gradient keeps and
     sends every other row to the block kernel, which reads a row once
     either way: holding it on chip (smem, pair) only delays the next
-    row's loads. H100, 2026-11-26, benchmarks/ce_loss_sweep (GB/s =
-    logits bytes / kernel time; copy ~3020): smem / pair -> block with
-    four loads a thread, bf16 16384 x 32000 2836 -> 3366, 4096 x 128256
-    2894 -> 3305; fp32 8192 x 50257 3168 -> 3318, 4096 x 128256 (pair)
-    2917 -> 3362.
+    row's loads (benchmarks/RESULTS.md, "Cross-entropy": the loss-only
+    sweep).
 
     Where the smem kernel can take the rows (rows >= SPLIT_BELOW_ROWS, so
     a block a row fills the GPU twice over, and n <= `smem_capacity(V)`),
@@ -205,10 +202,8 @@ def ce_kernel_for(
     thread; 16-bit: capped at 64 and spilling), whose HBM idles while it
     reduces. The smem kernel runs two 512-thread blocks an SM at 64
     registers (to ~37K fp32 / ~74K 16-bit classes, then one of 1024
-    threads). H100, 2026-11-25, wall GB/s, "mean" (copy ~3000), register
-    plan -> smem: fp32 8192 x 16384 2473 -> 2833, 16384 x 32000 1556 ->
-    2914; bf16 8192 x 16384 1277 -> 2102; but fp32 32768 x 4096 2159 ->
-    1895 (512 threads are too many for such rows).
+    threads), so it wins there, except on short rows (fp32 4096 classes),
+    where 512 threads a row are too many (RESULTS, "Cross-entropy").
     Fewer rows keep every register plan (a row read once). Rows past the
     smem kernel's capacity, to `pair_capacity(V)` (~148K fp32, ~296K
     16-bit classes: Llama-3's 128256 fp32), go to `ce_pair_kernel` (a

@@ -1,0 +1,170 @@
+"""Before/after timing of the torch bridge's first-order calls: the proof an autograd change
+slowed no user call.
+
+Run it once per tree, alternating, in one sitting on the same machine:
+
+    PYTHONPATH=$HOME/site:old/python python benchmarks/tools/ab_torch.py --tag old --out $OUT
+    PYTHONPATH=$HOME/site:python     python benchmarks/tools/ab_torch.py --tag new --out $OUT
+    (twice each), then: python benchmarks/tools/ab_torch.py --compare $OUT/abt_*.jsonl
+
+Each case is a public call of `max_softmax.torch` and its backward, as a training step makes
+them: softmax / log_softmax (`y.backward(dy)`), scaled causal softmax, and cross-entropy
+(`loss.backward()`). Every timed call gets its own leaf tensor (a view of one of several input
+sets, together over 256 MB on CUDA, so L2 holds none of it) and the figure is the median of
+`--reps` calls after warm-up: CUDA events on a GPU, wall time on the CPU. The launch extension
+is built in the foreground before timing, so both trees time the same launch path.
+Uses only the public API both trees share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+CUDA_CASES = [
+    ("softmax", "bfloat16", (4096, 4096)),
+    ("softmax", "float32", (8192, 50257)),
+    ("log_softmax", "bfloat16", (8192, 50257)),
+    ("log_softmax", "float32", (256, 1024)),
+    ("causal", "bfloat16", (64, 1024, 1024)),
+    ("cross_entropy", "bfloat16", (8192, 50257)),
+    ("cross_entropy", "float32", (4096, 128256)),
+    ("cross_entropy", "bfloat16", (256, 32000)),
+]
+CPU_CASES = [
+    ("softmax", "float32", (64, 1000)),
+    ("softmax", "float32", (1024, 4096)),
+    ("log_softmax", "float32", (1024, 4096)),
+    ("causal", "float32", (4, 256, 256)),
+    ("cross_entropy", "float32", (512, 32000)),
+]
+L2_BYTES = 256 << 20
+"""Input bytes per case on CUDA, over several sets: well past the H100's 50 MB L2."""
+
+
+def _step(op: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One forward and backward of `op` on a leaf x with its second input (dy or targets)."""
+    import max_softmax.torch as mst
+
+    if op == "cross_entropy":
+        return lambda x, t: mst.cross_entropy(x, t).backward()
+    if op == "causal":
+        return lambda x, dy: mst.softmax(x, -1, scale=0.125, causal=True).backward(dy)
+    fn = getattr(mst, op)
+    return lambda x, dy: fn(x, -1).backward(dy)
+
+
+def _input_sets(op: str, dtype: torch.dtype, shape: tuple[int, ...], device: str) -> list:
+    """Fresh random (x, dy or targets) pairs, enough of them to defeat L2 on CUDA."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    per_set = numel * torch.finfo(dtype).bits // 8 * 2
+    sets = max(2, -(-L2_BYTES // per_set)) if device == "cuda" else 2
+    out = []
+    for _ in range(min(sets, 16)):
+        x = torch.randn(shape, dtype=dtype, device=device) * 3
+        if op == "cross_entropy":
+            second = torch.randint(0, shape[-1], shape[:-1], device=device)
+        else:
+            second = torch.randn(shape, dtype=dtype, device=device)
+        out.append((x, second))
+    return out
+
+
+def _time_case(op: str, dtype_name: str, shape: tuple[int, ...], device: str, reps: int) -> dict:
+    """Median ms of one fwd+bwd call of `op` at `shape`."""
+    dtype = getattr(torch, dtype_name)
+    step = _step(op)
+    sets = _input_sets(op, dtype, shape, device)
+    times = []
+    for i in range(reps + 5):
+        base, second = sets[i % len(sets)]
+        x = base.detach().requires_grad_()
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(x, second)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            step(x, second)
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= 5:
+            times.append(ms)
+    return {"op": op, "dtype": dtype_name, "shape": list(shape), "ms": statistics.median(times)}
+
+
+def _prepare_extension(device: str) -> None:
+    """Build and load the launch extension now, so no call times a build or the graph path."""
+    from max_softmax import launch
+
+    launch.extension()
+    if device == "cuda":
+        launch.CUDA_ENABLED = True
+
+
+def measure(tag: str, out: Path, device: str, reps: int) -> Path:
+    """Time every case of `device` and append the records to out/abt_<tag>.jsonl."""
+    _prepare_extension(device)
+    cases = CUDA_CASES if device == "cuda" else CPU_CASES
+    path = out / f"abt_{tag}.jsonl"
+    with path.open("a") as f:
+        for op, dtype_name, shape in cases:
+            timed = _time_case(op, dtype_name, shape, device, reps)
+            record = {"tag": tag, "device": device, **timed}
+            f.write(json.dumps(record) + "\n")
+            print(json.dumps(record), flush=True)
+    return path
+
+
+def compare(paths: list[Path]) -> str:
+    """A markdown table: per case, the best median of each tag, and new / old."""
+    best: dict[tuple, dict[str, float]] = {}
+    for p in paths:
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            key = (r["device"], r["op"], r["dtype"], "x".join(map(str, r["shape"])))
+            tags = best.setdefault(key, {})
+            tags[r["tag"]] = min(tags.get(r["tag"], float("inf")), r["ms"])
+    rows = [
+        "| device | op | dtype | shape | old ms | new ms | old/new |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (dev, op, dt, shape), tags in sorted(best.items()):
+        old, new = tags.get("old"), tags.get("new")
+        ratio = f"{old / new:.3f}" if old and new else "n/a (a tag is missing)"
+        fmt = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
+        rows.append(f"| {dev} | {op} | {dt} | {shape} | {fmt(old)} | {fmt(new)} | {ratio} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    """Measure one tree (`--tag`) or compare the records (`--compare`)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tag", help="old or new: which tree this process runs")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--compare", type=Path, nargs="*")
+    args = parser.parse_args()
+    if args.compare:
+        print(compare(args.compare))
+        return
+    if args.tag not in ("old", "new"):
+        parser.error("--tag old|new (or --compare files)")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    measure(args.tag, args.out, device, args.reps)
+
+
+if __name__ == "__main__":
+    main()
