@@ -2,12 +2,15 @@
 weights), for rows of any length: `ce_options_kernel`, a block a row, an
 online (max, sum of exp) pass over the capped logits (with, under label
 smoothing, the weighted sums the loss needs), then, with the gradient, a
-pass that re-reads the row (mostly from L2) to write it.
+pass that re-reads the row to write it. It takes the loss alone (one read
+either way), few rows and rows past a pair's capacity; many rows with a
+gradient go on chip (gpu_ce_options_smem_rows), read once.
 
 `launch_cross_entropy_options` is the whole launch sequence for such
 calls, as `launch_cross_entropy` is for the plain loss: the "mean" count
 (a weighted count with class weights: torch divides by the sum of w[t] over
-the kept rows), the row kernel, then `ce_reduce_kernel`. The plain kernels
+the kept rows), the row kernel (`options_onchip_parts` picks), then
+`ce_reduce_kernel`. The plain kernels
 are not touched: the options' length (a host value) picks this file.
 """
 
@@ -27,9 +30,20 @@ from .cross_entropy_math import (
     softcap_of,
     target_kind,
 )
+from .gpu_ce_options_smem_rows import (
+    launch_ce_options_parts,
+    options_onchip_parts,
+)
 from .gpu_cross_entropy import CE_SMALL_THREADS, CEWorkspace
+from .gpu_launch import aligned16
 from .gpu_reductions import block_max_sum, block_sum
-from .row_math import accum_dtype, exp_nan, online_add, online_sum_guard
+from .row_math import (
+    accum_dtype,
+    exp_nan,
+    online_add,
+    online_sum_guard,
+    vector_width,
+)
 
 # Threads a row of the options kernel.
 comptime CE_OPTIONS_THREADS = 512
@@ -318,7 +332,40 @@ def launch_cross_entropy_options[
             grid_dim=1,
             block_dim=CE_SMALL_THREADS,
         )
-    if rows > 0:
+    comptime V = vector_width[dtype]()
+    var parts = options_onchip_parts(rows, n, V) if with_grad else 0
+    var aligned = aligned16(Int(logits), Int(dlogits))
+    if parts == 1:
+        launch_ce_options_parts[dtype, mean, reduce, V, 1](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count_ptr,
+            losses_ptr,
+            loss,
+            rows,
+            n,
+            aligned,
+            has_weight,
+        )
+    elif parts == 2:
+        launch_ce_options_parts[dtype, mean, reduce, V, 2](
+            ctx,
+            dlogits,
+            logits,
+            targets,
+            options,
+            count_ptr,
+            losses_ptr,
+            loss,
+            rows,
+            n,
+            aligned,
+            has_weight,
+        )
+    elif rows > 0:
         comptime kernel = ce_options_kernel[dtype, with_grad, mean, reduce]
         ctx.enqueue_function[kernel](
             dlogits,

@@ -309,6 +309,52 @@ def test_gpu_long_rows(dtype, reduction):
     _check(loss, grad, x, t, w, -100, 0.1, 1e-4, 30.0, reduction, dtype)
 
 
+# (dtype, rows, classes) that reach the on-chip options kernel (at least 264
+# rows with a gradient): a block a row, and a cluster of two past one SM's
+# capacity (fp32 ~74K, 16-bit ~148K); odd lengths, so rows start unaligned.
+ONCHIP = [
+    pytest.param("float32", 300, 5003, id="fp32-block"),
+    pytest.param("bfloat16", 300, 5003, id="bf16-block"),
+    pytest.param("float64", 280, 4001, id="fp64-block"),
+    pytest.param("float32", 300, 100003, id="fp32-pair"),
+    pytest.param("bfloat16", 270, 160001, id="bf16-pair"),
+]
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype,rows,classes", ONCHIP)
+@pytest.mark.parametrize("ignore_index,eps", BASE)
+@pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
+@pytest.mark.parametrize("reduction,in_place", [("mean", False), ("none", True)])
+def test_gpu_on_chip_rows(
+    dtype, rows, classes, ignore_index, eps, has_weight, z_loss, softcap, reduction, in_place
+):
+    """Many rows with a gradient take the on-chip kernel
+    (`CrossEntropyOptionsRow`): every option, a block or a pair a row, the
+    gradient also written over the logits."""
+    from max_softmax.dtypes import DTYPE_NAMES
+
+    rng = np.random.default_rng(rows + classes)
+    x = (rng.standard_normal((rows, classes)) * 4).astype(DTYPE_NAMES[dtype])
+    t = rng.integers(0, classes, rows)
+    t[1] = ignore_index if ignore_index >= 0 else t[1]
+    t[5] = ignore_index
+    w = rng.uniform(0.2, 2.0, classes) if has_weight else None
+    kw = {"ignore_index": ignore_index, "label_smoothing": eps, "z_loss": z_loss}
+    logits = x.copy()
+    loss, grad = cross_entropy_with_grad(
+        logits,
+        t,
+        weight=w,
+        softcap=softcap,
+        reduction=reduction,
+        device="gpu",
+        out=logits if in_place else None,
+        **kw,
+    )
+    _check(loss, grad, x, t, w, ignore_index, eps, z_loss, softcap, reduction, dtype)
+
+
 def test_inplace_backward_refuses_options():
     """The torch bridge's in-place backward takes the plain options only."""
     import max_softmax.torch as mst

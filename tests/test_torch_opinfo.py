@@ -30,14 +30,16 @@ FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
-def _on_devices(values: tuple, name: str, marks: list) -> list:
-    """`values` + (device,) as params: "cpu" under `name` (the ids the CPU
-    cases always had), and "cuda" under `name`-cuda, skipped without CUDA.
-    Samples are counted on the CPU: their number does not depend on the device."""
-    return [
-        pytest.param(*values, "cpu", id=name, marks=marks),
-        pytest.param(*values, "cuda", id=f"{name}-cuda", marks=[*marks, NO_CUDA]),
-    ]
+DEVICES = (("cpu", "", []), ("cuda", "-cuda", [NO_CUDA]))
+"""(device, id suffix, marks): CPU cases keep their plain ids; CUDA ones are
+skipped without CUDA."""
+
+
+def _sampled_on(device: str) -> str:
+    """Where to count a device's samples: CUDA can have more (float32
+    `_softmax_backward_data` adds float16 outputs there); without CUDA its
+    cases are skipped, and the CPU's count stands in."""
+    return "cpu" if device == "cuda" and not torch.cuda.is_available() else device
 
 
 def _sbd(grad_output, output, dim, input_dtype):
@@ -63,9 +65,10 @@ def _op_cases(dtypes: tuple) -> list:
         variant = f".{op.variant_test_name}" if op.variant_test_name else ""
         extra = (torch.int64,) if op.variant_test_name == "with_dtype" else ()
         for dtype in (*dtypes, *extra) if len(dtypes) > 1 else dtypes:
-            for i, _ in enumerate(op.sample_inputs("cpu", dtype)):
-                name = f"{op.name}{variant}-{str(dtype)[6:]}-{i}"
-                cases += _on_devices((op, dtype, i), name, [])
+            for device, suffix, marks in DEVICES:
+                for i, _ in enumerate(op.sample_inputs(_sampled_on(device), dtype)):
+                    name = f"{op.name}{variant}-{str(dtype)[6:]}-{i}{suffix}"
+                    cases.append(pytest.param(op, dtype, i, device, id=name, marks=marks))
     return cases
 
 
@@ -205,9 +208,10 @@ def _module_samples(info, dtype, device="cpu", requires_grad=False):
 def _module_cases() -> list:
     cases = []
     for info in MODULES:
-        for i, s in enumerate(_module_samples(info, torch.float64)):
-            name = f"{info.module_cls.__name__}-{s.desc or i}"
-            cases += _on_devices((info, i), name, [])
+        for device, suffix, marks in DEVICES:
+            for i, s in enumerate(_module_samples(info, torch.float64, _sampled_on(device))):
+                name = f"{info.module_cls.__name__}-{s.desc or i}{suffix}"
+                cases.append(pytest.param(info, i, device, id=name, marks=marks))
     return cases
 
 
@@ -250,9 +254,9 @@ def test_module(info, i, device):
 @pytest.mark.parametrize(
     "name,device",
     [
-        p
+        pytest.param(name, device, id=f"{name}{suffix}", marks=marks)
         for name in ["softmax", "log_softmax", "cross_entropy", "soft_cross_entropy"]
-        for p in _on_devices((name,), name, [])
+        for device, suffix, marks in DEVICES
     ],
 )
 def test_gradient_penalty_matches_torch(name, device):

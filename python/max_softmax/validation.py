@@ -323,6 +323,12 @@ class TargetIndexError(IndexError, ValueError):
     as torch raises, and a ValueError as the other input checks."""
 
 
+class TensorMismatchError(ValueError, RuntimeError):
+    """Raised for tensors of one call that differ in shape, dtype or device
+    (the backward's y and dy): a ValueError as the other input checks, and a
+    RuntimeError as torch raises for them."""
+
+
 def check_targets_in_range(targets: np.ndarray, classes: int, ignore_index: int) -> None:
     """Raise TargetIndexError naming the first target outside [0, classes)
     that is not ignore_index (host arrays only: checked before anything runs)."""

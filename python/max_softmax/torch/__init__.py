@@ -26,7 +26,7 @@ ops), `_graph_path` (MAX models on torch memory), `_device` (which devices).
 
 from __future__ import annotations
 
-from ..validation import TargetIndexError
+from ..validation import TargetIndexError, TensorMismatchError
 from ._cross_entropy import cross_entropy
 from ._functional import log_softmax, softmax
 from ._modules import CrossEntropyLoss, LogSoftmax, Softmax, Softmax2d
@@ -38,6 +38,7 @@ __all__ = [
     "Softmax",
     "Softmax2d",
     "TargetIndexError",
+    "TensorMismatchError",
     "cross_entropy",
     "linear_cross_entropy",
     "log_softmax",

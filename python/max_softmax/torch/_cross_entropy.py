@@ -313,19 +313,25 @@ def _soft_cross_entropy(
     weight, z_loss, cap = extras
     if cap:
         input = cap * torch.tanh(input / cap)
-    q = target if eps == 0.0 else target * (1.0 - eps) + eps / classes
+    # 16-bit products and sums in float32, rounded once at the end: in the
+    # input's type each q * w * log p would round (torch's ops round too, in
+    # another order), a class's term at 2^9 by a quarter.
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    q = target.to(acc)
+    if eps != 0.0:
+        q = q * (1.0 - eps) + eps / classes
     if weight is not None:
         shape = [1] * input.dim()
         shape[dim] = classes
-        q = q * weight.to(input.dtype).reshape(shape)
-    loss = -(q * log_softmax(input, dim)).sum(dim)
+        q = q * weight.to(acc).reshape(shape)
+    loss = -(q * log_softmax(input, dim).to(acc)).sum(dim)
     if z_loss:
-        loss = loss + z_loss * torch.logsumexp(input, dim) ** 2
-    if reduction == "none":
-        return loss
+        loss = loss + z_loss * torch.logsumexp(input.to(acc), dim) ** 2
     if reduction == "sum":
-        return loss.sum()
-    return loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
+    return loss.to(input.dtype)
 
 
 def check_no_legacy_reduction(size_average: bool | None, reduce: bool | None) -> None:

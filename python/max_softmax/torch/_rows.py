@@ -14,7 +14,7 @@ import torch
 
 from ..models import into_model
 from ..registry import OPS, op_spec
-from ..validation import normalize_axis
+from ..validation import TensorMismatchError, normalize_axis
 from . import _launch as torch_launch
 from ._buffers import DTYPES
 from ._device import check_device, device_kind
@@ -107,7 +107,7 @@ def _run_checked(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     axis = normalize_axis(dim, first.dim())
     for t in tensors[1:]:
         if (t.shape, t.dtype, t.device) != (first.shape, first.dtype, first.device):
-            raise ValueError(
+            raise TensorMismatchError(
                 f"max_softmax: {name} needs tensors of one shape, dtype and device: got "
                 f"{t.dtype}{list(t.shape)} on {t.device} for {first.dtype}{list(first.shape)} "
                 f"on {first.device}"

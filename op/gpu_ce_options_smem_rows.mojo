@@ -1,0 +1,700 @@
+"""The cross-entropy under the extended options (z-loss, softcap, class
+weights) on chip: `CrossEntropyOptionsRow`, a `RowOp` of the on-chip
+strategy (gpu_smem_rows' `onchip_rows`), a row per block or per cluster of
+two, read once and its gradient written once from chip.
+
+The block kernel of gpu_ce_options_rows reads a row twice: a row of an LM
+head (32K-256K classes) is too long for the L2 to keep it between the
+passes of every resident block, so its gradient cost three passes over
+HBM. Here the raw logits stay on chip (registers, then shared memory:
+`load_part_max`) and every capped value is recomputed from them: the
+softcap is monotonic, so the row's capped max is the cap of its max, and
+the gradient needs the capped value itself for the softcap's chain factor
+(which is why 16-bit rows do not keep exp(y - max) in place of the logits,
+as the plain cross-entropy's do).
+
+`launch_cross_entropy_options` (gpu_ce_options_rows) sends rows with a
+gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
+`pair_capacity(V)` classes (~148K fp32, ~296K 16-bit).
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
+from max.gpu.host import DeviceContext, Dim, FuncAttribute
+from std.math import tanh
+from std.utils import StaticTuple
+from std.utils.numerics import inf, nan
+
+from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
+    IGNORED,
+    KEPT,
+    extended_p_factor,
+    extended_row_loss,
+    smoothing_of,
+    softcap_chain,
+    softcap_of,
+    target_kind,
+)
+from .dispatch import SPLIT_BELOW_ROWS
+from .gpu_ce_common import fill_part, grad_scale
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_reductions import block_sum
+from .gpu_smem_rows import (
+    REG_CHUNKS,
+    SMEM_HALF_THREADS,
+    SMEM_THREADS,
+    ClusterPartials,
+    cluster_exchange,
+    load_part_max,
+    onchip_plan,
+    onchip_rows,
+    pair_capacity,
+    smem_capacity,
+)
+from .gpu_split_chunks import SharedBuffer
+from .row_math import accum_dtype, exp_nan
+from .row_op import RowOp
+from .row_part import RowPart
+
+# A row's accumulators for a cluster's exchanges: the parts' max, their
+# sums of exp and of the capped logits, and their weight sums, each in a
+# 128-byte line of its own (float64: two).
+comptime CE_OPTIONS_CLUSTER_SLOTS = 128
+
+
+def options_onchip_parts(rows: Int, n: Int, V: Int) -> Int:
+    """The blocks a row `CrossEntropyOptionsRow` takes for `rows` rows of
+    `n` classes (1 or 2), or 0 where the block kernel should: too few rows
+    to fill the GPU a row a block, or rows past a pair's capacity."""
+    if rows < SPLIT_BELOW_ROWS:
+        return 0
+    if n <= smem_capacity(V):
+        return 1
+    if n <= pair_capacity(V):
+        return 2
+    return 0
+
+
+trait HeldVisit:
+    """What `visit_held` does with each value of a part held on chip, told
+    where the value sits in the part: the sums of sweep 2, the gradient of
+    sweep 3."""
+
+    comptime dtype: DType
+    """Element type of the tensors."""
+
+    def visit[
+        w: Int
+    ](mut self, e: Int, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[
+        Self.dtype, w
+    ]:
+        """Visit elements e .. e + w - 1 of the part, whose values are `v`;
+        what to write there (when the sweep writes)."""
+        ...
+
+
+@always_inline
+def visit_held[
+    V: Int, T: Int, F: HeldVisit, writes: Bool
+](
+    y: Pointer[Scalar[F.dtype], MutAnyOrigin],
+    x: Pointer[Scalar[F.dtype], MutAnyOrigin],
+    smem: SharedBuffer[F.dtype],
+    p: RowPart,
+    regs: SIMD[F.dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[F.dtype](), 2],
+    mut f: F,
+):
+    """Thread `p.t`'s values of its part (held by `load_part_max`), each
+    with its place in the part: the vectors in registers, then those in
+    shared memory, the edge pair, a long head re-read from `x`; `writes`,
+    what `f` returns goes to the same place of `y`."""
+    comptime acc = accum_dtype[F.dtype]()
+    comptime R = REG_CHUNKS
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            var r = f.visit[V](
+                p.head + i * V, regs.slice[V, offset=k * V]().cast[acc]()
+            )
+            comptime if writes:
+                y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](r)
+    for i in range(R * T + p.t, p.nvec, T):
+        var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        var r = f.visit[V](p.head + i * V, v.cast[acc]())
+        comptime if writes:
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](r)
+    if p.has_head:
+        var r = f.visit[1](p.t, SIMD[acc, 1](edge[0]))
+        comptime if writes:
+            y[unsafe_offset=p.t] = r[0]
+    if p.has_tail:
+        var r = f.visit[1](p.tail_begin + p.t, SIMD[acc, 1](edge[1]))
+        comptime if writes:
+            y[unsafe_offset=p.tail_begin + p.t] = r[0]
+    for e in range(p.lead, p.head, T):
+        var r = f.visit[1](e, SIMD[acc, 1](x[unsafe_offset=e].cast[acc]()))
+        comptime if writes:
+            y[unsafe_offset=e] = r[0]
+
+
+@always_inline
+def _weights_at[
+    acc: DType, w: Int
+](weights: Pointer[Float64, MutAnyOrigin], e: Int) -> SIMD[acc, w]:
+    """Class weights e .. e + w - 1 (float64 on the device, any alignment)."""
+    var u = SIMD[acc, w](0)
+    comptime for k in range(w):
+        u[k] = weights[unsafe_offset=e + k].cast[acc]()
+    return u
+
+
+@fieldwise_init
+struct Softcap[acc: DType](ImplicitlyCopyable):
+    """The softcap c * tanh(x / c) of sweeps 2 and 3, with 1 / c taken once
+    a row: a division an element (twice for the gradient) cost more issue
+    slots than the tanh and exp together. float64 keeps `softcap_of`'s
+    exact division and tanh."""
+
+    var cap: Scalar[Self.acc]
+    """The softcap (0: none)."""
+    var inv_cap: Scalar[Self.acc]
+    """1 / cap (0 where cap is 0)."""
+
+    @staticmethod
+    @always_inline
+    def of_cap(cap: Scalar[Self.acc]) -> Self:
+        """The softcap `cap` (0: none)."""
+        return Self(cap, 1 / cap if cap != 0 else Scalar[Self.acc](0))
+
+    @always_inline
+    def apply[w: Int](self, x: SIMD[Self.acc, w]) -> SIMD[Self.acc, w]:
+        """cap * tanh(x / cap), or x without a cap."""
+        comptime assert Self.acc.is_floating_point()
+        comptime if Self.acc == DType.float64:
+            return softcap_of[Self.acc, w](x, self.cap)
+        if self.cap == 0:
+            return x
+        return tanh(x * self.inv_cap) * self.cap
+
+    @always_inline
+    def chain[w: Int](self, y: SIMD[Self.acc, w]) -> SIMD[Self.acc, w]:
+        """d softcap / dx at the capped value y: 1 - (y / cap)^2."""
+        comptime if Self.acc == DType.float64:
+            return softcap_chain[Self.acc, w](y, self.cap)
+        if self.cap == 0:
+            return SIMD[Self.acc, w](1)
+        var r = y * self.inv_cap
+        return 1 - r * r
+
+
+struct OptionSums[dtype_: DType](HeldVisit):
+    """Sweep 2: a thread's sum of exp(y - max) over its capped values y
+    and, with label smoothing, its sums of u and u * y (u: the class
+    weights, 1 without)."""
+
+    comptime dtype = Self.dtype_
+
+    var cap: Softcap[accum_dtype[Self.dtype_]()]
+    """The softcap."""
+    var row_max: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's capped max."""
+    var smoothing: Bool
+    """Label smoothing is on: the u sums are wanted."""
+    var weighted: Bool
+    """u is the class weights (else 1)."""
+    var weights: HeldRows[DType.float64]
+    """The part's class weights (its element 0's weight first)."""
+    var s: Scalar[accum_dtype[Self.dtype_]()]
+    """Sum of exp(y - max)."""
+    var su: Scalar[accum_dtype[Self.dtype_]()]
+    """Sum of u (weighted only)."""
+    var suy: Scalar[accum_dtype[Self.dtype_]()]
+    """Sum of u * y."""
+
+    @always_inline
+    def __init__(
+        out self,
+        cap: Softcap[accum_dtype[Self.dtype_]()],
+        row_max: Scalar[accum_dtype[Self.dtype_]()],
+        smoothing: Bool,
+        weighted: Bool,
+        weights: Pointer[Float64, MutAnyOrigin],
+    ):
+        """Empty sums for a row with these terms."""
+        self.cap = cap
+        self.row_max = row_max
+        self.smoothing = smoothing
+        self.weighted = weighted
+        self.weights = held(weights)
+        self.s = 0
+        self.su = 0
+        self.suy = 0
+
+    @always_inline
+    def visit[
+        w: Int
+    ](mut self, e: Int, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[
+        Self.dtype, w
+    ]:
+        """Fold w values into the sums (nothing is written)."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var y = self.cap.apply[w](v)
+        self.s += exp_nan[acc, w](y - self.row_max).reduce_add()
+        if self.smoothing:
+            if self.weighted:
+                var u = _weights_at[acc, w](kernel_arg(self.weights), e)
+                self.su += u.reduce_add()
+                self.suy += (u * y).reduce_add()
+            else:
+                self.suy += y.reduce_add()
+        return SIMD[Self.dtype, w](0)
+
+
+struct OptionGrad[dtype_: DType](HeldVisit):
+    """Sweep 3: the gradient of a kept row's logits,
+    (p_c * factor - eps / V * u_c - [c == t] (1 - eps) w_t) * scale, times
+    the softcap's chain factor (`extended_p_factor`)."""
+
+    comptime dtype = Self.dtype_
+
+    var cap: Softcap[accum_dtype[Self.dtype_]()]
+    """The softcap."""
+    var row_max: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's capped max."""
+    var p_factor: Scalar[accum_dtype[Self.dtype_]()]
+    """1 / sum of exp(y - max), times what multiplies p_c."""
+    var smooth: Scalar[accum_dtype[Self.dtype_]()]
+    """eps / V."""
+    var target_term: Scalar[accum_dtype[Self.dtype_]()]
+    """(1 - eps) w_t."""
+    var scale: Scalar[accum_dtype[Self.dtype_]()]
+    """The gradient's scale (`grad_scale`)."""
+    var tgt: Int
+    """The target's element of the part (may lie outside it)."""
+    var weighted: Bool
+    """The smoothing term takes the class weights (else 1)."""
+    var weights: HeldRows[DType.float64]
+    """The part's class weights (its element 0's weight first)."""
+
+    @always_inline
+    def __init__(
+        out self,
+        cap: Softcap[accum_dtype[Self.dtype_]()],
+        row_max: Scalar[accum_dtype[Self.dtype_]()],
+        p_factor: Scalar[accum_dtype[Self.dtype_]()],
+        smooth: Scalar[accum_dtype[Self.dtype_]()],
+        target_term: Scalar[accum_dtype[Self.dtype_]()],
+        scale: Scalar[accum_dtype[Self.dtype_]()],
+        tgt: Int,
+        weighted: Bool,
+        weights: Pointer[Float64, MutAnyOrigin],
+    ):
+        """The gradient map of a row with these terms."""
+        self.cap = cap
+        self.row_max = row_max
+        self.p_factor = p_factor
+        self.smooth = smooth
+        self.target_term = target_term
+        self.scale = scale
+        self.tgt = tgt
+        self.weighted = weighted
+        self.weights = held(weights)
+
+    @always_inline
+    def visit[
+        w: Int
+    ](mut self, e: Int, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[
+        Self.dtype, w
+    ]:
+        """The gradient of elements e .. e + w - 1."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var y = self.cap.apply[w](v)
+        var g = exp_nan[acc, w](y - self.row_max) * self.p_factor
+        if self.smooth != 0:
+            if self.weighted:
+                g -= (
+                    _weights_at[acc, w](kernel_arg(self.weights), e)
+                    * self.smooth
+                )
+            else:
+                g -= self.smooth
+        if self.tgt >= e and self.tgt < e + w:
+            comptime for k in range(w):
+                if self.tgt == e + k:
+                    g[k] -= self.target_term
+        return (g * self.scale * self.cap.chain[w](y)).cast[Self.dtype]()
+
+
+struct CrossEntropyOptionsRow[
+    dtype_: DType, mean: Bool, reduce: Bool, V: Int, T: Int
+](RowOp):
+    """Fused cross-entropy with its gradient under the extended options
+    (`options`: ignore_index, label smoothing, z_loss, softcap, then a
+    weight a class where `has_weight`) as a `RowOp`: it folds the raw
+    row's max (capped after), then the sums of exp(y - max) and, with
+    label smoothing, of u and u * y over the capped logits y; writes the
+    row's loss (`extended_row_loss`: to `row_losses` with `reduce`, else
+    `loss`) and dlogits (`mean`: divided by the weighted count). A
+    cluster's parts exchange their max first, then their sums."""
+
+    comptime dtype = Self.dtype_
+    comptime width = Self.V
+    comptime threads = Self.T
+    comptime cluster_slots = CE_OPTIONS_CLUSTER_SLOTS
+
+    var dlogits: HeldRows[Self.dtype]
+    """Gradient rows."""
+    var logits: HeldRows[Self.dtype]
+    """Logit rows."""
+    var targets: Pointer[Int64, MutUntrackedOrigin]
+    """A target class a row."""
+    var options: Pointer[Float64, MutUntrackedOrigin]
+    """The extended options, then the class weights (`has_weight`)."""
+    var count: Pointer[Float64, MutUntrackedOrigin]
+    """The (weighted) count of kept rows, for "mean"."""
+    var row_losses: Pointer[
+        Scalar[accum_dtype[Self.dtype_]()], MutUntrackedOrigin
+    ]
+    """Per-row losses in the accumulator type (`reduce`)."""
+    var loss: HeldRows[Self.dtype]
+    """Per-row losses (not `reduce`)."""
+    var has_weight: Bool
+    """`options` holds a weight a class."""
+    var start: Int
+    """Element of the tensors where the block's part starts."""
+    var first: Int
+    """Element of the row where the block's part starts."""
+    var len_row: Int
+    """Classes a row."""
+    var tgt: Int64
+    """The row's target."""
+    var kind: Int
+    """`target_kind` of the row's target."""
+    var eps: Scalar[accum_dtype[Self.dtype_]()]
+    """Label smoothing."""
+    var z_loss: Scalar[accum_dtype[Self.dtype_]()]
+    """The z-loss weight."""
+    var cap: Scalar[accum_dtype[Self.dtype_]()]
+    """The softcap (0: none)."""
+    var w_t: Scalar[accum_dtype[Self.dtype_]()]
+    """The target's class weight (1 without weights)."""
+    var row_max: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's capped max."""
+    var p_factor: Scalar[accum_dtype[Self.dtype_]()]
+    """What multiplies exp(y - max) in the gradient (1 / sum included)."""
+    var value: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's loss."""
+    var regs: SIMD[Self.dtype, Self.V * REG_CHUNKS]
+    """The thread's first `REG_CHUNKS` vectors of the part."""
+    var edge: SIMD[accum_dtype[Self.dtype_](), 2]
+    """The thread's head and tail elements (-inf where it has none)."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dlogits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        targets: Pointer[Int64, MutAnyOrigin],
+        options: Pointer[Float64, MutAnyOrigin],
+        count: Pointer[Float64, MutAnyOrigin],
+        row_losses: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        has_weight: Int32,
+    ):
+        """The op on these tensors."""
+        comptime acc = accum_dtype[Self.dtype]()
+        self.dlogits = held(dlogits)
+        self.logits = held(logits)
+        self.targets = rebind[Pointer[Int64, MutUntrackedOrigin]](targets)
+        self.options = rebind[Pointer[Float64, MutUntrackedOrigin]](options)
+        self.count = rebind[Pointer[Float64, MutUntrackedOrigin]](count)
+        self.row_losses = rebind[Pointer[Scalar[acc], MutUntrackedOrigin]](
+            row_losses
+        )
+        self.loss = held(loss)
+        self.has_weight = has_weight != 0
+        self.start = 0
+        self.first = 0
+        self.len_row = 0
+        self.tgt = 0
+        self.kind = 0
+        self.eps = 0
+        self.z_loss = 0
+        self.cap = 0
+        self.w_t = 1
+        self.row_max = 0
+        self.p_factor = 0
+        self.value = 0
+        self.regs = SIMD[Self.dtype, Self.V * REG_CHUNKS](0)
+        self.edge = SIMD[acc, 2](-inf[acc]())
+
+    @always_inline
+    def _options(self) -> Pointer[Float64, MutAnyOrigin]:
+        """The options as the kernels take them."""
+        return rebind[Pointer[Float64, MutAnyOrigin]](self.options)
+
+    @always_inline
+    def _weights(self) -> Pointer[Float64, MutAnyOrigin]:
+        """The class weights of the block's part (element 0's first)."""
+        return self._options().unsafe_offset(EXTENDED_OPTIONS + self.first)
+
+    @always_inline
+    def begin(
+        mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
+    ) -> Bool:
+        """Read the options and the row's target: only a kept row is
+        folded (a row not kept loads nothing)."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var options = self._options()
+        self.start = start
+        self.first = first
+        self.len_row = len_row
+        self.eps = options[unsafe_offset=1].cast[acc]()
+        self.z_loss = options[unsafe_offset=2].cast[acc]()
+        self.cap = options[unsafe_offset=3].cast[acc]()
+        self.tgt = self.targets[unsafe_offset=row]
+        self.kind = target_kind(
+            self.tgt, Int64(options[unsafe_offset=0]), len_row
+        )
+        if self.kind != KEPT and self.kind != IGNORED:
+            self.value = nan[acc]()
+        return self.kind == KEPT
+
+    @always_inline
+    def fold[
+        C: Int
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+    ):
+        """Sweep 1 loads the part and its max (capped once the row's is
+        known: the softcap is monotonic); sweep 2 sums over the capped
+        values on chip (`OptionSums`); then the row's loss and the
+        gradient's factor."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime assert acc.is_floating_point()
+        var row = kernel_arg(self.logits).unsafe_offset(self.start - self.first)
+        var options = self._options()
+        var y_t = softcap_of[acc, 1](
+            row[unsafe_offset=Int(self.tgt)].cast[acc](), self.cap
+        )[0]
+        if self.has_weight:
+            self.w_t = options[
+                unsafe_offset=EXTENDED_OPTIONS + Int(self.tgt)
+            ].cast[acc]()
+        var xp = row.unsafe_offset(self.first)
+        var raw_max = load_part_max[Self.dtype, Self.V, Self.T](
+            xp, smem, p, self.regs, self.edge
+        )
+        comptime if C > 1:
+            raw_max = cluster_exchange[acc, C](slots, rank, p.t, raw_max, 0)[
+                0
+            ].reduce_max()
+        self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
+        var smoothing = self.eps != 0
+        var weighted = smoothing and self.has_weight
+        var sums = OptionSums[Self.dtype](
+            Softcap[acc].of_cap(self.cap),
+            self.row_max,
+            smoothing,
+            weighted,
+            self._weights(),
+        )
+        visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
+            kernel_arg(self.dlogits), xp, smem, p, self.regs, self.edge, sums
+        )
+        var s = block_sum[acc, Self.T](sums.s)
+        var suy = Scalar[acc](0)
+        var su = Scalar[acc](self.len_row)
+        if smoothing:
+            suy = block_sum[acc, Self.T](sums.suy)
+            if weighted:
+                su = block_sum[acc, Self.T](sums.su)
+        comptime if C > 1:
+            var both = cluster_exchange[acc, C](
+                slots.unsafe_offset(CE_OPTIONS_CLUSTER_SLOTS // 4),
+                rank,
+                p.t,
+                s,
+                suy,
+            )
+            s = both[0].reduce_add()
+            suy = both[1].reduce_add()
+            if weighted:
+                su = cluster_exchange[acc, C](
+                    slots.unsafe_offset(CE_OPTIONS_CLUSTER_SLOTS // 2),
+                    rank,
+                    p.t,
+                    su,
+                    0,
+                )[0].reduce_add()
+        self.value = extended_row_loss[acc](
+            self.row_max,
+            s,
+            y_t,
+            self.w_t,
+            su,
+            suy,
+            self.eps,
+            self.z_loss,
+            self.len_row,
+        )
+        self.p_factor = (
+            extended_p_factor[acc](
+                self.row_max,
+                s,
+                self.w_t,
+                su,
+                self.eps,
+                self.z_loss,
+                self.len_row,
+            )
+            / s
+        )
+
+    @always_inline
+    def finish(self, p: RowPart, row: Int, rank: Int):
+        """The row's loss, by thread 0 of rank 0."""
+        if p.t == 0 and rank == 0:
+            comptime if Self.reduce:
+                self.row_losses[unsafe_offset=row] = self.value
+            else:
+                self.loss[unsafe_offset=row] = self.value.cast[Self.dtype]()
+
+    @always_inline
+    def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
+        """Sweep 3: the part's gradient from chip (`OptionGrad`, the
+        target's entry included); a row not kept is filled (0 ignored,
+        NaN for a bad target)."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var y = kernel_arg(self.dlogits).unsafe_offset(self.start)
+        if self.kind != KEPT:
+            var fill = (
+                Scalar[Self.dtype](0) if self.kind
+                == IGNORED else nan[Self.dtype]()
+            )
+            fill_part[Self.dtype, Self.V, Self.T](y, p, fill)
+            return
+        var grad = OptionGrad[Self.dtype](
+            Softcap[acc].of_cap(self.cap),
+            self.row_max,
+            self.p_factor,
+            smoothing_of[acc](self.eps, self.len_row),
+            (1 - self.eps) * self.w_t,
+            grad_scale[acc, Self.mean](
+                rebind[Pointer[Float64, MutAnyOrigin]](self.count)
+            ),
+            Int(self.tgt) - self.first,
+            self.has_weight,
+            self._weights(),
+        )
+        visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
+            y,
+            kernel_arg(self.logits).unsafe_offset(self.start),
+            smem,
+            p,
+            self.regs,
+            self.edge,
+            grad,
+        )
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def ce_options_smem_kernel[
+    dtype: DType,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+    C: Int,
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+    has_weight: Int32,
+):
+    """The extended cross-entropy and its gradient of rows of `n` classes
+    held on chip, read once: `onchip_rows` of `CrossEntropyOptionsRow`, a
+    row per cluster of C blocks of `T` threads. `partials`:
+    `CE_OPTIONS_CLUSTER_SLOTS` a row (C > 1)."""
+    var op = CrossEntropyOptionsRow[dtype, mean, reduce, V, T](
+        dlogits, logits, targets, options, count, row_losses, loss, has_weight
+    )
+    onchip_rows[C=C](op, partials, n, aligned_flag)
+
+
+def launch_ce_options_parts[
+    dtype: DType, mean: Bool, reduce: Bool, V: Int, C: Int
+](
+    ctx: DeviceContext,
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    aligned: Bool,
+    has_weight: Int32,
+) raises:
+    """Launch `ce_options_smem_kernel` on `rows` rows of `n`, C blocks a
+    row, each with the shared memory its part needs (`onchip_plan`).
+    Raises past the capacity."""
+    comptime acc = accum_dtype[dtype]()
+    var plan = onchip_plan(
+        "the cross-entropy options on-chip kernel of "
+        + String(C)
+        + " block(s) a row",
+        n,
+        V,
+        1,
+        C,
+        "classes",
+    )
+    var threads = plan[0]
+    var smem_bytes = plan[1]
+    var partials = ClusterPartials[acc](ctx, rows, CE_OPTIONS_CLUSTER_SLOTS, C)
+    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+        if threads == T:
+            comptime kernel = ce_options_smem_kernel[
+                dtype, mean, reduce, V, T, C
+            ]
+            ctx.enqueue_function[kernel](
+                dlogits,
+                logits,
+                targets,
+                options,
+                count,
+                row_losses,
+                loss,
+                partials.ptr(row_losses),
+                Int64(n),
+                aligned_flag_of(aligned),
+                has_weight,
+                grid_dim=C * rows,
+                block_dim=T,
+                cluster_dim=Dim(C),
+                shared_mem_bytes=smem_bytes,
+                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                    UInt32(smem_bytes)
+                ),
+            )
+    _ = partials^
