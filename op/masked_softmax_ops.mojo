@@ -3,17 +3,24 @@
 `softmax_masked` / `log_softmax_masked` take x as a (rows, n) view (a free
 reshape in the graph, see python/max_softmax/ops.py), an additive mask
 (mask_rows, n) in x's dtype (row r of x uses mask row r % mask_rows; -inf
-drops a position), and `options`, a float64 (1,) tensor (scale) on the
-op's device: a run-time value, so one compiled model per (op, dtype, flags,
-device) serves every scale and shape. x is viewed as (outer, L, n): L, the
+drops a position), and `options`, a float64 tensor on the op's device:
+options[0] is the scale, a run-time value read where the kernel runs, and
+the options' length, 1 + flags, carries the flags (`masked_flags`):
+MASK_FLAG (else the mask, a placeholder, is not read) and CAUSAL_FLAG (row
+r = o * L + i keeps columns j <= i). x is viewed as (outer, L, n): L, the
 causal rows, is a dim of the view (symbolic in a graph, where a constant
-could not hold it). `has_mask` (else the mask, a
-placeholder, is not read) and `causal` (row r keeps columns j <= r % L) are
-compile-time flags (row r = o * L + i keeps columns j <= i). A row with
-nothing kept gives 0 (softmax) or -inf (log-softmax): see row_math. The
-`*_into` twins write into a given buffer, for the torch bridge (see
-registered_ops.mojo). Each struct names its flag; its `execute` is its
-trait's (`MaskedOp`, `MaskedIntoOp`).
+could not hold it).
+
+A shape is known on the host whichever device holds the values, so
+`execute` reads the flags from it with no host sync (capture-safe) and
+calls the kernels specialised at compile time for that combination
+(`masked_softmax_cpu[..., has_mask, causal]`, `launch_masked_rows[...]`):
+one compiled model per (op, dtype, device) serves every scale, shape, mask
+and causal combination, each with its own specialised kernel (no
+per-element run-time branch). A row with nothing kept gives 0 (softmax) or
+-inf (log-softmax): see row_math. The `*_into` twins write into a given
+buffer, for the torch bridge (see registered_ops.mojo). Each struct names
+its flag; its `execute` is its trait's (`MaskedOp`, `MaskedIntoOp`).
 """
 
 import extensibility
@@ -23,10 +30,45 @@ from max.gpu.host import DeviceContext
 
 from .cpu_masked_rows import masked_softmax_cpu
 from .gpu_masked_rows import launch_masked_rows
+from .masked_flags import (
+    CAUSAL_FLAG,
+    FLAG_COMBINATIONS,
+    MASK_FLAG,
+    masked_flags,
+)
 from .registered_ops import rows_ptr as _ptr
 
 
 def masked_rows[
+    target: StaticString,
+    dtype: DType,
+    log_out: Bool,
+    variant: StaticString = "auto",
+](
+    ctx: DeviceContext,
+    output: ManagedTensorSlice[dtype=dtype, rank=3, ...],
+    x: InputTensor[dtype=dtype, rank=3, static_spec=_],
+    mask: InputTensor[dtype=dtype, rank=2, static_spec=_],
+    options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+) raises:
+    """`masked_rows_of` for the flags the options' length carries
+    (`masked_flags`): a run-time switch over the four compile-time
+    specialisations, read from a shape, so nothing waits on the device."""
+    var flags = masked_flags(options.dim_size(0))
+    comptime for f in range(FLAG_COMBINATIONS):
+        if flags == f:
+            masked_rows_of[
+                target,
+                dtype,
+                log_out,
+                (f & MASK_FLAG) != 0,
+                (f & CAUSAL_FLAG) != 0,
+                variant,
+            ](ctx, output, x, mask, options)
+            return
+
+
+def masked_rows_of[
     target: StaticString,
     dtype: DType,
     log_out: Bool,
@@ -98,10 +140,6 @@ trait MaskedOp:
         target: StaticString,
         # Element type of x, mask and output.
         dtype: DType,
-        # Whether `mask` is read (else it is a placeholder).
-        has_mask: Bool = False,
-        # Whether row r keeps only columns j <= r % L.
-        causal: Bool = False,
         # Strategy: "auto", "register" or "block" (gpu_masked_rows).
         variant: StaticString = "auto",
     ](
@@ -111,8 +149,9 @@ trait MaskedOp:
         options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """Run the op along the rows of (rows, n)."""
-        masked_rows[target, dtype, Self.log_out, has_mask, causal, variant](
+        """Run the op along the rows of (rows, n), the flags from the
+        options' length."""
+        masked_rows[target, dtype, Self.log_out, variant](
             ctx, output, x, mask, options
         )
 
@@ -127,8 +166,6 @@ trait MaskedIntoOp:
     def execute[
         target: StaticString,
         dtype: DType,
-        has_mask: Bool = False,
-        causal: Bool = False,
     ](
         output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
         x: InputTensor[dtype=dtype, rank=3, static_spec=_],
@@ -137,9 +174,7 @@ trait MaskedIntoOp:
         ctx: DeviceContext,
     ) raises:
         """Run the op along the rows of (rows, n), into `output`."""
-        masked_rows[target, dtype, Self.log_out, has_mask, causal](
-            ctx, output, x, mask, options
-        )
+        masked_rows[target, dtype, Self.log_out](ctx, output, x, mask, options)
 
 
 @extensibility.register("softmax_masked")

@@ -6,6 +6,12 @@
 from max.gpu.host import DeviceContext
 
 from op.gpu_masked_rows import launch_masked_rows
+from op.masked_flags import (
+    CAUSAL_FLAG,
+    FLAG_COMBINATIONS,
+    MASK_FLAG,
+    masked_flags,
+)
 
 
 def launch_all[dtype: DType](ctx: DeviceContext) raises:
@@ -18,21 +24,27 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var m = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](mb.unsafe_ptr())
     var o = rebind[Pointer[Float64, MutAnyOrigin]](ob.unsafe_ptr())
     comptime for log_out in [False, True]:
-        comptime for has_mask in [False, True]:
-            comptime for causal in [False, True]:
-                comptime launch = launch_masked_rows[
-                    dtype, log_out, has_mask, causal
-                ]
-                # Every register plan (n = 1000 picks one; the launcher
-                # compiles all), and the block-per-row kernel (n = 50257).
-                launch(ctx, y, x, m, o, 16, 1000, 16, 4)
-                launch(ctx, y, x, m, o, 16, 50257, 1, 16)
-                # Each strategy forced (variant=): the same kernels.
-                comptime for variant in ["register", "block"]:
-                    comptime forced = launch_masked_rows[
-                        dtype, log_out, has_mask, causal, variant
+        # The flags as the registered op reads them, at run time from the
+        # options' length (masked_softmax_ops.masked_rows): each picks its
+        # compile-time-specialised launcher.
+        for flags in range(FLAG_COMBINATIONS):
+            comptime for f in range(FLAG_COMBINATIONS):
+                if masked_flags(1 + flags) == f:
+                    comptime has_mask = (f & MASK_FLAG) != 0
+                    comptime causal = (f & CAUSAL_FLAG) != 0
+                    comptime launch = launch_masked_rows[
+                        dtype, log_out, has_mask, causal
                     ]
-                    forced(ctx, y, x, m, o, 16, 1000, 16, 4)
+                    # Every register plan (n = 1000 picks one; the launcher
+                    # compiles all), and the block-per-row kernel (n = 50257).
+                    launch(ctx, y, x, m, o, 16, 1000, 16, 4)
+                    launch(ctx, y, x, m, o, 16, 50257, 1, 16)
+                    # Each strategy forced (variant=): the same kernels.
+                    comptime for variant in ["register", "block"]:
+                        comptime forced = launch_masked_rows[
+                            dtype, log_out, has_mask, causal, variant
+                        ]
+                        forced(ctx, y, x, m, o, 16, 1000, 16, 4)
 
 
 def main() raises:

@@ -21,6 +21,8 @@ from max_softmax.validation import (
     BACKWARD_VARIANTS,
     CROSS_ENTROPY_VARIANTS,
     MASKED_VARIANTS,
+    masked_flags,
+    masked_options,
 )
 
 DTYPES = ["float32", "float16"]
@@ -162,10 +164,13 @@ def test_gpu_masked_variants(rng, op, dtype, variant, shape):
     kernel = getattr(max_softmax.ops, f"{op}_masked")
 
     def build(xv, mv):
-        options = ops.constant(np.array([0.5]), DType.float64, device=xv.device)
+        flags = masked_flags(True, True)
+        options = ops.constant(
+            np.array(masked_options(0.5, flags)), DType.float64, device=xv.device
+        )
         x3 = ops.reshape(xv, [1, shape[0], shape[1]])
         m2 = ops.reshape(mv, [1, shape[1]])
-        y = kernel(x3, m2, options, has_mask=True, causal=True, variant=variant)
+        y = kernel(x3, m2, options, variant=variant)
         return [ops.reshape(y, list(shape))]
 
     (y,) = _run_gpu(build, [x, mask])

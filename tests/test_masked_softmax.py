@@ -2,9 +2,9 @@
 the float64 reference (`reference.masked_reference`), against torch's own
 autograd of the unfused expression, and its errors.
 
-Each (op, dtype, device, has_mask, causal) compiles one model, so the
-cases below share few of them: the flags come from the case, scale and
-shapes vary freely (run-time values)."""
+Each (op, dtype, device) compiles one model serving every mask / causal
+combination, scale and shape (run-time values: the flags ride in the
+options' length), so the cases below share few of them."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def check(op, x, device, axis=-1, **kw):
     return got
 
 
-# (name, x shape, mask maker or None, causal, axis). Cases with a mask share
-# the has_mask model, causal ones the causal model.
+# (name, x shape, mask maker or None, causal, axis). All share one model per
+# (op, dtype, device).
 def _cases():
     def bool_of(shape):
         return lambda rng: _bool_mask(rng, shape)
@@ -161,6 +161,78 @@ def test_scale_is_a_run_time_value(rng, device, monkeypatch):
         if isinstance(k, tuple) and k[:2] == ("softmax_masked", max_softmax.SUPPORTED_DTYPES[0])
     ]
     assert keys and all(compile_count[k] == 1 for k in keys)
+
+
+COMBINATIONS = [(False, False), (True, False), (False, True), (True, True)]
+"""(has a mask, causal): every combination one masked model serves."""
+
+
+def _masked_keys(op, dtype, kind, into=False):
+    """The model keys compiled for masked op `op` on (dtype, device `kind`):
+    (op, dtype, kind), or ("into", op, dtype, kind) for the torch bridge's."""
+    from max_softmax.models import compile_count
+
+    want = ("into",) * into + (f"{op}_masked", dtype)
+    return [
+        k
+        for k in compile_count
+        if isinstance(k, tuple) and k[: len(want)] == want and k[len(want) :] == (kind,)
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_one_model_serves_every_combination(rng, device, op, monkeypatch):
+    """The four (mask, causal) combinations of one op and dtype run through
+    one compiled model, compiled once, each against the float64 reference
+    (a mask that differs per row and a causal L < n, so no combination
+    passes for another)."""
+    from max.dtype import DType
+
+    from max_softmax import launch
+    from max_softmax.models import compile_count
+
+    monkeypatch.setattr(launch, "ENABLED", False)  # the compiled models' path
+    x = random_logits(rng, (2, 5, 9), "float32")
+    keep = _bool_mask(rng, (5, 9), keep=0.6)
+    keep[:, 0] = True
+    results = []
+    for has_mask, causal in COMBINATIONS:
+        mask = keep if has_mask else None
+        results.append(check(op, x, device, scale=0.7, mask=mask, causal=causal))
+    for i, a in enumerate(results):  # each combination gave its own values
+        for b in results[i + 1 :]:
+            assert not np.array_equal(a, b)
+    kind = "cpu" if device == "cpu" else "gpu"
+    keys = _masked_keys(op, DType.float32, kind)
+    assert len(keys) == 1, keys
+    assert compile_count[keys[0]] == 1
+
+
+@pytest.mark.parametrize("options", [[], [0.5, 0, 0, 0, 0]])
+def test_bad_options_length_is_a_clear_error(rng, options):
+    """A masked model given options of a length that carries no flags
+    raises, naming the expected lengths."""
+    from max.driver import Buffer
+    from max.dtype import DType
+
+    from max_softmax.models import masked_model
+
+    model = masked_model("softmax_masked", DType.float32, "cpu")
+    x = random_logits(rng, (1, 2, 4), "float32")
+    args = [x, np.zeros((1, 1), np.float32), np.array(options, np.float64)]
+    with pytest.raises(Exception, match="options must hold 1 to 4"):
+        model.execute(*(Buffer.from_numpy(a) for a in args))
+
+
+def test_masked_options_encode_the_flags():
+    from max_softmax.validation import CAUSAL_FLAG, MASK_FLAG, masked_flags, masked_options
+
+    assert masked_flags(False, False) == 0 and masked_flags(True, True) == 3
+    assert masked_options(0.5, masked_flags(True, False)) == [0.5, 0.0]
+    assert len(masked_options(2.0, MASK_FLAG | CAUSAL_FLAG)) == 4
+    with pytest.raises(ValueError, match="flags"):
+        masked_options(1.0, 4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -388,6 +460,37 @@ def test_torch_axis_not_last_and_errors(rng):
         mst.softmax(x, 0, causal=True)
     with pytest.raises(ValueError, match="broadcastable"):
         mst.softmax(x, mask=torch.ones(5, 3, dtype=torch.bool))
+
+
+@torch_only
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_graph_path_one_model_for_every_combination(rng, device, monkeypatch):
+    """The torch bridge's graph path (the launch extension off) runs all
+    four (mask, causal) combinations through one destination-passing model,
+    each against the float64 reference."""
+    import torch
+    from max.dtype import DType
+
+    import max_softmax.torch as mst
+    from max_softmax import launch
+    from max_softmax.models import compile_count
+
+    monkeypatch.setattr(launch, "ENABLED", False)
+    dev = _torch_device(device)
+    x = random_logits(rng, (2, 5, 9), "float32")
+    keep = _bool_mask(rng, (5, 9), keep=0.6)
+    keep[:, 0] = True
+    for has_mask, causal in COMBINATIONS:
+        mask = keep if has_mask else None
+        m = torch.from_numpy(keep).to(dev) if has_mask else None
+        got = mst.log_softmax(torch.from_numpy(x).to(dev), scale=1.5, mask=m, causal=causal)
+        want = masked_reference("log_softmax", x, scale=1.5, mask=mask, causal=causal)
+        c = compare("log_softmax", got.cpu().numpy(), x, -1, ref=want)
+        assert c.ok, (has_mask, causal, c.max_abs_err)
+    kind = "cpu" if device == "cpu" else "gpu"
+    keys = _masked_keys("log_softmax", DType.float32, kind, into=True)
+    assert len(keys) == 1, keys
+    assert compile_count[keys[0]] == 1
 
 
 @torch_only

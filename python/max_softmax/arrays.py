@@ -44,6 +44,8 @@ from .validation import (
     cross_entropy_options,
     is_masked_call,
     mask_suffix,
+    masked_flags,
+    masked_options,
     masked_view,
     normalize_axis,
 )
@@ -580,15 +582,13 @@ def _run_masked(
     if array.size == 0:
         return _empty_result(array, out)
     view = masked_view(list(work.shape))
-    options = np.array([value], dtype=np.float64)
+    flags = masked_flags(mask is not None, causal)
+    options = np.array(masked_options(value, flags), dtype=np.float64)
     if kind == "cpu" and launch.available_for_arrays():
         x3 = np.ascontiguousarray(work)
         # The kernel writes the moved-axis layout; `out` takes it directly
         # only where the axis is already last.
         dst = _destination(out if last else None, [x3, m])
-        flags = (launch.MASK_FLAG if mask is not None else 0) | (
-            launch.CAUSAL_FLAG if causal else 0
-        )
         launch.run_masked(
             f"{op}_masked",
             launch.cpu_context(),
@@ -604,7 +604,7 @@ def _run_masked(
         )
         result = dst.reshape(work.shape)
     else:
-        model = masked_model(f"{op}_masked", dtype, kind, mask is not None, causal)
+        model = masked_model(f"{op}_masked", dtype, kind)
         (y,) = _execute(model, [np.ascontiguousarray(work).reshape(view), m, options], kind)
         result = to_numpy(y).reshape(work.shape)
     if not last:

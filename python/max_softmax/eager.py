@@ -94,8 +94,8 @@ def run_masked(op: str, x: Any, axis: int, scale: float | None, mask: Any, causa
     if mask is not None and not is_max_tensor(mask):  # a numpy array (arrays.as_array)
         mask = _device_tensor(mask, x.device)
 
-    def kernel(x3: Any, m: Any, options: Any, *, has_mask: bool, causal: bool) -> Any:
-        return masked_declaration(f"{op}_masked", has_mask, causal)(x3, m, options)
+    def kernel(x3: Any, m: Any, options: Any) -> Any:
+        return masked_declaration(f"{op}_masked")(x3, m, options)
 
     with F.lazy():
         m = None if mask is None else TensorValue(mask)

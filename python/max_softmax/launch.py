@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import kernels, registry, settings, waits
+from . import kernels, registry, settings, validation, waits
 from .devices import check_gpu_index, gpu_available, gpu_name
 from .devices import device as max_device
 
@@ -101,11 +101,10 @@ forward's output, then dy)."""
 MASKED_OPS: tuple[str, ...] = tuple(n for n, s in registry.OPS.items() if s.kind == "masked")
 """The masked ops the extension takes (`run_masked`)."""
 
-MASK_FLAG = 1
-"""`run_masked`'s flags bit: the mask is read (MASK_FLAG in launch_ext.mojo)."""
-
-CAUSAL_FLAG = 2
-"""`run_masked`'s flags bit: row i of each (L, n) matrix keeps columns j <= i."""
+# `run_masked`'s flags bits, as the masked ops' options carry them (MASK_FLAG,
+# CAUSAL_FLAG in launch_ext.mojo and op/masked_flags.mojo).
+MASK_FLAG = validation.MASK_FLAG
+CAUSAL_FLAG = validation.CAUSAL_FLAG
 
 
 class LaunchError(RuntimeError):
@@ -483,7 +482,8 @@ def run_masked(
     `x` into `out`; row r = o * L + i reads mask row r % mask_rows of the
     (mask_rows, n) `mask` if `flags` has MASK_FLAG (else `mask` is not
     read), and keeps columns j <= i if it has CAUSAL_FLAG. `options` is the
-    float64 (scale,) buffer on `ctx`'s device. Ordering as `run_rows`."""
+    float64 buffer on `ctx`'s device whose first value is the scale (the
+    masked ops' options, `validation.masked_options`, fit). Ordering as `run_rows`."""
     call(
         function(op),
         ctx,

@@ -378,12 +378,14 @@ MASKED_DIMS = ["outer", "L", "n"]
 
 
 @cache
-def masked_declaration(op: str, has_mask: bool, causal: bool) -> Any:
+def masked_declaration(op: str) -> Any:
     """The MAX eager `CustomOp` for masked op `op` ("softmax_masked" or
     "log_softmax_masked") on x (outer, L, n), the additive mask (mask_rows,
-    mask_n) in x's dtype and the float64 (1,) options: what lets MAX's eager
-    interpreter run it (an undeclared custom op falls back to a compiled
-    model per graph, with a warning)."""
+    mask_n) in x's dtype and the float64 options (any length: the flags are
+    in it, `validation.masked_options`): what lets MAX's eager interpreter
+    run it (an undeclared custom op falls back to a compiled model per
+    graph, with a warning). One per op serves every mask and causal
+    combination."""
     from max.experimental import custom
 
     op_spec(op)  # a clear error for an unknown op
@@ -394,10 +396,9 @@ def masked_declaration(op: str, has_mask: bool, causal: bool) -> Any:
         inputs={
             "x": x,
             "mask": custom.TemplateType(dtype, custom.Symbols("mask_rows", "mask_n")),
-            "options": custom.TemplateType(DType.float64, [1]),
+            "options": custom.TemplateType(DType.float64, custom.Symbols("n_options")),
         },
         outputs=[x],
-        parameters={"has_mask": has_mask, "causal": causal},
         custom_extensions=[kernel_library()],
     )
 
@@ -405,51 +406,52 @@ def masked_declaration(op: str, has_mask: bool, causal: bool) -> Any:
 def _masked_types(dtype: DType, kind: str) -> list[TensorType]:
     """The inputs of a masked model: x (outer, L, n), the additive mask
     (mask_rows, mask_n) in x's dtype ((1, 1) placeholder without a mask),
-    the float64 (1,) options (scale): symbolic but the options, so one
-    model serves every shape and scale."""
+    the float64 options (`validation.masked_options`: the scale, its length
+    the flags), all symbolic, so one model serves every shape, scale and
+    mask / causal combination."""
     ref = device_ref(kind)
     return [
         TensorType(dtype, MASKED_DIMS, device=ref),
         TensorType(dtype, ["mask_rows", "mask_n"], device=ref),
-        TensorType(DType.float64, [1], device=ref),
+        TensorType(DType.float64, ["n_options"], device=ref),
     ]
 
 
-def masked_model(op: str, dtype: DType, kind: str, has_mask: bool, causal: bool) -> Model:
+def masked_model(op: str, dtype: DType, kind: str) -> Model:
     """The compiled model running `op` ("softmax_masked" or
     "log_softmax_masked") on (x, mask, options) as `_masked_types` lists
-    them. One per (op, dtype, device, has_mask, causal)."""
-    key = (op, dtype, kind, has_mask, causal)
+    them. One per (op, dtype, device): the options' length picks the mask /
+    causal combination at run time, each its own specialised kernel."""
+    key = (op, dtype, kind)
     spec = op_spec(op)
 
     def body(x: TensorValue, mask: TensorValue, options: TensorValue) -> list[TensorValue]:
-        return [spec.graph(x, mask, options, has_mask=has_mask, causal=causal)]
+        return [spec.graph(x, mask, options)]
 
-    flags = f"{'_mask' if has_mask else ''}{'_causal' if causal else ''}"
     return compiled(
         key,
         kind,
         lambda: build_graph(
-            f"max_softmax_{op}_{dtype.name}_{_tag(kind)}{flags}", _masked_types(dtype, kind), body
+            f"max_softmax_{op}_{dtype.name}_{_tag(kind)}", _masked_types(dtype, kind), body
         ),
-        f"{op}{flags.replace('_', ' ')} {dtype.name}",
+        f"{op} {dtype.name}",
     )
 
 
-def masked_into_model(op: str, dtype: DType, kind: str, has_mask: bool, causal: bool) -> Model:
+def masked_into_model(op: str, dtype: DType, kind: str) -> Model:
     """The compiled model writing `op` into a given (outer, L, n) buffer, its
     first input, by the op's destination-passing twin; then x, mask and
-    options as in `masked_model`. The torch bridge runs these."""
-    flags = f"{'_mask' if has_mask else ''}{'_causal' if causal else ''}"
+    options as in `masked_model` (one model serves every combination). The
+    torch bridge runs these."""
     return _inplace_model(
-        ("into", op, dtype, kind, has_mask, causal),
+        ("into", op, dtype, kind),
         op,
         kind,
-        {"has_mask": has_mask, "causal": causal},
+        {},
         lambda: [
             BufferType(dtype, MASKED_DIMS, device=device_ref(kind)),
             *_masked_types(dtype, kind),
         ],
-        f"{dtype.name}_{_tag(kind)}{flags}",
-        f"{op}{flags.replace('_', ' ')} (into a buffer) {dtype.name}",
+        f"{dtype.name}_{_tag(kind)}",
+        f"{op} (into a buffer) {dtype.name}",
     )

@@ -43,6 +43,8 @@ from .validation import (
     cross_entropy_options,
     is_masked_call,
     mask_suffix,
+    masked_flags,
+    masked_options,
     normalize_axis,
 )
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
@@ -171,19 +173,20 @@ def softmax_masked(
     mask: TensorValue,
     options: TensorValue,
     *,
-    has_mask: bool,
-    causal: bool,
     variant: str = "auto",
 ) -> TensorValue:
     """The fused masked softmax on its own view: `x` (outer, L, n), `mask`
     (mask_rows, n) additive in x's dtype (row r = o * L + i of x uses mask
-    row r % mask_rows; a placeholder, not read, unless `has_mask`),
-    `options` a float64 (1,) tensor (scale) on x's device, so that a model
-    built on this (`models.masked_model`) serves every scale. `causal`:
-    row i keeps columns j <= i. The front doors (`softmax(..., mask=...)`)
-    make this view; call it directly only to build such models. `variant`:
-    the GPU strategy (`MASKED_VARIANTS`)."""
-    return _masked_rows("softmax_masked", x, mask, options, has_mask, causal, variant)
+    row r % mask_rows; a placeholder, not read, without MASK_FLAG),
+    `options` a float64 tensor on x's device, `validation.masked_options`:
+    the scale, then one zero per flag value, so its length 1 + flags says
+    whether the mask is read (MASK_FLAG) and whether row i keeps only
+    columns j <= i (CAUSAL_FLAG). Scale and flags are run-time values, so
+    a model built on this with symbolic shapes (`models.masked_model`)
+    serves every scale, mask and causal combination. The front doors
+    (`softmax(..., mask=...)`) make this view; call it directly only to
+    build such models. `variant`: the GPU strategy (`MASKED_VARIANTS`)."""
+    return _masked_rows("softmax_masked", x, mask, options, variant)
 
 
 def log_softmax_masked(
@@ -191,12 +194,10 @@ def log_softmax_masked(
     mask: TensorValue,
     options: TensorValue,
     *,
-    has_mask: bool,
-    causal: bool,
     variant: str = "auto",
 ) -> TensorValue:
     """`softmax_masked`'s log-softmax twin; same arguments."""
-    return _masked_rows("log_softmax_masked", x, mask, options, has_mask, causal, variant)
+    return _masked_rows("log_softmax_masked", x, mask, options, variant)
 
 
 def _masked_rows(
@@ -204,8 +205,6 @@ def _masked_rows(
     x: TensorValue,
     mask: TensorValue,
     options: TensorValue,
-    has_mask: bool,
-    causal: bool,
     variant: str = "auto",
 ) -> TensorValue:
     check_graph_device(x.device, f"the input of {name}")
@@ -216,7 +215,7 @@ def _masked_rows(
         device=x.device,
         values=[x, mask, options],
         out_types=[TensorType(x.dtype, x.shape, x.device)],
-        parameters={"has_mask": bool(has_mask), "causal": bool(causal), **_variant(variant)},
+        parameters=_variant(variant),
     )
     return y.tensor
 
@@ -239,9 +238,10 @@ def _masked(
     once, reduces the mask to (mask_rows, n) rows in x's dtype (booleans to
     0 / -inf), moves `axis` last if it is not, runs the fused op.
 
-    `kernel(x, mask, options, has_mask=, causal=)` stages the fused op on
-    its (outer, L, n) view; by default `softmax_masked` / `log_softmax_masked`
-    (MAX eager passes its declared `CustomOp` instead, `eager.run_masked`)."""
+    `kernel(x, mask, options)` stages the fused op on its (outer, L, n)
+    view, the flags in the options' length (`validation.masked_options`);
+    by default `softmax_masked` / `log_softmax_masked` (MAX eager passes
+    its declared `CustomOp` instead, `eager.run_masked`)."""
     x = TensorValue(x)
     check_dtype(x.dtype)
     check_graph_device(x.device, f"the input of {op}")
@@ -283,10 +283,13 @@ def _masked(
         view = [Dim(1), Dim(1), work[0]]
     else:
         view = [_product(work[:-2]), work[-2], work[-1]]
-    options = ops.constant(np.array([value], dtype=np.float64), DType.float64, device=x.device)
+    flags = masked_flags(mask is not None, causal)
+    options = ops.constant(
+        np.array(masked_options(value, flags), dtype=np.float64), DType.float64, device=x.device
+    )
     if kernel is None:
         kernel = log_softmax_masked if op == "log_softmax" else softmax_masked
-    y = kernel(ops.reshape(xw, view), m, options, has_mask=mask is not None, causal=causal)
+    y = kernel(ops.reshape(xw, view), m, options)
     y = ops.reshape(y, work)
     if last:
         return y

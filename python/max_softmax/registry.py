@@ -29,7 +29,7 @@ class OpSpec:
     graph: Callable[..., Any]
     """The graph-level function in `ops.py`: `graph(*inputs, axis=...)` for
     row ops; for loss ops `graph(logits, targets, reduction=..., ...)`; for
-    masked ops `graph(x, mask, options, has_mask=..., causal=...)`."""
+    masked ops `graph(x, mask, options)`, the flags in the options' length."""
     into: str
     """Its destination-passing twin in op/, which writes into a given buffer."""
     backward: str | None = None
@@ -42,8 +42,9 @@ class OpSpec:
     "loss": cross-entropy, on (rows, classes) logits, int64 targets and a
     float64 options tensor, with its own models (`models.cross_entropy_model`);
     "masked": softmax / log_softmax of scale * x + mask (and causal), on an
-    (outer, L, n) x, a (mask_rows, n) additive mask and a float64 (scale,)
-    options tensor, with its own models (`models.masked_model`); the
+    (outer, L, n) x, a (mask_rows, n) additive mask and a float64 options
+    tensor (the scale; its length the mask / causal flags), with its own
+    models (`models.masked_model`, one per op, dtype and device); the
     front doors reach it by `softmax(..., scale=, mask=, causal=)`."""
 
     @property

@@ -436,6 +436,28 @@ def masked_view(x_shape: list) -> list:
     return [outer, x_shape[-2], x_shape[-1]]
 
 
+MASK_FLAG = 1
+"""The masked ops' flags bit: the mask is read (else it is a placeholder)."""
+
+CAUSAL_FLAG = 2
+"""The masked ops' flags bit: row i of each (L, n) matrix keeps columns j <= i."""
+
+
+def masked_flags(has_mask: bool, causal: bool) -> int:
+    """The flags of a masked call: MASK_FLAG | CAUSAL_FLAG as given."""
+    return (MASK_FLAG if has_mask else 0) | (CAUSAL_FLAG if causal else 0)
+
+
+def masked_options(value: float, flags: int) -> list[float]:
+    """The masked ops' float64 options: the scale `value`, then `flags`
+    zeros. Their length, 1 + flags, carries the flags: the op reads it from
+    the shape on the host, the scale where it runs (op/masked_flags.mojo),
+    so one compiled model serves every combination."""
+    if not 0 <= flags <= MASK_FLAG | CAUSAL_FLAG:
+        raise ValueError(f"max_softmax: masked flags must be 0 to 3, got {flags!r}")
+    return [float(value)] + [0.0] * flags
+
+
 def check_mask_dtype(op: str, is_bool: bool, is_float: bool, dtype: object) -> None:
     """Raise TypeError unless a mask is boolean (True keeps) or floating
     (added after scaling; -inf drops)."""

@@ -67,6 +67,8 @@ def provider_bodies(ms_ops, max_ops):
             from max.dtype import DType
             from max.graph import Graph
 
+            from max_softmax.validation import masked_flags, masked_options
+
             made = consts.setdefault(id(Graph.current), {}) if share else {}
             if not made:
                 if cast:  # the front door's placeholder: a float32 constant, cast
@@ -76,11 +78,12 @@ def provider_bodies(ms_ops, max_ops):
                     )
                 else:
                     made["mask"] = max_ops.constant([[0.0]], x.dtype, device=x.device)
+                flags = masked_flags(False, True)  # causal, no mask
                 made["options"] = max_ops.constant(
-                    np.array([0.125]), DType.float64, device=x.device
+                    np.array(masked_options(0.125, flags)), DType.float64, device=x.device
                 )
             v = max_ops.reshape(x, [1, x.shape[0], x.shape[1]]) if reshape else x
-            y = ms_ops.softmax_masked(v, made["mask"], made["options"], has_mask=False, causal=True)
+            y = ms_ops.softmax_masked(v, made["mask"], made["options"])
             return max_ops.reshape(y, x.shape) if reshape else y
 
         return body

@@ -206,21 +206,21 @@ def masked(
     mask: torch.Tensor,
     options: torch.Tensor,
     log_out: bool,
-    has_mask: bool,
-    causal: bool,
 ) -> None:
     """softmax (log-softmax if `log_out`) of scale * x + mask (and causal)
     of the contiguous (outer, L, n) `x` into `out`, as the masked model:
-    row r = o * L + i reads row r % mask_rows of the contiguous (mask_rows,
-    n) additive `mask` if `has_mask` (else `mask` is a placeholder, not
-    read) and keeps columns j <= i if `causal`; `options` is the float64
-    (scale,) tensor on x's device. Nothing is done when a dim is 0.
-    Ordering and guarantees as `run`."""
+    `options` is the float64 tensor on x's device that
+    `validation.masked_options` makes, the scale then one zero per flag
+    value; row r = o * L + i reads row r % mask_rows of the contiguous
+    (mask_rows, n) additive `mask` if the flags have MASK_FLAG (else `mask`
+    is a placeholder, not read) and keeps columns j <= i if they have
+    CAUSAL_FLAG. Nothing is done when a dim is 0. Ordering and guarantees
+    as `run`."""
     outer, causal_rows, n = x.shape
     if outer * causal_rows * n == 0:
         return
     ctx, stream = _context_and_stream(x)
-    flags = (launch.MASK_FLAG if has_mask else 0) | (launch.CAUSAL_FLAG if causal else 0)
+    flags = options.shape[0] - 1
     launch.run_masked(
         "log_softmax_masked" if log_out else "softmax_masked",
         ctx,

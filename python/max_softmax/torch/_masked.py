@@ -2,7 +2,9 @@
 (op/masked_softmax_ops), run by the launch extension (`_launch.masked`), else
 their own destination-passing models (models.masked_into_model), on an
 (outer, L, n) view of x, a (mask_rows, n) additive mask and a float64
-(scale,) options tensor; with autograd in x (reverse, any order, forward
+options tensor (the scale, its length the mask / causal flags:
+`validation.masked_options`), so one model per (op, dtype, device) serves
+every combination; with autograd in x (reverse, any order, forward
 mode, vmap)."""
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from ..validation import (
     check_masked_options,
     check_same_device,
     mask_suffix,
+    masked_flags,
+    masked_options,
     masked_view,
     normalize_axis,
 )
@@ -42,18 +46,16 @@ def _call_masked(
     mask: torch.Tensor,
     options: torch.Tensor,
     log_out: bool,
-    has_mask: bool,
-    causal: bool,
 ) -> None:
-    """Write the masked op into `out` (the arguments as `_launch.masked`):
-    by the launch extension where it is built, else by the destination-passing
-    model. Called directly outside torch.compile; `_masked_op` is this same
-    function registered for it."""
+    """Write the masked op into `out` (the arguments as `_launch.masked`;
+    the flags are in the options' length): by the launch extension where it
+    is built, else by the destination-passing model. Called directly outside
+    torch.compile; `_masked_op` is this same function registered for it."""
     if torch_launch.available(out.is_cuda):
-        torch_launch.masked(out, x, mask, options, log_out, has_mask, causal)
+        torch_launch.masked(out, x, mask, options, log_out)
         return
     op = "log_softmax_masked" if log_out else "softmax_masked"
-    model = masked_into_model(op, DTYPES[out.dtype], device_kind(out), has_mask, causal)
+    model = masked_into_model(op, DTYPES[out.dtype], device_kind(out))
     execute(model, (out, x, mask, options))
 
 
@@ -72,9 +74,10 @@ def _run_masked(
     if x.numel() == 0:
         return out
     x3 = x.detach().contiguous().view(masked_view(list(x.shape)))
+    flags = masked_flags(mask is not None, causal)
     options = cached(
-        ("options", x.device, value),
-        lambda: torch.tensor([value], dtype=torch.float64, device=x.device),
+        ("options", x.device, value, flags),
+        lambda: torch.tensor(masked_options(value, flags), dtype=torch.float64, device=x.device),
     )
     m = mask
     if m is None:
@@ -86,9 +89,9 @@ def _run_masked(
         m = m.contiguous()
     out3 = out.view(x3.shape)
     if torch.compiler.is_compiling():
-        _masked_op(out3, x3, m, options, log_out, mask is not None, causal)
+        _masked_op(out3, x3, m, options, log_out)
     else:
-        _call_masked(out3, x3, m, options, log_out, mask is not None, causal)
+        _call_masked(out3, x3, m, options, log_out)
     return out
 
 
