@@ -1,6 +1,7 @@
 """Fused linear + cross-entropy (torch, numpy, MAX graph) and the in-place
 cross-entropy gradient, against float64 references (torch's F.linear +
-F.cross_entropy and autograd)."""
+F.cross_entropy and autograd), with z_loss, softcap and class weights
+composed with ignore_index, label smoothing and every reduction."""
 
 from __future__ import annotations
 
@@ -42,16 +43,51 @@ def _inputs(dtype, bias, seed=0, rows=ROWS, classes=CLASSES):
     return h, w, b, t
 
 
-def _reference(h, w, b, t, reduction, eps, grad_out=None, dtype=torch.float64):
-    """Loss and (dh, dw, db) by torch autograd in `dtype`."""
-    leaves = [None if a is None else a.detach().to(dtype).requires_grad_() for a in (h, w, b)]
-    loss = F.cross_entropy(
-        F.linear(*leaves),
-        t,
-        ignore_index=IGNORE,
-        reduction=reduction,
-        label_smoothing=eps,
-    )
+def _class_weight(seed=0, classes=CLASSES):
+    """Positive class weights, float32."""
+    g = torch.Generator().manual_seed(100 + seed)
+    return torch.rand(classes, generator=g) * 1.8 + 0.2
+
+
+def _reference(
+    h,
+    w,
+    b,
+    t,
+    reduction,
+    eps,
+    grad_out=None,
+    dtype=torch.float64,
+    z_loss=0.0,
+    softcap=None,
+    class_weight=None,
+):
+    """Loss and (dh, dw, db) by torch autograd in `dtype`: the logits
+    capped by c tanh(x / c), F.cross_entropy with torch's class weights and
+    smoothing, z_loss lse^2 added a kept row, "mean" over the sum of the
+    kept rows' target weights (checked against F.cross_entropy's own mean
+    where there is no z-loss)."""
+    leaves = [
+        None if a is None else a.detach().clone().to(dtype).requires_grad_() for a in (h, w, b)
+    ]
+    y = F.linear(*leaves)
+    if softcap:
+        y = softcap * torch.tanh(y / softcap)
+    cw = None if class_weight is None else class_weight.to(dtype)
+    kw = {"weight": cw, "ignore_index": IGNORE, "label_smoothing": eps}
+    rows = F.cross_entropy(y, t, reduction="none", **kw)
+    kept = (t != IGNORE).to(dtype)
+    if z_loss:
+        rows = rows + z_loss * torch.logsumexp(y, -1) ** 2 * kept
+    if reduction == "none":
+        loss = rows
+    elif reduction == "sum":
+        loss = rows.sum()
+    else:
+        safe = torch.where(t != IGNORE, t, torch.zeros_like(t))
+        loss = rows.sum() / (kept * (1.0 if cw is None else cw[safe])).sum()
+        if not z_loss and dtype == torch.float64:
+            torch.testing.assert_close(loss, F.cross_entropy(y, t, reduction="mean", **kw))
     (loss if grad_out is None else loss * grad_out.to(dtype)).sum().backward()
     return loss.detach(), [None if x is None else x.grad for x in leaves]
 
@@ -62,8 +98,9 @@ def _grad_out(reduction):
     return torch.linspace(-1.0, 2.0, ROWS, dtype=torch.float64)
 
 
-def _run_torch(h, w, b, t, reduction, eps, chunk_rows, grad_out=None, device="cpu"):
-    """Ours on `device`: the loss and (dh, dw, db), back on the CPU."""
+def _run_torch(h, w, b, t, reduction, eps, chunk_rows, grad_out=None, device="cpu", **options):
+    """Ours on `device` (`options`: z_loss, softcap, class_weight): the
+    loss and (dh, dw, db), back on the CPU."""
     leaves = [
         None if a is None else a.detach().clone().to(device).requires_grad_() for a in (h, w, b)
     ]
@@ -78,6 +115,7 @@ def _run_torch(h, w, b, t, reduction, eps, chunk_rows, grad_out=None, device="cp
         reduction=reduction,
         label_smoothing=eps,
         chunk_rows=chunk_rows,
+        **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in options.items()},
     )
     (loss if grad_out is None else loss * grad_out.to(loss.dtype)).sum().backward()
     return loss.detach().cpu(), [None if x is None else x.grad.cpu() for x in leaves]
@@ -129,6 +167,115 @@ def test_torch_matches_reference(device, dtype, reduction, bias, chunk_rows):
         for g, r in zip(torch16, want_grads)
     ]
     _close_grads(grads, want_grads, bound)
+
+
+# (z_loss, softcap, class weights?): every combination of the three.
+OPTION_SETS = [
+    pytest.param(z, cap, cw, id=f"z{int(bool(z))}-cap{int(bool(cap))}-cw{int(cw)}")
+    for z in (0.0, 1e-2)
+    for cap in (None, 2.0)
+    for cw in (False, True)
+]
+SMOOTHING = [pytest.param(0.0, id="eps0"), pytest.param(0.1, id="eps0.1")]
+
+
+def _options(z_loss, softcap, cw, seed=0):
+    """The keyword options of one OPTION_SETS entry (class weights float32)."""
+    return {
+        "z_loss": z_loss,
+        "softcap": softcap,
+        "class_weight": _class_weight(seed) if cw else None,
+    }
+
+
+def _loss_tolerance(dtype):
+    """(rtol, atol) of a loss against float64, by input dtype (16-bit:
+    against the float32 reference; rows rounded to bfloat16)."""
+    return {torch.float64: (1e-10, 1e-10), torch.float32: (1e-5, 1e-5)}.get(dtype, (2**-8, 1e-3))
+
+
+@pytest.mark.parametrize(("z_loss", "softcap", "cw"), OPTION_SETS)
+@pytest.mark.parametrize("eps", SMOOTHING)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_options_match_reference(device, dtype, reduction, eps, z_loss, softcap, cw):
+    """z_loss, softcap and class weights, each alone and together, with
+    ignore_index, label smoothing and every reduction: the loss and the
+    gradients wrt input, weight and bias against float64 autograd (16-bit:
+    within twice torch's own 16-bit error), in chunks that do not divide
+    the rows."""
+    options = _options(z_loss, softcap, cw)
+    h, w, b, t = _inputs(dtype, True)
+    go = _grad_out(reduction)
+    loss, grads = _run_torch(h, w, b, t, reduction, eps, 10, go, device, **options)
+    want, want_grads = _reference(h, w, b, t, reduction, eps, go, **options)
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    rtol, atol = _loss_tolerance(dtype)
+    if dtype != torch.bfloat16:
+        torch.testing.assert_close(loss.double(), want, rtol=rtol, atol=atol)
+        _close_grads(grads, want_grads, None if dtype == torch.float32 else [1e-12] * 3)
+        return
+    ref32, _ = _reference(h, w, b, t, reduction, eps, go, dtype=torch.float32, **options)
+    torch.testing.assert_close(loss, ref32, rtol=rtol, atol=atol)
+    _, torch16 = _reference(h, w, b, t, reduction, eps, go, dtype=dtype, **options)
+    bound = [(g.double() - r).abs().max().item() for g, r in zip(torch16, want_grads)]
+    _close_grads(grads, want_grads, bound)
+
+
+def test_torch_options_no_grad_retain_graph_and_multi_dim():
+    """With every option on: (B, T, H) input, the loss under no_grad equals
+    the differentiable one, and a second backward (retain_graph) runs the
+    chunks again and gives the same gradients as the float64 reference."""
+    options = _options(1e-2, 2.0, True)
+    h, w, b, t = _inputs(torch.float32, True, rows=24)
+    with torch.no_grad():
+        loss0 = tl.linear_cross_entropy(h, w, t, b, chunk_rows=5, **options)
+    h3 = h.reshape(4, 6, HIDDEN).clone().requires_grad_()
+    loss = tl.linear_cross_entropy(h3, w, t.reshape(4, 6), b, chunk_rows=5, **options)
+    torch.testing.assert_close(loss0, loss.detach())
+    (2 * loss).backward(retain_graph=True)
+    first = h3.grad.clone()
+    h3.grad = None
+    (2 * loss).backward()
+    torch.testing.assert_close(h3.grad, first)
+    want, (dh, _, _) = _reference(h, w, b, t, "mean", 0.0, **options)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(first.double().reshape(-1, HIDDEN), 2 * dh, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_options_every_row_ignored_and_zero_weights():
+    """ "mean" with nothing to divide by (every row ignored, or every kept
+    target weighted 0): a NaN loss and zero gradients, never a crash."""
+    h, w, _, t = _inputs(torch.float32, False)
+    for target, cw in ((torch.full_like(t, IGNORE), _class_weight()), (t, torch.zeros(CLASSES))):
+        hg = h.clone().requires_grad_()
+        loss = tl.linear_cross_entropy(hg, w, target, z_loss=1e-2, softcap=2.0, class_weight=cw)
+        loss.backward()
+        assert torch.isnan(loss)
+        assert torch.count_nonzero(hg.grad) == 0
+
+
+def test_torch_options_softcap_zero_is_off():
+    """softcap=0 and z_loss=0 are the plain loss (the plain kernel runs)."""
+    h, w, b, t = _inputs(torch.float32, True)
+    plain = tl.linear_cross_entropy(h, w, t, b)
+    torch.testing.assert_close(tl.linear_cross_entropy(h, w, t, b, softcap=0.0, z_loss=0), plain)
+
+
+def test_torch_options_inplace_over_fp32_cpu_logits():
+    """On the CPU the extended kernel may write dlogits over float32/float64
+    logits (`inplace_safe`): in place equals into a buffer of its own."""
+    x = torch.randn(29, 301, dtype=torch.float64) * 5
+    t = torch.randint(0, 301, (29,))
+    t[3] = IGNORE
+    options = tl._options(x.device, IGNORE, 0.1, 1e-2, 3.0, _class_weight(classes=301))
+    assert tl.inplace_safe(x, tl._extended(options)) and not tl.inplace_safe(x)
+    loss, grad = torch.empty(29, dtype=x.dtype), torch.empty_like(x)
+    tl.cross_entropy_into(loss, grad, x, t, options, "none")
+    y, loss_in = x.clone(), torch.empty(29, dtype=x.dtype)
+    tl.cross_entropy_into(loss_in, y, y, t, options, "none")
+    assert torch.equal(loss_in, loss) and torch.equal(y, grad)
 
 
 def test_torch_multi_dim_input_and_only_some_grads():
@@ -196,10 +343,6 @@ def test_torch_graph_launch_path(monkeypatch):
 
 def test_torch_errors():
     h, w, b, t = _inputs(torch.float32, True)
-    with pytest.raises(NotImplementedError, match="z_loss"):
-        tl.linear_cross_entropy(h, w, t, z_loss=1e-4)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        tl.linear_cross_entropy(h, w, t, softcap=30.0)
     with pytest.raises(ValueError, match="weight"):
         tl.linear_cross_entropy(h, w.t(), t)
     with pytest.raises(ValueError, match="target"):
@@ -214,6 +357,60 @@ def test_torch_errors():
         tl.linear_cross_entropy(h, w, torch.full_like(t, CLASSES))
     with pytest.raises(ValueError, match="chunk_rows"):
         tl.linear_cross_entropy(h, w, t, chunk_rows=0)
+
+
+# Bad option values, each front door: (id, options given `array`, which
+# makes a class-weight of the front door's kind from a list, error, match).
+BAD_OPTIONS = [
+    ("z_loss<0", lambda a: {"z_loss": -1e-4}, ValueError, "z_loss"),
+    ("z_loss=nan", lambda a: {"z_loss": float("nan")}, ValueError, "z_loss"),
+    ("z_loss=inf", lambda a: {"z_loss": float("inf")}, ValueError, "z_loss"),
+    ("z_loss=str", lambda a: {"z_loss": "1e-4"}, TypeError, "z_loss"),
+    ("z_loss=bool", lambda a: {"z_loss": True}, TypeError, "z_loss"),
+    ("softcap<0", lambda a: {"softcap": -30.0}, ValueError, "softcap"),
+    ("softcap=inf", lambda a: {"softcap": float("inf")}, ValueError, "softcap"),
+    ("softcap=str", lambda a: {"softcap": "30"}, TypeError, "softcap"),
+    ("cw-shape", lambda a: {"class_weight": a([1.0] * (CLASSES - 1))}, ValueError, "class_weight"),
+    ("cw-2d", lambda a: {"class_weight": a([[1.0] * CLASSES])}, ValueError, "class_weight"),
+    ("cw-bool", lambda a: {"class_weight": a([True] * CLASSES)}, TypeError, "class_weight"),
+    ("chunk_rows=0", lambda a: {"chunk_rows": 0}, ValueError, "chunk_rows"),
+]
+BAD_IDS = [b[0] for b in BAD_OPTIONS]
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), BAD_OPTIONS, ids=BAD_IDS)
+def test_torch_bad_options(name, options, error, match):
+    h, w, b, t = _inputs(torch.float32, True)
+    with pytest.raises(error, match=match):
+        tl.linear_cross_entropy(h, w, t, b, **options(torch.tensor))
+
+
+def test_torch_class_weight_not_a_tensor():
+    h, w, _, t = _inputs(torch.float32, False)
+    with pytest.raises(TypeError, match="class_weight"):
+        tl.linear_cross_entropy(h, w, t, class_weight=[1.0] * CLASSES)
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), BAD_OPTIONS, ids=BAD_IDS)
+def test_numpy_bad_options(name, options, error, match):
+    h, w, b, t = (a.numpy() for a in _inputs(torch.float32, True))
+    with pytest.raises(error, match=match):
+        np_lce_grad(h, w, t, b, **options(np.asarray))
+
+
+@pytest.mark.parametrize(("name", "options", "error", "match"), BAD_OPTIONS, ids=BAD_IDS)
+def test_graph_bad_options(name, options, error, match):
+    """Raised while the graph is built (nothing compiles)."""
+    ref = DeviceRef.CPU()
+    types = [
+        TensorType(DType.float32, [ROWS, HIDDEN], ref),
+        TensorType(DType.float32, [CLASSES, HIDDEN], ref),
+        TensorType(DType.int64, [ROWS], ref),
+    ]
+    with Graph("lce_bad", input_types=types, custom_extensions=[max_softmax.KERNELS]) as g:
+        ins = [v.tensor for v in g.inputs]
+        with pytest.raises(error, match=match):
+            graph_lce_grad(*ins, **options(np.asarray))
 
 
 def test_chunk_rows_for_budget(monkeypatch):
@@ -305,6 +502,44 @@ def test_numpy_matches_reference(dtype, bias, reduction):
     np.testing.assert_allclose(only, out[0], rtol=1e-6)
 
 
+NP_DTYPES = [
+    pytest.param(np.float32, id="float32"),
+    pytest.param(np.float64, id="float64"),
+    pytest.param(ml_dtypes.bfloat16, id="bfloat16"),
+]
+
+
+@pytest.mark.parametrize(("z_loss", "softcap", "cw"), OPTION_SETS)
+@pytest.mark.parametrize("eps", SMOOTHING)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", NP_DTYPES)
+def test_numpy_options_match_reference(dtype, reduction, eps, z_loss, softcap, cw):
+    """The numpy front door with z_loss, softcap and class weights (every
+    combination, ignore_index, smoothing, each reduction): the loss and
+    (dinput, dweight, dbias) against float64 autograd of the same
+    (16-bit-valued) inputs."""
+    options = _options(z_loss, softcap, cw)
+    th, tw, tb, tt = _inputs(torch.float32, True)
+    h, w, b = (a.numpy().astype(dtype) for a in (th, tw, tb))
+    cw_array = None if options["class_weight"] is None else options["class_weight"].numpy()
+    np_options = {**options, "class_weight": cw_array}
+    out = np_lce_grad(
+        h, w, tt.numpy(), b, reduction=reduction, label_smoothing=eps, chunk_rows=10, **np_options
+    )
+    as64 = [torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (h, w, b)]
+    want, want_grads = _reference(*as64, tt, reduction, eps, **options)
+    tol = {np.float64: 1e-10, np.float32: 1e-5}.get(dtype, 1e-2)
+    assert out[0].dtype == (np.float64 if dtype == np.float64 else np.float32)
+    loss = torch.from_numpy(np.asarray(out[0], dtype=np.float64))
+    torch.testing.assert_close(loss, want, rtol=tol, atol=tol)
+    for got, ref in zip(out[1:], want_grads):
+        assert got.dtype == h.dtype
+        err = np.abs(got.astype(np.float64) - ref.numpy()).max()
+        assert err <= tol * max(ref.abs().max().item(), 1e-3) * (4 if tol == 1e-2 else 1), err
+    only = np_lce(h, w, tt.numpy(), b, reduction=reduction, label_smoothing=eps, **np_options)
+    np.testing.assert_allclose(only, out[0], rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("rows", "chunk_rows", "bias", "reduction"),
     [(ROWS, 10, True, "mean"), ("rows", None, False, "none")],
@@ -337,4 +572,74 @@ def test_graph_matches_reference(rows, chunk_rows, bias, reduction):
     want, want_grads = _reference(th, tw, tb, tt, reduction, 0.1)
     np.testing.assert_allclose(got[0], want.numpy(), rtol=1e-5, atol=1e-5)
     for a, r in zip(got[1:], [x for x in want_grads if x is not None]):
+        np.testing.assert_allclose(a, r.numpy(), rtol=1e-4, atol=1e-6)
+
+
+# The MAX graph front door with the options: one graph (a graph's compile
+# takes minutes on a busy CPU) holds every (z_loss, softcap, class weights)
+# combination once, the reductions taking turns so that each meets the class
+# weights; class weights as a graph input for "sum", a host array otherwise.
+# (The torch and numpy tests cover every combination x reduction x dtype on
+# the same kernel.)
+
+GRAPH_CASES = [(*p.values, ("mean", "sum", "none")[i % 3]) for i, p in enumerate(OPTION_SETS)]
+
+
+@pytest.fixture(scope="module")
+def graph_options_results():
+    """{(z_loss, softcap, cw, reduction): [loss, dh, dw, db]} from one graph
+    (static rows in chunks of 20: the last chunk is not full)."""
+    th, tw, tb, tt = _inputs(torch.float32, True)
+    cw = _class_weight()
+    ref = DeviceRef.CPU()
+    types = [
+        TensorType(DType.float32, [ROWS, HIDDEN], ref),
+        TensorType(DType.float32, [CLASSES, HIDDEN], ref),
+        TensorType(DType.int64, [ROWS], ref),
+        TensorType(DType.float32, [CLASSES], ref),
+        TensorType(DType.float32, [CLASSES], ref),
+    ]
+    counts = []
+    with Graph("lce_options", input_types=types, custom_extensions=[max_softmax.KERNELS]) as g:
+        h, w, t, b, cw_in = (v.tensor for v in g.inputs)
+        outs = []
+        for z, cap, use_cw, reduction in GRAPH_CASES:
+            weight = None
+            if use_cw:
+                weight = cw_in if reduction == "sum" else cw.numpy()
+            got = graph_lce_grad(
+                h,
+                w,
+                t,
+                b,
+                reduction=reduction,
+                label_smoothing=0.1,
+                z_loss=z,
+                softcap=cap,
+                class_weight=weight,
+                chunk_rows=20,
+            )
+            counts.append(len(got))
+            outs.extend(got)
+        g.output(*outs)
+    model = InferenceSession(devices=[CPU()]).load(g)
+    arrays = [th.numpy(), tw.numpy(), tt.numpy(), tb.numpy(), cw.numpy()]
+    flat = [o.to_numpy() for o in model.execute(*(Buffer.from_numpy(a) for a in arrays))]
+    results, k = {}, 0
+    for case, n in zip(GRAPH_CASES, counts):
+        results[case] = flat[k : k + n]
+        k += n
+    return results
+
+
+@pytest.mark.parametrize(("z_loss", "softcap", "cw", "reduction"), GRAPH_CASES)
+def test_graph_options_match_reference(graph_options_results, z_loss, softcap, cw, reduction):
+    """Loss and (dinput, dweight, dbias) of the graph ops against float64
+    autograd, with label smoothing and ignored rows."""
+    got = graph_options_results[(z_loss, softcap, cw, reduction)]
+    th, tw, tb, tt = _inputs(torch.float32, True)
+    want, want_grads = _reference(th, tw, tb, tt, reduction, 0.1, **_options(z_loss, softcap, cw))
+    np.testing.assert_allclose(got[0], want.numpy(), rtol=1e-5, atol=1e-5)
+    assert len(got) == 4
+    for a, r in zip(got[1:], want_grads):
         np.testing.assert_allclose(a, r.numpy(), rtol=1e-4, atol=1e-6)

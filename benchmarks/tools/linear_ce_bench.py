@@ -3,6 +3,7 @@
 
     python benchmarks/tools/linear_ce_bench.py --out linear_ce.json
     python benchmarks/tools/linear_ce_bench.py --shapes 8192x4096x32000 --providers ours,liger
+    python benchmarks/tools/linear_ce_bench.py --dry-run   # CPU: arguments and providers
 
 Providers (each guarded: one that cannot be imported or runs out of memory
 is recorded as such, the rest go on):
@@ -23,9 +24,14 @@ Each (shape, softcap, provider) gets fresh bf16 inputs, warm-up calls,
 then `--reps` timed fwd+bwd calls (CUDA events, median). Peak memory is
 `torch.cuda.max_memory_allocated()` during one fwd+bwd minus what was
 allocated before it (inputs) and minus the gradients it leaves (dh, dW):
-the method's own working memory. Ours has no softcap yet: at a softcap
-shape it is timed without it and the record says so (`softcap_applied`).
-Peers' wheels: `pip install --no-deps .gpu-peers/*.whl`.
+the method's own working memory. At a softcap shape every provider that
+takes a softcap applies it (ours by the extended cross-entropy kernel);
+`softcap_applied` says which did. Peers' wheels:
+`pip install --no-deps .gpu-peers/*.whl`.
+
+`--dry-run` needs no GPU: it checks the arguments, resolves each provider
+and runs ours and eager once on a small CPU head (with the softcap where
+the shape has one), printing their losses side by side; nothing is timed.
 """
 
 from __future__ import annotations
@@ -88,9 +94,9 @@ def make_step(provider: str, softcap: float | None) -> tuple[Step, bool]:
         lce.CHUNK_BYTES = int(mib) * 2**20 if mib else DEFAULT_CHUNK_BYTES
 
         def ours(h, w, t):
-            lce.linear_cross_entropy(h, w, t).backward()
+            lce.linear_cross_entropy(h, w, t, softcap=softcap).backward()
 
-        return ours, softcap is None
+        return ours, True
     if provider == "eager":
         return (lambda h, w, t: _eager_loss(h, w, t, softcap).backward()), True
     if provider == "compile":
@@ -203,6 +209,48 @@ def run_case(provider: str, shape: tuple, softcap: float | None, warmup: int, re
     }
 
 
+def dry_run(providers: list[str], shapes: list[tuple]) -> int:
+    """Resolve every provider and run ours and eager once on a small CPU
+    head with each shape's softcap, one JSON line each; 1 if ours fails or
+    disagrees with float64 eager, else 0."""
+    failed = False
+    for _, _, _, softcap in shapes:
+        g = torch.Generator().manual_seed(0)
+        rows, hidden, vocab = 48, 32, 500
+        h = torch.randn(rows, hidden, generator=g)
+        w = torch.randn(vocab, hidden, generator=g) * 8 / hidden**0.5
+        t = torch.randint(0, vocab, (rows,), generator=g)
+        want = _eager_loss(h.double(), w.double(), t, softcap).item()
+        for provider in providers:
+            rec: dict = {"provider": provider, "softcap": softcap}
+            try:
+                step, applied = make_step(provider, softcap)
+                rec["softcap_applied"] = applied if softcap is not None else None
+                name = provider.partition(":")[0]
+                if name in ("ours", "ours_serial"):
+                    from max_softmax.torch import linear as lce
+
+                    hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+                    loss = lce.linear_cross_entropy(hg, wg, t, softcap=softcap)
+                    loss.backward()
+                    ok = abs(loss.item() - want) <= 1e-4 * max(1.0, abs(want))
+                    rec.update(status="ran" if ok else "mismatch", loss=loss.item(), eager64=want)
+                    failed = failed or not ok
+                elif provider in ("eager", "gemm_floor"):
+                    hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+                    step(hg, wg, t)
+                    rec["status"] = "ran"
+                else:
+                    rec["status"] = "resolved"
+            except Unsupported as err:
+                rec.update(status="unsupported", why=str(err))
+            except Exception as err:
+                rec.update(status="error", why=f"{type(err).__name__}: {err}"[:400])
+                failed = failed or provider.startswith("ours")
+            print(json.dumps(rec), flush=True)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the grid and write JSON (and one line a record to stderr)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -211,20 +259,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--providers", default=",".join(PROVIDERS))
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: check the arguments, resolve the providers, run ours and eager on the CPU",
+    )
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("linear_ce_bench: needs CUDA", file=sys.stderr)
-        return 2
     shapes = SHAPES
     if args.shapes:
         shapes = []
         for item in args.shapes.split(","):
             dims, _, cap = item.partition(":")
-            r, hdim, v = (int(x) for x in dims.split("x"))
-            shapes.append((r, hdim, v, float(cap) if cap else None))
+            try:
+                r, hdim, v = (int(x) for x in dims.split("x"))
+                shapes.append((r, hdim, v, float(cap) if cap else None))
+            except ValueError:
+                p.error(f"--shapes takes RxHxV[:softcap],..., got {item!r}")
+    providers = args.providers.split(",")
+    unknown = [x for x in providers if x.partition(":")[0] not in PROVIDERS and x not in PROVIDERS]
+    if unknown:
+        p.error(f"--providers: unknown {unknown}; choose from {PROVIDERS} (ours:MiB too)")
+    if args.dry_run:
+        return dry_run(providers, shapes)
+    if not torch.cuda.is_available():
+        print("linear_ce_bench: needs CUDA (--dry-run checks on the CPU)", file=sys.stderr)
+        return 2
     records = []
     for r, hdim, v, cap in shapes:
-        for provider in args.providers.split(","):
+        for provider in providers:
             rec = run_case(provider, (r, hdim, v), cap, args.warmup, args.reps)
             records.append(rec)
             print(json.dumps({k: x for k, x in rec.items() if k != "ms_all"}), file=sys.stderr)

@@ -7,6 +7,8 @@ accumulation gives them), then our fused `cross_entropy_with_grad` (loss a
 row and dlogits_c), then dh_c = dlogits_c W and dW += dlogits_c^T h_c,
 accumulated in float32 (float64 for float64) and rounded once at the end.
 At most one chunk of logits (and its gradient) is held: `CHUNK_BYTES`.
+z_loss, softcap and class weights (`class_weight=`) go to the
+cross-entropy kernel (its extended family), whose gradient carries them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
     check_integer_targets,
+    check_linear_class_weight,
     check_linear_cross_entropy_dtypes,
     check_linear_cross_entropy_options,
     check_linear_cross_entropy_shapes,
@@ -38,16 +41,25 @@ def _acc(dtype: np.dtype) -> np.dtype:
 
 
 def _check(
-    input: Any, weight: Any, target: Any, bias: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """The arguments as arrays, or raise."""
+    input: Any, weight: Any, target: Any, bias: Any, class_weight: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The arguments as arrays (class weights in float64), or raise."""
     h, w, t = as_array(input), as_array(weight), as_array(target)
     b = None if bias is None else as_array(bias)
     max_dtype(h.dtype)  # raises for a dtype the kernels do not take
     check_linear_cross_entropy_dtypes(h.dtype, w.dtype, None if b is None else b.dtype)
     check_integer_targets(t.dtype.kind in "iu", t.dtype)
     check_linear_cross_entropy_shapes(h.shape, w.shape, None if b is None else b.shape, t.shape)
-    return h, w, t, b
+    cw = None
+    if class_weight is not None:
+        cw = as_array(class_weight)
+        if cw.dtype.kind not in "fiu":
+            raise TypeError(
+                f"max_softmax: linear_cross_entropy class_weight must be real, got {cw.dtype}"
+            )
+        check_linear_class_weight(cw.shape, w.shape[0])
+        cw = cw.astype(np.float64)
+    return h, w, t, b, cw
 
 
 def _run(
@@ -60,12 +72,13 @@ def _run(
     label_smoothing: float,
     z_loss: float,
     softcap: float | None,
+    class_weight: Any,
     chunk_rows: int | None,
     device: str,
     with_grad: bool,
 ) -> list[Any]:
-    check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
-    h, w, t, b = _check(input, weight, target, bias)
+    z_loss, cap = check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
+    h, w, t, b, cw = _check(input, weight, target, bias, class_weight)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
@@ -79,7 +92,11 @@ def _run(
     # The GEMMs in the accumulator type (numpy has no bfloat16 matmul).
     hf, wf = h2.astype(acc, copy=False), w.astype(acc, copy=False)
     bf = None if b is None else b.astype(acc, copy=False)
-    kept = int(np.count_nonzero(t1 != ignore_index))
+    mask = t1 != ignore_index
+    if cw is None:
+        kept: float = int(np.count_nonzero(mask))
+    else:  # torch's divisor: the sum of the kept rows' target weights
+        kept = float(cw[np.where(mask, t1, 0)][mask].sum())
     alpha = (1.0 / kept if kept else 0.0) if reduction == "mean" else 1.0
     losses = np.zeros(rows, dtype=acc)
     dh = np.zeros((rows, hidden), dtype=acc) if with_grad else None
@@ -94,7 +111,14 @@ def _run(
             if bf is not None:
                 logits += bf
             logits = logits.astype(dtype)
-            options = {"ignore_index": ignore_index, "label_smoothing": eps, "device": device}
+            options = {
+                "ignore_index": ignore_index,
+                "label_smoothing": eps,
+                "weight": cw,
+                "z_loss": z_loss,
+                "softcap": cap,
+                "device": device,
+            }
             if not with_grad:
                 losses[lo:hi] = _cross_entropy(logits, t1[lo:hi], reduction="none", **options)
                 continue
@@ -133,6 +157,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    class_weight: Any = None,
     chunk_rows: int | None = None,
     device: str = "auto",
 ) -> np.ndarray:
@@ -146,8 +171,13 @@ def linear_cross_entropy(
         target: Integer class indices shaped `input.shape[:-1]`.
         bias: (V,) or None.
         ignore_index, reduction, label_smoothing: as `max_softmax.cross_entropy`.
-        z_loss: Not supported yet (must be 0).
-        softcap: Not supported yet (must be None).
+        z_loss: w >= 0: each kept row adds w * lse^2 (lse after the softcap),
+            as `max_softmax.cross_entropy`.
+        softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
+            first.
+        class_weight: Class weights (V,), as `max_softmax.cross_entropy`'s
+            `weight=` (torch's; named so here: `weight` is the linear
+            layer's): "mean" divides by the sum of w[t] over the kept rows.
         chunk_rows: Rows a chunk; None chooses them by `CHUNK_BYTES`.
         device: Where the cross-entropy kernel runs: "auto", "cpu" or "gpu".
 
@@ -165,6 +195,7 @@ def linear_cross_entropy(
         label_smoothing,
         z_loss,
         softcap,
+        class_weight,
         chunk_rows,
         device,
         False,
@@ -182,6 +213,7 @@ def linear_cross_entropy_with_grad(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    class_weight: Any = None,
     chunk_rows: int | None = None,
     device: str = "auto",
 ) -> tuple[np.ndarray, ...]:
@@ -200,6 +232,7 @@ def linear_cross_entropy_with_grad(
             label_smoothing,
             z_loss,
             softcap,
+            class_weight,
             chunk_rows,
             device,
             True,

@@ -8,7 +8,10 @@ dW += dlogits_c^T h_c (dW summed over chunks in float32, float64 for
 float64), the mean's 1 / (rows kept) applied to the sums. Rows known at
 build time are cut into static slices of `chunk_rows` (by default as many
 as keep a chunk's logits within `CHUNK_BYTES`); symbolic rows make one
-chunk. Which buffers the graph reuses is MAX's to decide.
+chunk. Which buffers the graph reuses is MAX's to decide. z_loss, softcap
+and class weights (`class_weight=`) go to the cross-entropy op in its
+options (its extended family), whose gradient carries them; with class
+weights "mean" divides by the sum of the kept rows' target weights.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from operator import mul
 
 import numpy as np
 from max.dtype import DType
-from max.graph import TensorValue, ops
+from max.graph import DeviceRef, TensorValue, Value, ops
 from max.graph.dim import Dim, StaticDim
 
-from .ops import cross_entropy_rows
+from .ops import _cross_entropy_options, cross_entropy_rows
 from .validation import (
     check_cross_entropy_options,
     check_dtype,
     check_integer_targets,
+    check_linear_class_weight,
     check_linear_cross_entropy_dtypes,
     check_linear_cross_entropy_options,
     check_linear_cross_entropy_shapes,
@@ -49,10 +53,11 @@ def _build(
     label_smoothing: float,
     z_loss: float,
     softcap: float | None,
+    class_weight: TensorValue | np.ndarray | None,
     chunk_rows: int | None,
     with_grad: bool,
 ) -> list[TensorValue]:
-    check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
+    z_loss, cap = check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
     h, w, t = TensorValue(input), TensorValue(weight), TensorValue(target)
     b = None if bias is None else TensorValue(bias)
     check_dtype(h.dtype)
@@ -69,9 +74,12 @@ def _build(
     rows = reduce(mul, shape[:-1], Dim(1))
     h2 = ops.reshape(h, [rows, shape[-1]])
     t1 = ops.reshape(t if t.dtype == DType.int64 else ops.cast(t, DType.int64), [rows])
-    options = ops.constant(np.array([ignore_index, eps], dtype=np.float64), DType.float64, device)
     wt = ops.transpose(w, 0, 1)
     classes = w.shape[0]
+    cw = _class_weight(class_weight, classes, device)
+    # The op's options: ops._cross_entropy_options reads the device and the
+    # classes off a (..., V) value, here W^T in place of the logits.
+    options = _cross_entropy_options(wt, ignore_index, eps, cw, z_loss, cap)
     if isinstance(rows, StaticDim):
         n = int(rows)
         if chunk_rows is None:
@@ -100,12 +108,17 @@ def _build(
             col = ops.sum(ops.cast(g, acc), axis=0)
             db = col if db is None else db + col
     row_losses = ops.cast(losses[0] if len(losses) == 1 else ops.concat(losses, axis=0), acc)
-    kept = ops.sum(
-        ops.cast(ops.not_equal(t1, ops.constant(ignore_index, DType.int64, device)), acc).reshape(
-            [rows, 1]
-        ),
-        axis=0,
-    ).reshape([])
+    is_kept = ops.not_equal(t1, ops.constant(ignore_index, DType.int64, device))
+    counts = ops.cast(is_kept, acc)
+    if cw is not None:  # torch's divisor: the sum of the kept rows' target weights
+        safe = ops.where(is_kept, t1, ops.constant(0, DType.int64, device))
+        cw_acc = (
+            ops.cast(cw, acc)
+            if isinstance(cw, TensorValue)
+            else ops.constant(cw.astype(np.float64), DType.float64, device).cast(acc)
+        )
+        counts = counts * ops.gather(cw_acc, safe, axis=0)
+    kept = ops.sum(counts.reshape([rows, 1]), axis=0).reshape([])
     if reduction == "none":
         loss = ops.reshape(row_losses, shape[:-1])
         scale = None
@@ -114,7 +127,8 @@ def _build(
         loss = total / kept if reduction == "mean" else total
         # Every row ignored: zero gradients (as torch), not 0 / 0.
         one = ops.constant(1, acc, device)
-        scale = ops.max(kept, one) if reduction == "mean" else None
+        zero = ops.constant(0, acc, device)
+        scale = ops.where(ops.equal(kept, zero), one, kept) if reduction == "mean" else None
     if not with_grad:
         return [loss]
 
@@ -128,6 +142,36 @@ def _build(
     return out
 
 
+def _class_weight(
+    class_weight: TensorValue | np.ndarray | None, classes: Dim, device: DeviceRef
+) -> TensorValue | np.ndarray | None:
+    """`class_weight` checked: a graph value (V,) on the input's device, or
+    a host array of real numbers (V,); None stays None."""
+    if class_weight is None:
+        return None
+    static = int(classes) if isinstance(classes, StaticDim) else classes
+    if isinstance(class_weight, (TensorValue, Value)):
+        cw = TensorValue(class_weight)
+        check_linear_class_weight(list(cw.shape), static)
+        if not cw.dtype.is_float() and not cw.dtype.is_integral():
+            raise TypeError(
+                f"max_softmax: linear_cross_entropy class_weight must be real, got {cw.dtype.name}"
+            )
+        if cw.device != device:
+            raise ValueError(
+                "max_softmax: linear_cross_entropy needs class_weight on the input's device "
+                f"({device}), got {cw.device}"
+            )
+        return cw
+    array = np.asarray(class_weight)
+    if array.dtype.kind not in "fiu":
+        raise TypeError(
+            f"max_softmax: linear_cross_entropy class_weight must be real, got {array.dtype}"
+        )
+    check_linear_class_weight(array.shape, static)
+    return array
+
+
 def linear_cross_entropy(
     input: TensorValue,
     weight: TensorValue,
@@ -139,6 +183,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    class_weight: TensorValue | np.ndarray | None = None,
     chunk_rows: int | None = None,
 ) -> TensorValue:
     """Cross-entropy of the logits `input @ weight^T + bias` against class
@@ -152,8 +197,14 @@ def linear_cross_entropy(
             same device.
         bias: (V,) or None.
         ignore_index, reduction, label_smoothing: as `ops.cross_entropy`.
-        z_loss: Not supported yet (must be 0).
-        softcap: Not supported yet (must be None).
+        z_loss: w >= 0: each kept row adds w * lse^2 (lse after the softcap),
+            as `ops.cross_entropy`.
+        softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
+            first.
+        class_weight: Class weights (V,), a graph value on the input's
+            device or a host array, as `ops.cross_entropy`'s `weight=`
+            (named so here: `weight` is the linear layer's); "mean" divides
+            by the sum of w[t] over the kept rows.
         chunk_rows: Rows a static chunk; None chooses by `CHUNK_BYTES`.
 
     Returns:
@@ -171,6 +222,7 @@ def linear_cross_entropy(
         label_smoothing,
         z_loss,
         softcap,
+        class_weight,
         chunk_rows,
         False,
     )[0]
@@ -187,6 +239,7 @@ def linear_cross_entropy_with_grad(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    class_weight: TensorValue | np.ndarray | None = None,
     chunk_rows: int | None = None,
 ) -> list[TensorValue]:
     """`linear_cross_entropy` and its gradients: [loss, dinput, dweight] or,
@@ -204,6 +257,7 @@ def linear_cross_entropy_with_grad(
         label_smoothing,
         z_loss,
         softcap,
+        class_weight,
         chunk_rows,
         True,
     )

@@ -228,25 +228,28 @@ def cross_entropy_options(
 
 def check_linear_cross_entropy_options(
     z_loss: float, softcap: float | None, chunk_rows: int | None
-) -> None:
-    """The options every `linear_cross_entropy` front door (numpy, graph, torch)
-    refuses or checks the same way: z_loss and softcap are not in its chunked
-    path yet; chunk_rows is a positive int or None."""
-    if z_loss != 0.0:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support z_loss yet (its chunked "
-            "path runs the plain cross-entropy kernel); pass z_loss=0"
-        )
-    if softcap is not None:
-        raise NotImplementedError(
-            "max_softmax: linear_cross_entropy does not support softcap yet (its chunked "
-            "path runs the plain cross-entropy kernel); pass softcap=None"
-        )
+) -> tuple[float, float]:
+    """The options every `linear_cross_entropy` front door (numpy, graph,
+    torch) checks the same way: return (z_loss, softcap) as the kernels
+    take them (`check_cross_entropy_extras`: softcap None -> 0, off), or
+    raise; chunk_rows must be a positive int or None."""
     if chunk_rows is not None and (
         isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
     ):
         raise ValueError(
             f"max_softmax: chunk_rows must be a positive int or None, got {chunk_rows!r}"
+        )
+    return check_cross_entropy_extras(z_loss, softcap)
+
+
+def check_linear_class_weight(shape: Sequence, classes: Any) -> None:
+    """Raise ValueError unless `linear_cross_entropy`'s `class_weight` has
+    shape (V,), one value per class of the (V, H) weight (`classes` an int,
+    or a symbolic graph dim, which is not compared)."""
+    if len(shape) != 1 or (isinstance(classes, int) and int(shape[0]) != classes):
+        raise ValueError(
+            f"max_softmax: linear_cross_entropy class_weight must have shape ({classes},), "
+            f"one value per class (the rows of weight), got {tuple(shape)}"
         )
 
 

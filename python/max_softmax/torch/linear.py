@@ -23,14 +23,22 @@ cross-entropy (on MAX's queue, reached from a side stream) runs while
 chunk i+1's logits GEMM runs on torch's stream (`OVERLAP`); the chunk is
 halved to keep the budget.
 
+z_loss, softcap and class weights (`class_weight=`: `weight=` is the
+linear layer's) run the extended cross-entropy family (op/cpu_ce_options.mojo,
+op/gpu_ce_options_rows.mojo) through the op's model (the launch extension
+takes the plain options only); its gradient carries the softcap's
+1 - tanh^2 and the z-loss term, so the GEMMs after it are unchanged.
+
 In place: every GPU kernel family of the cross-entropy (register, smem,
-pair and block rows, op/gpu_ce_*.mojo) loads each element of a row, and
-the target's logit, before any thread writes that element, so dlogits may
-be the logits' own memory. The CPU kernel (op/cpu_cross_entropy.mojo)
-parks exp(x - max) in the gradient row for float32/float64 and reads the
-target's logit (and, for label smoothing, the row's sum) after, so there
-the gradient goes to a buffer of its own (`inplace_safe`); 16-bit rows
-park in a scratch row and are safe.
+pair and block rows, op/gpu_ce_*.mojo, and the extended options' rows)
+loads each element of a row, and the target's logit, before any thread
+writes that element, so dlogits may be the logits' own memory. The plain
+CPU kernel (op/cpu_cross_entropy.mojo) parks exp(x - max) in the gradient
+row for float32/float64 and reads the target's logit (and, for label
+smoothing, the row's sum) after, so there the gradient goes to a buffer of
+its own (`inplace_safe`); 16-bit rows park in a scratch row and are safe,
+and so is the extended CPU kernel (it reads the target's logit in its
+first pass and each element before writing it).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from ..models import cross_entropy_into_model
 from ..validation import (
     EMPTY_LOSS,
     check_cross_entropy_options,
+    check_linear_class_weight,
     check_linear_cross_entropy_dtypes,
     check_linear_cross_entropy_options,
     check_linear_cross_entropy_shapes,
@@ -74,26 +83,47 @@ _ROW_ALIGN = 128
 GEMM tiles)."""
 
 
-def inplace_safe(logits: torch.Tensor) -> bool:
+def inplace_safe(logits: torch.Tensor, extended: bool = False) -> bool:
     """Whether our cross-entropy kernel may write dlogits over `logits`
-    (see the module docstring): on CUDA always, on the CPU for 16-bit types."""
-    return logits.is_cuda or logits.element_size() < 4
+    (see the module docstring): on CUDA always, on the CPU for 16-bit types
+    or under the `extended` options (z-loss, softcap, class weights)."""
+    return logits.is_cuda or logits.element_size() < 4 or extended
 
 
 _options_cache: dict[tuple, torch.Tensor] = {}
 
 
-def _options(device: torch.device, ignore_index: int, eps: float) -> torch.Tensor:
-    """The (ignore_index, label_smoothing) float64 tensor the kernels read,
-    made once per (device, values) (on CUDA a fresh one costs a host copy)."""
-    key = (device, ignore_index, eps)
+def _options(
+    device: torch.device,
+    ignore_index: int,
+    eps: float,
+    z_loss: float = 0.0,
+    cap: float = 0.0,
+    class_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The float64 options tensor the kernels read
+    (`validation.cross_entropy_options`): (ignore_index, label_smoothing),
+    or with z-loss, softcap or class weights (ignore_index,
+    label_smoothing, z_loss, softcap[, weights]). Made once per (device,
+    values) (on CUDA a fresh one costs a host copy), except with class
+    weights (their values may change between calls)."""
+    if class_weight is not None:
+        head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
+        return torch.cat([head, class_weight.detach().to(device=device, dtype=torch.float64)])
+    key = (device, ignore_index, eps, z_loss, cap)
     t = _options_cache.get(key)
     if t is None:
-        t = torch.tensor([ignore_index, eps], dtype=torch.float64, device=device)
+        values = [ignore_index, eps] + ([z_loss, cap] if z_loss or cap else [])
+        t = torch.tensor(values, dtype=torch.float64, device=device)
         if len(_options_cache) >= 64:
             _options_cache.clear()
         _options_cache[key] = t
     return t
+
+
+def _extended(options: torch.Tensor) -> bool:
+    """Whether `options` (of `_options`) asks for the extended family."""
+    return options.numel() > 2
 
 
 def cross_entropy_into(
@@ -107,11 +137,12 @@ def cross_entropy_into(
     """Our cross-entropy of contiguous (rows, classes) `logits` against
     contiguous (rows,) int64 `targets` into `loss` ((1,), or (rows,) for
     "none") and, where given, `dlogits`, which may be `logits` itself where
-    `inplace_safe(logits)`. By the launch extension where it is built,
-    else by the op's destination-passing model on MAX buffer views; on
-    CUDA ordered against torch's current stream either way, with no host
-    wait. The caller has checked everything (as for torch/_launch.py)."""
-    if torch_launch.available(logits.is_cuda):
+    `inplace_safe(logits, _extended(options))`. By the launch extension
+    where it is built and the options are plain, else by the op's
+    destination-passing model on MAX buffer views; on CUDA ordered against
+    torch's current stream either way, with no host wait. The caller has
+    checked everything (as for torch/_launch.py)."""
+    if not _extended(options) and torch_launch.available(logits.is_cuda):
         torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
         return
     if torch_launch.fill_empty_cross_entropy(loss, dlogits, logits, reduction):
@@ -233,8 +264,9 @@ class _Args:
     reduction: str
     eps: float
     chunk_rows: int | None
-    kept: int
-    """Rows whose target is not ignore_index (for "mean")."""
+    kept: float
+    """Rows whose target is not ignore_index (for "mean"); with class
+    weights, the sum of their targets' weights (torch's divisor)."""
 
 
 @dataclass
@@ -254,6 +286,7 @@ def _passes(
     w: torch.Tensor,
     b: torch.Tensor | None,
     targets: torch.Tensor,
+    options: torch.Tensor,
     args: _Args,
     *,
     with_grad: bool,
@@ -262,7 +295,8 @@ def _passes(
     row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The chunked linear + cross-entropy of (N, H) `h`, (V, H) `w`, (V,) `b`
-    and (N,) int64 `targets`: (row losses (N,) in h's dtype, dh, dw, db),
+    and (N,) int64 `targets` under the kernels' float64 `options`
+    (`_options`): (row losses (N,) in h's dtype, dh, dw, db),
     the gradients those of `want` (dh, dw, db) when `with_grad`, of the sum
     of the row losses times `alpha` (and each row by `row_scale`)."""
     rows, _ = h.shape
@@ -274,7 +308,7 @@ def _passes(
     db = (
         torch.zeros((classes,), dtype=_acc(dtype), device=device) if with_grad and want[2] else None
     )
-    inplace = inplace_safe(h)
+    inplace = inplace_safe(h, _extended(options))
     overlap = with_grad and OVERLAP and h.is_cuda
     nbuf = 2 if overlap else 1
     chunk = args.chunk_rows or chunk_rows_for(
@@ -286,7 +320,6 @@ def _passes(
     nbuf = 2 if overlap else 1
     bufs = [torch.empty((chunk, classes), dtype=dtype, device=device) for _ in range(nbuf)]
     grad_buf = None if inplace or not with_grad else torch.empty_like(bufs[0])
-    options = _options(device, args.ignore_index, args.eps)
     wt = w.t()
     first = [True]
 
@@ -371,7 +404,8 @@ def _total(losses: torch.Tensor, args: _Args) -> torch.Tensor:
 
 
 def _alpha(args: _Args) -> float:
-    """The gradient's factor for the sum of row losses: 1 / kept for "mean"."""
+    """The gradient's factor for the sum of row losses: 1 / kept for "mean"
+    (0 where kept is 0: no row counts)."""
     if args.reduction != "mean":
         return 1.0
     return 1.0 / args.kept if args.kept else 0.0
@@ -382,39 +416,47 @@ class _LinearCrossEntropy(torch.autograd.Function):
     the gradients, backward scales them by the incoming gradient."""
 
     @staticmethod
-    def forward(h, w, b, targets, args, want, state):  # type: ignore[override]
+    def forward(h, w, b, targets, options, args, want, state):  # type: ignore[override]
         if args.reduction == "none":
-            losses = _passes(h, w, b, targets, args, with_grad=False)[0]
+            losses = _passes(h, w, b, targets, options, args, with_grad=False)[0]
             return _total(losses, args)
         losses, dh, dw, db = _passes(
-            h, w, b, targets, args, with_grad=True, want=want, alpha=_alpha(args)
+            h, w, b, targets, options, args, with_grad=True, want=want, alpha=_alpha(args)
         )
         state.grads = (dh, dw, db)
         return _total(losses, args)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
-        h, w, b, targets, args, want, state = inputs
-        ctx.save_for_backward(h, w, b, targets)
+        h, w, b, targets, options, args, want, state = inputs
+        ctx.save_for_backward(h, w, b, targets, options)
         ctx.args, ctx.want, ctx.state = args, want, state
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):  # type: ignore[override]
-        h, w, b, targets = ctx.saved_tensors
+        h, w, b, targets, options = ctx.saved_tensors
         args, want = ctx.args, ctx.want
         if args.reduction == "none":
             _, dh, dw, db = _passes(
-                h, w, b, targets, args, with_grad=True, want=want, row_scale=grad_loss.reshape(-1)
+                h,
+                w,
+                b,
+                targets,
+                options,
+                args,
+                with_grad=True,
+                want=want,
+                row_scale=grad_loss.reshape(-1),
             )
         else:
             grads, ctx.state.grads = ctx.state.grads, None
             if grads is None:  # a second backward (retain_graph): run the chunks again
                 grads = _passes(
-                    h, w, b, targets, args, with_grad=True, want=want, alpha=_alpha(args)
+                    h, w, b, targets, options, args, with_grad=True, want=want, alpha=_alpha(args)
                 )[1:]
             dh, dw, db = (None if g is None else _scale_by(g, grad_loss) for g in grads)
-        return dh, dw, db, None, None, None, None
+        return dh, dw, db, None, None, None, None, None
 
 
 def _check(
@@ -422,9 +464,17 @@ def _check(
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
+    class_weight: torch.Tensor | None = None,
 ) -> None:
     """Raise for arguments `linear_cross_entropy` cannot take."""
-    for name, t in (("input", input), ("weight", weight), ("target", target), ("bias", bias)):
+    named = (
+        ("input", input),
+        ("weight", weight),
+        ("target", target),
+        ("bias", bias),
+        ("class_weight", class_weight),
+    )
+    for name, t in named:
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"max_softmax: linear_cross_entropy needs {name} as a torch.Tensor")
     if input.dtype not in DTYPES:
@@ -439,7 +489,12 @@ def _check(
             "max_softmax: linear_cross_entropy takes integer class indices as target, "
             f"got {target.dtype}"
         )
-    devices = {t.device for t in (input, weight, target, bias) if t is not None}
+    if class_weight is not None and (class_weight.is_complex() or class_weight.dtype == torch.bool):
+        raise TypeError(
+            "max_softmax: linear_cross_entropy class_weight must be a real tensor, "
+            f"got {class_weight.dtype}"
+        )
+    devices = {t.device for _, t in named if t is not None}
     if len(devices) != 1 or input.device.type not in ("cpu", "cuda"):
         raise ValueError(
             "max_softmax: linear_cross_entropy needs every tensor on one CPU or CUDA device, "
@@ -451,6 +506,8 @@ def _check(
         None if bias is None else tuple(bias.shape),
         tuple(target.shape),
     )
+    if class_weight is not None:
+        check_linear_class_weight(tuple(class_weight.shape), weight.shape[0])
 
 
 @torch.compiler.disable
@@ -465,6 +522,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    class_weight: torch.Tensor | None = None,
     chunk_rows: int | None = None,
 ) -> torch.Tensor:
     """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` without
@@ -482,8 +540,16 @@ def linear_cross_entropy(
             nothing in the mean.
         reduction: "mean", "sum" or "none".
         label_smoothing: eps in [0, 1], as torch.
-        z_loss: Not supported yet (must be 0).
-        softcap: Not supported yet (must be None).
+        z_loss: w >= 0: each kept row adds w * lse^2 (lse after the
+            softcap; unweighted by class_weight, inside the "mean"), as
+            `max_softmax.torch.cross_entropy`'s z_loss.
+        softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
+            before everything else (Gemma 2).
+        class_weight: Class weights (V,) on the input's device, as
+            `F.cross_entropy`'s `weight=` (named so here: `weight` is the
+            linear layer's): row loss w[t] (lse - x_t) (with smoothing as
+            torch), "mean" over the sum of w[t] of the kept rows. A
+            constant: not differentiated.
         chunk_rows: Rows a chunk; None chooses them by `CHUNK_BYTES`.
 
     Returns:
@@ -492,15 +558,18 @@ def linear_cross_entropy(
         it), else in input's dtype. Row losses are computed in float32 and
         rounded to input's dtype; the reduction sums them in float32.
 
-    For "mean" the count of kept rows is read to the host once (a sync on
-    CUDA). The gradients are computed in the forward whenever input,
-    weight or bias requires grad; dweight accumulates over chunks in
-    weight's dtype (cuBLAS accumulates each chunk in float32).
+    For "mean" the count of kept rows (with class weights, the sum of
+    their weights) is read to the host once (a sync on CUDA). z_loss,
+    softcap and class weights run the extended cross-entropy kernel by its
+    MAX model (no launch-extension path for them). The gradients are
+    computed in the forward whenever input, weight or bias requires grad;
+    dweight accumulates over chunks in weight's dtype (cuBLAS accumulates
+    each chunk in float32).
     A target out of range (not ignore_index) raises ValueError for CPU
     tensors; on CUDA its row's loss and gradient come out NaN.
     """
-    check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
-    _check(input, weight, target, bias)
+    z_loss, cap = check_linear_cross_entropy_options(z_loss, softcap, chunk_rows)
+    _check(input, weight, target, bias, class_weight)
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
@@ -515,20 +584,27 @@ def linear_cross_entropy(
     rows = h.shape[0]
     if not input.is_cuda:
         check_targets_in_range(targets.numpy(), classes, ignore_index)
-    kept = rows
-    if reduction == "mean":
-        kept = int((targets != ignore_index).sum())  # on CUDA a host sync, once
+    kept: float = rows
+    if reduction == "mean":  # on CUDA a host sync, once
+        mask = targets != ignore_index
+        if class_weight is None:
+            kept = int(mask.sum())
+        else:
+            safe = torch.where(mask, targets, torch.zeros_like(targets))
+            cw = class_weight.detach().to(torch.float64)
+            kept = float((cw[safe] * mask).sum())
     args = _Args(ignore_index, reduction, eps, chunk_rows, kept)
     want = tuple(
         t is not None and t.requires_grad and torch.is_grad_enabled() for t in (input, weight, bias)
     )
     if rows == 0 or classes == 0:
         return _empty(input, weight, bias, target, reduction)
+    options = _options(h.device, ignore_index, eps, z_loss, cap, class_weight)
     if any(want):
-        loss = _LinearCrossEntropy.apply(h, w, b, targets, args, want, _State())
+        loss = _LinearCrossEntropy.apply(h, w, b, targets, options, args, want, _State())
     else:
         with torch.no_grad():
-            loss = _total(_passes(h, w, b, targets, args, with_grad=False)[0], args)
+            loss = _total(_passes(h, w, b, targets, options, args, with_grad=False)[0], args)
     return loss.reshape(target.shape) if reduction == "none" else loss
 
 
