@@ -35,13 +35,9 @@ def launch_baseline[
         )
     elif variant == "online":
         comptime V = vector_width[dtype]()
+        var flag = vector_flag_of(aligned, n, V)
         ctx.enqueue_function[online_rows_kernel[dtype, log_out, V]](
-            dst,
-            src,
-            Int64(n),
-            vector_flag_of(aligned, n, V),
-            grid_dim=rows,
-            block_dim=ONLINE_THREADS,
+            dst, src, Int64(n), flag, grid_dim=rows, block_dim=ONLINE_THREADS
         )
     elif variant == "split_smem":
         launch_split_smem_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
