@@ -46,7 +46,7 @@ def launch_baseline[
 
 
 trait BaselineOp:
-    """softmax or log_softmax (`log_out`) by the baseline `variant`: the
+    """Softmax or log-softmax (`log_out`) by the baseline `variant`: the
     live path for everything but contiguous GPU rows."""
 
     comptime log_out: Bool
