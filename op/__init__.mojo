@@ -48,7 +48,8 @@
 # baselines/ (designs the live kernels replaced, kept to measure against;
 # nothing live imports them, and deleting the folder removes only their ops):
 #   registered_ops.mojo     softmax_baseline / log_softmax_baseline, the ops
-#                           `variant=` "tree", "online", "split_smem" run
+#                           `variant=` "tree", "online", "split_smem" run,
+#                           and the launch of each baseline family
 #   gpu_tree_rows.mojo      the reference design: block per row, shared-memory
 #                           tree reduction
 #   gpu_online_rows.mojo    long rows: online max/sum pass, then a normalising

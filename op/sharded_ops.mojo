@@ -21,17 +21,8 @@ from max.gpu.host import DeviceContext
 
 from .cpu_sharded_rows import epilogue_cpu, row_stats_cpu
 from .gpu_sharded_rows import launch_epilogue, launch_row_stats
+from .registered_ops import rows_ptr as _ptr
 from .row_math import accum_dtype
-
-
-@always_inline
-def _ptr[
-    dtype: DType, rank: Int
-](t: ManagedTensorSlice[dtype=dtype, rank=rank, ...]) -> Pointer[
-    Scalar[dtype], MutAnyOrigin
-]:
-    """The tensor's elements, as the kernels take them."""
-    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](t.unsafe_ptr())
 
 
 def _check_kind[kind: StaticString]():

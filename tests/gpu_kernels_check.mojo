@@ -3,6 +3,7 @@
 # Running the binary needs a GPU; building it is the check (test_gpu_build.py).
 from max.gpu.host import DeviceContext
 
+from gpu_check_common import CHECK_DTYPES, ptr
 from op.baselines.registered_ops import launch_baseline
 from op.dispatch import launch_variant, softmax_backward_rows, softmax_rows
 from op.gpu_scale_rows import launch_scale_rows
@@ -11,17 +12,13 @@ from op.gpu_scale_rows import launch_scale_rows
 def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var x = ctx.enqueue_create_buffer[dtype](1 << 20)
     var y = ctx.enqueue_create_buffer[dtype](1 << 20)
-    var src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](x.unsafe_ptr())
-    var dst = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](y.unsafe_ptr())
+    var src = ptr(x)
+    var dst = ptr(y)
     # Room for the backward's largest shape below (300 x 80001).
     var big_x = ctx.enqueue_create_buffer[dtype](300 * 80001)
     var big_y = ctx.enqueue_create_buffer[dtype](300 * 80001)
-    var big_src = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](
-        big_x.unsafe_ptr()
-    )
-    var big_dst = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](
-        big_y.unsafe_ptr()
-    )
+    var big_src = ptr(big_x)
+    var big_dst = ptr(big_y)
     comptime for log_out in [False, True]:
         comptime for variant in [
             "auto",
@@ -71,15 +68,14 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             softmax_backward_rows["gpu", dtype, log_out, variant](
                 ctx, big_dst, big_src, big_src, 300, 1000, 1
             )
-    # The torch bridge's cross-entropy backward: one factor, one a row.
+    # scale_rows (the op op/scale_ops.mojo registers; the launch extension's
+    # cross-entropy backward): one factor, one a row.
     launch_scale_rows[dtype](ctx, dst, src, 4, 1000, False)
     launch_scale_rows[dtype](ctx, dst, src, 4, 1000, True)
 
 
 def main() raises:
     var ctx = DeviceContext()
-    launch_all[DType.float32](ctx)
-    launch_all[DType.float16](ctx)
-    launch_all[DType.bfloat16](ctx)
-    launch_all[DType.float64](ctx)
+    comptime for dtype in CHECK_DTYPES:
+        launch_all[dtype](ctx)
     ctx.synchronize()

@@ -440,8 +440,9 @@ def test_torch_errors_and_no_grad():
 
 
 def test_gpu_kernels_compile(tmp_path):
-    """Every cross-entropy GPU kernel compiles for the H100 (sm_90) without
-    a GPU (tests/gpu_cross_entropy_check.mojo launches each)."""
+    """Every cross-entropy GPU kernel, the sharded (vocab-parallel) row
+    kernels included, compiles for the H100 (sm_90) without a GPU
+    (tests/gpu_cross_entropy_check.mojo launches each)."""
     from test_gpu_build import _build
 
     _build(tmp_path / "check", source=CHECK)

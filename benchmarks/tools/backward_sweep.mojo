@@ -15,7 +15,6 @@
 # rotated over 3 buffer pairs larger than L2. Each row kernel is then
 # checked on the first CHECK_ROWS rows of input 0: the largest error of dx
 # against float64 on the host, over the largest |dx|.
-from std.sys import argv, size_of
 
 from max.gpu.host import DeviceBuffer, DeviceContext
 
@@ -32,8 +31,8 @@ from op.gpu_backward_stream_rows import (
 from op.gpu_smem_rows import cluster_capacity, smem_capacity
 from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
-from sweep_inputs import filled, hashed_value, ptr
-from sweep_timing import median_launch_us
+from sweep_inputs import filled_inputs, hashed_value, ptr
+from sweep_timing import has_arg, median_launch_us, print_result
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -65,11 +64,8 @@ struct Bench[dtype: DType](Copyable):
 def make_bench[
     dtype: DType
 ](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
-    var ys = List[DeviceBuffer[dtype]]()
-    var dys = List[DeviceBuffer[dtype]]()
-    for k in range(INPUTS):
-        ys.append(filled[dtype, RANGE](ctx, rows * n, 2 * k))
-        dys.append(filled[dtype, RANGE](ctx, rows * n, 2 * k + 1))
+    var ys = filled_inputs[dtype, RANGE](ctx, rows * n, INPUTS, 0, 2)
+    var dys = filled_inputs[dtype, RANGE](ctx, rows * n, INPUTS, 1, 2)
     var dx = ctx.enqueue_create_buffer[dtype](rows * n)
     ctx.synchronize()
     return Bench[dtype](ys^, dys^, dx, rows, n)
@@ -143,8 +139,6 @@ def time_config[
         launch[dtype, family](ctx, b, i % INPUTS)
 
     var us = median_launch_us[one](ctx, ITERS, REPS)
-    var bytes = Float64(b.rows * b.n * size_of[dtype]())
-    var gbps = (2.0 if family == "copy" else 3.0) * bytes / us / 1e3
     var err = String("err=-")
     comptime if family != "copy":
         err = "err=" + String(check_error[dtype, family](ctx, b))
@@ -154,15 +148,8 @@ def time_config[
             b.rows, b.n, vector_width[dtype](), backward_stream_chunk[dtype]()
         )
         params = "picks=" + String(s.kind) + "/" + String(s.form)
-    print(
-        String(dtype),
-        String(b.rows) + "x" + String(b.n),
-        family,
-        params,
-        "us=" + String(us),
-        "GB/s=" + String(gbps),
-        err,
-    )
+    var passes = 2.0 if family == "copy" else 3.0
+    print_result[dtype](b.rows, b.n, family + " " + params, us, passes, err)
 
 
 def sweep_shape[
@@ -184,10 +171,7 @@ def sweep_shape[
 
 def main() raises:
     var ctx = DeviceContext()
-    var once = False
-    for i in range(1, len(argv())):
-        if argv()[i] == "once":
-            once = True
+    var once = has_arg("once")
     sweep_shape[DType.float32](ctx, 4096, 65536, once)
     sweep_shape[DType.float32](ctx, 8192, 50257, once)
     sweep_shape[DType.float32](ctx, 4096, 40000, once)

@@ -20,7 +20,6 @@
 # error of their summed loss against float64 on the host, without (err0)
 # and with (err1) label smoothing 0.1.
 from std.math import exp, log
-from std.sys import argv, size_of
 from std.utils.numerics import inf
 
 from max.gpu.host import DeviceBuffer, DeviceContext
@@ -31,8 +30,8 @@ from op.gpu_ce_smem_rows import launch_ce_smem
 from op.gpu_cross_entropy import ce_kernel_for, launch_cross_entropy
 from op.gpu_smem_rows import pair_capacity, smem_capacity
 from op.row_math import accum_dtype, vector_width
-from sweep_inputs import filled, hashed_value, ptr
-from sweep_timing import median_launch_us
+from sweep_inputs import filled_inputs, hashed_value, ptr
+from sweep_timing import has_arg, median_launch_us, print_result
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -99,9 +98,7 @@ def make_bench[
     dtype: DType
 ](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
     comptime acc = accum_dtype[dtype]()
-    var srcs = List[DeviceBuffer[dtype]]()
-    for k in range(INPUTS):
-        srcs.append(filled[dtype, LOGIT_RANGE](ctx, rows * n, k))
+    var srcs = filled_inputs[dtype, LOGIT_RANGE](ctx, rows * n, INPUTS)
     var host_t = ctx.enqueue_create_host_buffer[DType.int64](rows)
     var host_o = ctx.enqueue_create_host_buffer[DType.float64](2)
     var host_s = ctx.enqueue_create_host_buffer[DType.float64](2)
@@ -217,8 +214,6 @@ def time_config[
         launch[dtype, family, U, T](ctx, b, b.srcs[i % INPUTS], b.options)
 
     var us = median_launch_us[one](ctx, ITERS, REPS)
-    var bytes = Float64(b.rows * b.n * size_of[dtype]())
-    var gbps = (2.0 if family == "copy" else 1.0) * bytes / us / 1e3
     var errs = String("err0=- err1=-")
     comptime if family != "copy" and family != "dispatch":
         errs = (
@@ -239,15 +234,8 @@ def time_config[
             b.rows, b.n, vector_width[dtype](), with_grad=False
         )
         params = "picks=" + String(s.kind) + "/" + String(s.form)
-    print(
-        String(dtype),
-        String(b.rows) + "x" + String(b.n),
-        family,
-        params,
-        "us=" + String(us),
-        "GB/s=" + String(gbps),
-        errs,
-    )
+    var passes = 2.0 if family == "copy" else 1.0
+    print_result[dtype](b.rows, b.n, family + " " + params, us, passes, errs)
 
 
 def sweep_shape[
@@ -273,16 +261,9 @@ def sweep_shape[
 
 def main() raises:
     var ctx = DeviceContext()
-    var once = False
-    var bf16 = True
-    var fp32 = True
-    for i in range(1, len(argv())):
-        if argv()[i] == "once":
-            once = True
-        elif argv()[i] == "bf16":
-            fp32 = False
-        elif argv()[i] == "fp32":
-            bf16 = False
+    var once = has_arg("once")
+    var bf16 = not has_arg("fp32")
+    var fp32 = not has_arg("bf16")
     if bf16:
         sweep_shape[DType.bfloat16](ctx, 16384, 32000, once)
         sweep_shape[DType.bfloat16](ctx, 4096, 128256, once)

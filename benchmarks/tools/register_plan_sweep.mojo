@@ -33,8 +33,8 @@ from op.gpu_register_rows import (
     wide_warp_rows,
 )
 from op.row_math import vector_width
-from sweep_inputs import filled, hashed_value, ptr
-from sweep_timing import median_launch_us
+from sweep_inputs import filled_inputs, hashed_value, ptr
+from sweep_timing import median_launch_us, print_result
 
 comptime ITERS = 40
 comptime REPS = 7
@@ -56,10 +56,9 @@ struct Bench[dtype: DType](Copyable):
 def make_bench[
     dtype: DType
 ](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
-    var xs = List[DeviceBuffer[dtype]]()
+    var xs = filled_inputs[dtype, RANGE](ctx, rows * n, INPUTS)
     var ys = List[DeviceBuffer[dtype]]()
-    for k in range(INPUTS):
-        xs.append(filled[dtype, RANGE](ctx, rows * n, k))
+    for _ in range(INPUTS):
         ys.append(ctx.enqueue_create_buffer[dtype](rows * n))
     ctx.synchronize()
     return Bench[dtype](xs^, ys^, rows, n)
@@ -124,7 +123,6 @@ def time_plan[
         launch[dtype, T, K, aligned](ctx, b, i % INPUTS)
 
     var us = median_launch_us[one](ctx, ITERS, REPS)
-    var bytes = Float64(b.rows * b.n * size_of[dtype]())
     var name = String("copy")
     var err = String("err=-")
     comptime if T > 0:
@@ -145,14 +143,7 @@ def time_plan[
         if e > (1e-2 if size_of[dtype]() == 2 else 1e-5):
             raise Error(name + ": row 0 off by " + String(e))
         err = "err=" + String(e)
-    print(
-        String(dtype),
-        String(b.rows) + "x" + String(b.n),
-        name,
-        "us=" + String(us),
-        "GB/s=" + String(2.0 * bytes / us / 1e3),
-        err,
-    )
+    print_result[dtype](b.rows, b.n, name, us, 2.0, err)
 
 
 def sweep_shape[dtype: DType](ctx: DeviceContext, rows: Int, n: Int) raises:

@@ -12,8 +12,6 @@
 # (each with its counter memset), inputs rotated over 3 buffers larger than
 # L2. Row 0 of each output is checked against a float64 softmax first.
 from std.math import exp
-from std.sys import size_of
-
 from std.sys import argv
 
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
@@ -21,7 +19,8 @@ from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
 from op.gpu_smem_rows import launch_smem_parts, launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
-from sweep_timing import median_launch_us
+from sweep_inputs import ptr
+from sweep_timing import median_launch_us, print_result
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -39,12 +38,6 @@ def xorshift_fill[
         s ^= s << 17
         var u = Float64(s >> 11) / Float64(UInt64(1) << 53)
         host[i] = Scalar[dtype]((u * 24.0 - 12.0).cast[dtype]())
-
-
-def ptr[
-    dtype: DType
-](buf: DeviceBuffer[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
-    return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](buf.unsafe_ptr())
 
 
 def launch[
@@ -122,18 +115,10 @@ def time_config[
         launch[dtype, T, K, B](ctx, dsts[i % INPUTS], srcs[i % INPUTS], rows, n)
 
     var us = median_launch_us[one](ctx, ITERS, REPS)
-    var gbps = 2.0 * Float64(rows * n * size_of[dtype]()) / us / 1e3
-    print(
-        String(dtype),
-        String(rows) + "x" + String(n),
-        name,
-        "T=" + String(T),
-        "K=" + String(K),
-        "B=" + String(B),
-        "us=" + String(us),
-        "GB/s=" + String(gbps),
-        "err=" + String(err),
+    var config = (
+        name + " T=" + String(T) + " K=" + String(K) + " B=" + String(B)
     )
+    print_result[dtype](rows, n, config, us, 2.0, "err=" + String(err))
 
 
 def sweep_shape[
@@ -176,19 +161,26 @@ def sweep_shape[
             )
         return
     time_config[dtype, 512, 0, 0](ctx, "split_smem", d, s, host0, rows, n, once)
-    # The table's configs first (see split_stream_threads/_vectors/_blocks),
-    # then others worth a look.
-    time_config[dtype, 512, 7, 2](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 256, 6, 4](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 512, 4, 2](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 384, 6, 3](ctx, "stream", d, s, host0, rows, n, once)
+    # The table's configs (T, K, B) first (see split_stream_threads/_vectors/
+    # _blocks), then, with `more`, others worth a look.
+    comptime TABLE = [(512, 7, 2), (256, 6, 4), (512, 4, 2), (384, 6, 3)]
+    comptime MORE = [
+        (256, 4, 6),
+        (128, 6, 8),
+        (256, 7, 4),
+        (128, 12, 4),
+        (256, 3, 8),
+    ]
+    comptime for c in TABLE:
+        time_config[dtype, c[0], c[1], c[2]](
+            ctx, "stream", d, s, host0, rows, n, once
+        )
     if not more:
         return
-    time_config[dtype, 256, 4, 6](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 128, 6, 8](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 256, 7, 4](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 128, 12, 4](ctx, "stream", d, s, host0, rows, n, once)
-    time_config[dtype, 256, 3, 8](ctx, "stream", d, s, host0, rows, n, once)
+    comptime for c in MORE:
+        time_config[dtype, c[0], c[1], c[2]](
+            ctx, "stream", d, s, host0, rows, n, once
+        )
 
 
 def main() raises:

@@ -59,3 +59,17 @@ def filled[
         block_dim=FILL_THREADS,
     )
     return buf
+
+
+def filled_inputs[
+    dtype: DType, log2_range: Int
+](
+    ctx: DeviceContext, count: Int, inputs: Int, seed: Int = 0, step: Int = 1
+) raises -> List[DeviceBuffer[dtype]]:
+    """`inputs` new buffers of `count` elements (`filled`), buffer k of seed
+    `seed + k * step`: the inputs a sweep rotates over, more bytes than L2
+    holds."""
+    var bufs = List[DeviceBuffer[dtype]]()
+    for k in range(inputs):
+        bufs.append(filled[dtype, log2_range](ctx, count, seed + k * step))
+    return bufs^

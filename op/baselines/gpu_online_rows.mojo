@@ -11,12 +11,10 @@ gpu_split_rows' (`online_pair`, `normalize_range`), run over whole rows.
 """
 
 from max.gpu import block_idx, thread_idx
-from max.gpu.host import DeviceContext
 
-from ..gpu_launch import vector_flag_of
 from ..gpu_reductions import block_max_sum
 from ..gpu_split_rows import normalize_range, online_pair
-from ..row_math import accum_dtype, online_sum_guard, row_scale, vector_width
+from ..row_math import accum_dtype, online_sum_guard, row_scale
 
 comptime ONLINE_THREADS = 1024
 
@@ -57,27 +55,4 @@ def online_rows_kernel[
     )
     normalize_range[dtype, log_out, V, ONLINE_THREADS](
         y, x, 0, len, t, vector_loads, row_max, scale
-    )
-
-
-def launch_online_rows[
-    dtype: DType, log_out: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `online_rows_kernel`: a block of `ONLINE_THREADS` a row."""
-    comptime V = vector_width[dtype]()
-    comptime kernel = online_rows_kernel[dtype, log_out, V]
-    ctx.enqueue_function[kernel](
-        dst,
-        src,
-        Int64(n),
-        vector_flag_of(aligned, n, V),
-        grid_dim=rows,
-        block_dim=ONLINE_THREADS,
     )

@@ -8,7 +8,6 @@ global memory three times (max, sum, write).
 """
 
 from max.gpu import block_idx, thread_idx
-from max.gpu.host import DeviceContext
 from max.gpu.memory import AddressSpace
 from max.gpu.sync import barrier
 from std.memory import stack_allocation
@@ -92,19 +91,3 @@ def tree_rows_kernel[
         dst[unsafe_offset=base + j] = epilogue[log_out, acc, 1](
             v, row_max, scale
         ).cast[dtype]()
-
-
-def launch_tree_rows[
-    dtype: DType, log_out: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-) raises:
-    """Launch `tree_rows_kernel`: a block of `TREE_THREADS` a row."""
-    comptime kernel = tree_rows_kernel[dtype, log_out]
-    ctx.enqueue_function[kernel](
-        dst, src, Int64(n), grid_dim=rows, block_dim=TREE_THREADS
-    )

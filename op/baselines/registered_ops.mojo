@@ -8,10 +8,12 @@ import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 
+from ..gpu_launch import vector_flag_of
 from ..registered_ops import forward_rows
-from .gpu_online_rows import launch_online_rows
+from ..row_math import vector_width
+from .gpu_online_rows import ONLINE_THREADS, online_rows_kernel
 from .gpu_split_smem_rows import launch_split_smem_rows
-from .gpu_tree_rows import launch_tree_rows
+from .gpu_tree_rows import TREE_THREADS, tree_rows_kernel
 
 
 def launch_baseline[
@@ -25,58 +27,57 @@ def launch_baseline[
     aligned: Bool,
 ) raises:
     """Launch the baseline family `variant` names on `rows` contiguous rows
-    of `n`."""
+    of `n`: the tree and online kernels a block a row, the split_smem rows
+    by their own launcher (the split sweep times it too)."""
     comptime if variant == "tree":
-        launch_tree_rows[dtype, log_out](ctx, dst, src, rows, n)
+        ctx.enqueue_function[tree_rows_kernel[dtype, log_out]](
+            dst, src, Int64(n), grid_dim=rows, block_dim=TREE_THREADS
+        )
     elif variant == "online":
-        launch_online_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
+        comptime V = vector_width[dtype]()
+        var flag = vector_flag_of(aligned, n, V)
+        ctx.enqueue_function[online_rows_kernel[dtype, log_out, V]](
+            dst, src, Int64(n), flag, grid_dim=rows, block_dim=ONLINE_THREADS
+        )
     elif variant == "split_smem":
         launch_split_smem_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
     else:
         raise Error("max_softmax: unknown baseline '" + String(variant) + "'")
 
 
-def _baseline_forward[
-    target: StaticString, dtype: DType, log_out: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-    input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-) raises:
-    """Softmax (or log-softmax) of `input` along axis 1 by the baseline
-    `variant`: the live path for everything but contiguous GPU rows."""
-    forward_rows[
-        target, dtype, log_out, launch_baseline[dtype, log_out, variant]
-    ](ctx, output, input)
+trait BaselineOp:
+    """Softmax or log-softmax (`log_out`) by the baseline `variant`: the
+    live path for everything but contiguous GPU rows."""
+
+    comptime log_out: Bool
+    """Log-softmax rather than softmax."""
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType, variant: StaticString
+    ](
+        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op along axis 1 of an (outer, n, inner) tensor."""
+        forward_rows[
+            target,
+            dtype,
+            Self.log_out,
+            launch_baseline[dtype, Self.log_out, variant],
+        ](ctx, output, input)
 
 
 @extensibility.register("softmax_baseline")
-struct SoftmaxBaseline:
+struct SoftmaxBaseline(BaselineOp):
     """Softmax along axis 1 of an (outer, n, inner) tensor by a baseline."""
 
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType, variant: StaticString
-    ](
-        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _baseline_forward[target, dtype, False, variant](ctx, output, input)
+    comptime log_out = False
 
 
 @extensibility.register("log_softmax_baseline")
-struct LogSoftmaxBaseline:
+struct LogSoftmaxBaseline(BaselineOp):
     """Log-softmax along axis 1 of an (outer, n, inner) tensor by a baseline."""
 
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType, variant: StaticString
-    ](
-        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        _baseline_forward[target, dtype, True, variant](ctx, output, input)
+    comptime log_out = True

@@ -15,9 +15,12 @@ def _empty_kernel(flag: Int32):
     pass
 
 
-@extensibility.register("probe_nothing")
-struct ProbeNothing:
-    """Returns without touching the device."""
+trait ProbeOp:
+    """A probe: the signature of our rank-3 row ops, and no work but, with
+    `launch`, one empty kernel on the GPU (nothing on the CPU)."""
+
+    comptime launch: Bool
+    """Enqueue the empty kernel."""
 
     @staticmethod
     def execute[
@@ -27,24 +30,22 @@ struct ProbeNothing:
         input: InputTensor[dtype=dtype, rank=3, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """Do nothing."""
-        pass
-
-
-@extensibility.register("probe_launch")
-struct ProbeLaunch:
-    """Enqueues one empty kernel on the GPU (nothing on the CPU)."""
-
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Launch the empty kernel."""
-        comptime if target == "gpu":
+        """Launch the empty kernel (`launch`), or do nothing."""
+        comptime if Self.launch and target == "gpu":
             ctx.enqueue_function[_empty_kernel](
                 Int32(input.dim_size(1)), grid_dim=1, block_dim=32
             )
+
+
+@extensibility.register("probe_nothing")
+struct ProbeNothing(ProbeOp):
+    """Returns without touching the device."""
+
+    comptime launch = False
+
+
+@extensibility.register("probe_launch")
+struct ProbeLaunch(ProbeOp):
+    """Enqueues one empty kernel on the GPU (nothing on the CPU)."""
+
+    comptime launch = True
