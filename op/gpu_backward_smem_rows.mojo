@@ -34,7 +34,13 @@ from .gpu_smem_rows import (
     start_row_copy,
 )
 from .gpu_split_chunks import SharedBuffer
-from .row_math import accum_dtype, backward_out, backward_term, vector_width
+from .row_math import (
+    accum_dtype,
+    backward_out,
+    backward_term,
+    load_widened,
+    vector_width,
+)
 from .row_op import RowOp
 from .row_part import RowPart
 
@@ -90,12 +96,8 @@ def _sum_aligned_part[
     for i in range(R * T + t, nvec, T):
         var at = (i - R * T) * V
         s += backward_term[log_in, acc, V](
-            smem_a.unsafe_offset(at)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc](),
-            smem_g.unsafe_offset(at)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc](),
+            load_widened[V](smem_a, at),
+            load_widened[V](smem_g, at),
         ).reduce_add()
     return s
 
@@ -156,12 +158,8 @@ def _write_aligned_part[
         var at = (i - R * T) * V
         rdx.unsafe_offset(head + i * V).unsafe_store[alignment=16](
             backward_out[log_in, acc, V](
-                smem_a.unsafe_offset(at)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
-                smem_g.unsafe_offset(at)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
+                load_widened[V](smem_a, at),
+                load_widened[V](smem_g, at),
                 total,
             ).cast[dtype]()
         )
