@@ -31,7 +31,13 @@ from .gpu_register_rows import (
     load_row_chunks,
     store_row_chunks,
 )
-from .row_math import accum_dtype, backward_out, backward_term, vector_width
+from .row_math import (
+    accum_dtype,
+    backward_out,
+    backward_term,
+    load_widened,
+    vector_width,
+)
 
 comptime BACKWARD_STRIDED_THREADS = 256
 # 32-bit registers of each tensor's row values a thread holds, as loaded:
@@ -326,12 +332,8 @@ def backward_rows_kernel[
     for e in range(first, len, step):
         if vector_flag != 0:
             s += backward_term[log_in, acc, V](
-                a.unsafe_offset(base + e)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
-                dy.unsafe_offset(base + e)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
+                load_widened[V](a, base + e),
+                load_widened[V](dy, base + e),
             ).reduce_add()
         else:
             s += backward_term[log_in, acc, 1](
@@ -343,12 +345,8 @@ def backward_rows_kernel[
     for e in range(first, len, step):
         if vector_flag != 0:
             var g = backward_out[log_in, acc, V](
-                a.unsafe_offset(base + e)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
-                dy.unsafe_offset(base + e)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
+                load_widened[V](a, base + e),
+                load_widened[V](dy, base + e),
                 total,
             )
             dx.unsafe_offset(base + e).unsafe_store[alignment=16](

@@ -17,7 +17,7 @@ meet at a cluster barrier (`cluster_total`).
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
-from max.gpu.host import DeviceContext, Dim, FuncAttribute
+from max.gpu.host import DeviceContext
 from max.gpu.memory import async_copy_wait_all
 from std.utils import StaticTuple
 
@@ -28,14 +28,19 @@ from .gpu_smem_rows import (
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
-    ClusterPartials,
+    OnchipLaunch,
     cluster_total,
-    onchip_plan,
     onchip_rows,
     start_row_copy,
 )
 from .gpu_split_chunks import SharedBuffer
-from .row_math import accum_dtype, backward_out, backward_term, vector_width
+from .row_math import (
+    accum_dtype,
+    backward_out,
+    backward_term,
+    load_widened,
+    vector_width,
+)
 from .row_op import RowOp
 from .row_part import RowPart
 
@@ -91,12 +96,8 @@ def _sum_aligned_part[
     for i in range(R * T + t, nvec, T):
         var at = (i - R * T) * V
         s += backward_term[log_in, acc, V](
-            smem_a.unsafe_offset(at)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc](),
-            smem_g.unsafe_offset(at)
-            .unsafe_load[width=V, alignment=16]()
-            .cast[acc](),
+            load_widened[V](smem_a, at),
+            load_widened[V](smem_g, at),
         ).reduce_add()
     return s
 
@@ -157,12 +158,8 @@ def _write_aligned_part[
         var at = (i - R * T) * V
         rdx.unsafe_offset(head + i * V).unsafe_store[alignment=16](
             backward_out[log_in, acc, V](
-                smem_a.unsafe_offset(at)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
-                smem_g.unsafe_offset(at)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc](),
+                load_widened[V](smem_a, at),
+                load_widened[V](smem_g, at),
                 total,
             ).cast[dtype]()
         )
@@ -390,41 +387,24 @@ def launch_backward_parts[
     aligned: Bool,
 ) raises:
     """Launch `backward_smem_kernel` on `rows` rows of `n`, C blocks a row,
-    each with the shared memory its part of both tensors needs
-    (`onchip_plan`), and `CLUSTER_SLOTS` partials a row for C > 1. Raises
-    past the capacity."""
+    each with the shared memory its part of both tensors needs and
+    `CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`). Raises past
+    the capacity."""
     comptime V = vector_width[dtype]()
-    comptime acc = accum_dtype[dtype]()
-    var plan = onchip_plan(
-        "the backward's on-chip kernel of " + String(C) + " block(s) a row",
-        n,
-        V,
-        SMEM_TENSORS,
-        C,
-        "elements",
+    var launch = OnchipLaunch[dtype, C](
+        ctx, "the backward's on-chip kernel", rows, n, SMEM_TENSORS
     )
-    var threads = plan[0]
-    var smem_bytes = plan[1]
-    var partials = ClusterPartials[acc](ctx, rows, CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if threads == T:
-            comptime kernel = backward_smem_kernel[dtype, log_in, V, T, C]
-            ctx.enqueue_function[kernel](
+        if launch.threads == T:
+            launch.enqueue[backward_smem_kernel[dtype, log_in, V, T, C], T](
+                ctx,
                 dx,
                 a,
                 dy,
-                partials.ptr(a),
+                launch.partials.ptr(a),
                 Int64(n),
                 aligned_flag_of(aligned),
-                grid_dim=C * rows,
-                block_dim=T,
-                cluster_dim=Dim(C),
-                shared_mem_bytes=smem_bytes,
-                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                    UInt32(smem_bytes)
-                ),
             )
-    _ = partials^
 
 
 # `launch_backward_parts` with a block a row (to `smem_capacity(V, 2)`).

@@ -39,6 +39,7 @@ from .gpu_split_chunks import (
 )
 from .gpu_split_stream_rows import (
     PairWord,
+    RowWords,
     StreamedChunks,
     count_arrival,
     launch_streamed,
@@ -197,14 +198,7 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     @always_inline
     def publish[
         T: Int, K: Int
-    ](
-        self,
-        chunk: SmemChunk,
-        buf: SharedBuffer[Self.dtype],
-        counters: Pointer[Int32, MutAnyOrigin],
-        words: Pointer[UInt64, MutAnyOrigin],
-        chunks: Int,
-    ):
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype], posted: RowWords):
         """Sum the chunk's terms and publish the sum."""
         comptime acc = accum_dtype[Self.dtype]()
         var parts = held_pair[Self.dtype, T, K](chunk, buf)
@@ -213,21 +207,17 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
         var s = block_sum[acc, T](fold.s)
         if thread_idx.x == 0:
             PairWord.store[ordering=Ordering.RELAXED](
-                words.unsafe_offset(chunk.row * chunks + chunk.index),
+                kernel_arg(posted.words).unsafe_offset(
+                    chunk.row * posted.chunks + chunk.index
+                ),
                 sum_word[acc](s),
             )
-            count_arrival(counters, chunk.row)
+            count_arrival(kernel_arg(posted.counters), chunk.row)
 
     @always_inline
     def write[
         T: Int, K: Int
-    ](
-        self,
-        chunk: SmemChunk,
-        buf: SharedBuffer[Self.dtype],
-        words: Pointer[UInt64, MutAnyOrigin],
-        chunks: Int,
-    ):
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype], posted: RowWords):
         """Add up the row's sums, write the chunk's dx."""
         var parts = held_pair[Self.dtype, T, K](chunk, buf)
         var sweep = GradientWrite[Self.dtype, Self.log_in](
@@ -235,7 +225,7 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
             parts[1],
             OutChunk[Self.dtype](chunk, kernel_arg(self.dx)),
             wait_row_sum[accum_dtype[Self.dtype](), T](
-                words, chunk.row, chunks
+                kernel_arg(posted.words), chunk.row, posted.chunks
             ),
         )
         each_held[vector_width[Self.dtype](), T](chunk, sweep)

@@ -29,6 +29,7 @@ from max.gpu import (
     thread_idx,
 )
 from max.gpu.host import DeviceBuffer, DeviceContext, Dim, FuncAttribute
+from std.builtin.device_passable import DevicePassable
 from max.gpu.memory import (
     AddressSpace,
     async_copy,
@@ -520,6 +521,70 @@ struct ClusterPartials[acc: DType](Movable):
         return stand_in.unsafe_bitcast[Scalar[Self.acc]]()
 
 
+struct OnchipLaunch[dtype: DType, C: Int](Movable):
+    """One launch of an on-chip kernel on `rows` rows, C blocks a row: its
+    plan (`onchip_plan`), the cluster's partials and the launch geometry
+    every op's on-chip kernel shares, so an op's launcher names only its
+    kernel for each block size and that kernel's arguments."""
+
+    var threads: Int
+    """Threads a block (`SMEM_HALF_THREADS` or `SMEM_THREADS`)."""
+    var smem_bytes: Int
+    """Dynamic shared memory a block."""
+    var rows: Int
+    """Rows, a cluster of C blocks each."""
+    var partials: ClusterPartials[accum_dtype[Self.dtype]()]
+    """The partials of C > 1 (`CLUSTER_SLOTS` a row), kept until the
+    launch is enqueued."""
+
+    def __init__(
+        out self,
+        ctx: DeviceContext,
+        kernel: String,
+        rows: Int,
+        n: Int,
+        tensors: Int,
+    ) raises:
+        """Plan rows of `n` of `tensors` tensors; raises, naming `kernel`,
+        past the capacity."""
+        var plan = onchip_plan(
+            kernel + " of " + String(Self.C) + " block(s) a row",
+            n,
+            vector_width[Self.dtype](),
+            tensors,
+            Self.C,
+            "elements",
+        )
+        self.threads = plan[0]
+        self.smem_bytes = plan[1]
+        self.rows = rows
+        self.partials = ClusterPartials[accum_dtype[Self.dtype]()](
+            ctx, rows, CLUSTER_SLOTS, Self.C
+        )
+
+    def enqueue[
+        declared: TypeList[Trait=AnyType, ...],
+        //,
+        kernel: def(* args: * declared) thin -> None,
+        T: Int,
+        *Ts: DevicePassable,
+    ](self, ctx: DeviceContext, *args: *Ts) raises:
+        """Enqueue `kernel`, built for T threads a block, on `args`: a
+        cluster of C blocks a row, each with the planned shared memory.
+        `args` pass through as the kernel takes them, since the ops'
+        kernels differ in their tensors."""
+        ctx.enqueue_function[kernel](
+            *args,
+            grid_dim=Self.C * self.rows,
+            block_dim=T,
+            cluster_dim=Dim(Self.C),
+            shared_mem_bytes=self.smem_bytes,
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+                UInt32(self.smem_bytes)
+            ),
+        )
+
+
 # ===----------------------------------------------------------------------=== #
 # Softmax
 # ===----------------------------------------------------------------------=== #
@@ -727,38 +792,21 @@ def launch_smem_parts[
 ) raises:
     """Launch `smem_rows_kernel` on `rows` rows of `n`, a row per cluster
     of C blocks (C = 1: a block a row), each with the shared memory its
-    part needs (`onchip_plan`). Raises past the capacity."""
+    part needs (`OnchipLaunch`). Raises past the capacity."""
     comptime V = vector_width[dtype]()
-    comptime acc = accum_dtype[dtype]()
-    var plan = onchip_plan(
-        "the on-chip rows kernel of " + String(C) + " block(s) a row",
-        n,
-        V,
-        1,
-        C,
-        "elements",
+    var launch = OnchipLaunch[dtype, C](
+        ctx, "the on-chip rows kernel", rows, n, 1
     )
-    var threads = plan[0]
-    var smem_bytes = plan[1]
-    var partials = ClusterPartials[acc](ctx, rows, CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if threads == T:
-            comptime kernel = smem_rows_kernel[dtype, log_out, V, T, C]
-            ctx.enqueue_function[kernel](
+        if launch.threads == T:
+            launch.enqueue[smem_rows_kernel[dtype, log_out, V, T, C], T](
+                ctx,
                 dst,
                 src,
-                partials.ptr(src),
+                launch.partials.ptr(src),
                 Int64(n),
                 aligned_flag_of(aligned),
-                grid_dim=C * rows,
-                block_dim=T,
-                cluster_dim=Dim(C),
-                shared_mem_bytes=smem_bytes,
-                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                    UInt32(smem_bytes)
-                ),
             )
-    _ = partials^
 
 
 def launch_smem_rows[

@@ -38,7 +38,13 @@ from .gpu_split_workspace import (
     take_ticket,
     wait_for_row,
 )
-from .row_math import accum_dtype, epilogue, online_add, vector_width
+from .row_math import (
+    accum_dtype,
+    epilogue,
+    load_widened,
+    online_add,
+    vector_width,
+)
 
 comptime SPLIT_THREADS = 512
 comptime SPLIT_CHUNK = 16384
@@ -73,11 +79,7 @@ def online_pair[
     var s = Scalar[acc](0)
     if vector_loads:
         for e in range(begin + t * V, end, threads * V):
-            var v = (
-                x.unsafe_offset(e)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc]()
-            )
+            var v = load_widened[V](x, e)
             var pair = online_add[acc, V](m, s, v)
             m = pair[0]
             s = pair[1]
@@ -108,11 +110,7 @@ def normalize_range[
     comptime assert acc.is_floating_point()
     if vector_loads:
         for e in range(begin + t * V, end, threads * V):
-            var v = (
-                x.unsafe_offset(e)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc]()
-            )
+            var v = load_widened[V](x, e)
             y.unsafe_offset(e).unsafe_store[alignment=16](
                 epilogue[log_out, acc, V](v, row_max, scale).cast[dtype]()
             )

@@ -253,6 +253,32 @@ def wait_row_terms[
     return block_row_terms[acc, T, log_out](m, s)
 
 
+struct RowWords(ImplicitlyCopyable):
+    """Where the chunks of a split stream meet: the counters (the ticket
+    counter, then each row's arrivals), the 64-bit words every chunk
+    publishes and the chunks a row. `stream_chunks` hands the same three
+    to each `StreamedChunks` step, so they travel as one value."""
+
+    var counters: HeldRows[DType.int32]
+    """`1 + rows` counters (`kernel_arg` gives them back)."""
+    var words: HeldRows[DType.uint64]
+    """`rows * chunks * R.words` words (`kernel_arg` gives them back)."""
+    var chunks: Int
+    """Chunks a row."""
+
+    @always_inline
+    def __init__(
+        out self,
+        counters: Pointer[Int32, MutAnyOrigin],
+        words: Pointer[UInt64, MutAnyOrigin],
+        chunks: Int,
+    ):
+        """The kernel's counters and words, rows of `chunks` chunks."""
+        self.counters = held(counters)
+        self.words = held(words)
+        self.chunks = chunks
+
+
 trait StreamedChunks(Deinitable):
     """What `stream_chunks` does with the chunks it streams: the forward
     and the backward ops differ only in the tensors a chunk holds, what a
@@ -276,27 +302,14 @@ trait StreamedChunks(Deinitable):
 
     def publish[
         T: Int, K: Int
-    ](
-        self,
-        chunk: SmemChunk,
-        buf: SharedBuffer[Self.dtype],
-        counters: Pointer[Int32, MutAnyOrigin],
-        words: Pointer[UInt64, MutAnyOrigin],
-        chunks: Int,
-    ):
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype], posted: RowWords):
         """Reduce the chunk `load` is copying, publish its words and count
         it in its row's arrivals."""
         ...
 
     def write[
         T: Int, K: Int
-    ](
-        self,
-        chunk: SmemChunk,
-        buf: SharedBuffer[Self.dtype],
-        words: Pointer[UInt64, MutAnyOrigin],
-        chunks: Int,
-    ):
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype], posted: RowWords):
         """Wait for the words of the chunk's row, then write the chunk."""
         ...
 
@@ -337,12 +350,13 @@ def stream_chunks[
     # The second buffer starts past the first's parts and their padding.
     var free_buf = held_buf.unsafe_offset(R.tensors * (C + V))
 
+    var posted = RowWords(counters, words, chunks)
     var first = ticket_and_row_ready(counters, 0, chunks)
     if first[0] >= total:
         return
     var held = smem_chunk[V, C](first[0], len, chunks, aligned_flag)
     op.load[T, K](held, held_buf)
-    op.publish[T, K](held, held_buf, counters, words, chunks)
+    op.publish[T, K](held, held_buf, posted)
 
     while True:
         var got = ticket_and_row_ready(counters, held.row, chunks)
@@ -356,13 +370,13 @@ def stream_chunks[
             # Publish first when the held row still waits: this chunk may
             # be what it waits for.
             if not got[1]:
-                op.publish[T, K](next, free_buf, counters, words, chunks)
+                op.publish[T, K](next, free_buf, posted)
                 published = True
-        op.write[T, K](held, held_buf, words, chunks)
+        op.write[T, K](held, held_buf, posted)
         if not more:
             return
         if not published:
-            op.publish[T, K](next, free_buf, counters, words, chunks)
+            op.publish[T, K](next, free_buf, posted)
         held = next
         var swap = held_buf
         held_buf = free_buf
@@ -405,35 +419,28 @@ struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
     @always_inline
     def publish[
         T: Int, K: Int
-    ](
-        self,
-        chunk: SmemChunk,
-        buf: SharedBuffer[Self.dtype],
-        counters: Pointer[Int32, MutAnyOrigin],
-        words: Pointer[UInt64, MutAnyOrigin],
-        chunks: Int,
-    ):
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype], posted: RowWords):
         """Reduce the chunk to its pair and publish it."""
         var pair = chunk_pair[Self.dtype, vector_width[Self.dtype](), T, K](
             chunk, buf
         )
         publish_packed_pair[accum_dtype[Self.dtype]()](
-            counters, words, chunk.row, chunks, chunk.index, pair[0], pair[1]
+            kernel_arg(posted.counters),
+            kernel_arg(posted.words),
+            chunk.row,
+            posted.chunks,
+            chunk.index,
+            pair[0],
+            pair[1],
         )
 
     @always_inline
     def write[
         T: Int, K: Int
-    ](
-        self,
-        chunk: SmemChunk,
-        buf: SharedBuffer[Self.dtype],
-        words: Pointer[UInt64, MutAnyOrigin],
-        chunks: Int,
-    ):
+    ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype], posted: RowWords):
         """Fold the row's pairs, write the chunk's softmax."""
         var terms = wait_row_terms[accum_dtype[Self.dtype](), T, Self.log_out](
-            words, chunk.row, chunks
+            kernel_arg(posted.words), chunk.row, posted.chunks
         )
         write_chunk[Self.dtype, Self.log_out, vector_width[Self.dtype](), T](
             chunk, kernel_arg(self.dst), buf, terms[0], terms[1]

@@ -30,6 +30,22 @@ def vector_width[dtype: DType]() -> Int:
 
 
 @always_inline
+def load_widened[
+    V: Int, dtype: DType
+](p: Pointer[Scalar[dtype], address_space=_, ...], e: Int) -> SIMD[
+    accum_dtype[dtype](), V
+]:
+    """The aligned 16-byte vector at `p + e` (global or shared memory),
+    widened to the accumulation type: how the GPU sweeps read a vector
+    they fold, written once so every sweep reads it the same way."""
+    return (
+        p.unsafe_offset(e)
+        .unsafe_load[width=V, alignment=16]()
+        .cast[accum_dtype[dtype]()]()
+    )
+
+
+@always_inline
 def exp_nan[acc: DType, w: Int](x: SIMD[acc, w]) -> SIMD[acc, w]:
     """`exp(x)` that keeps NaN as NaN.
 
