@@ -19,7 +19,7 @@ gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
-from max.gpu.host import DeviceContext, Dim, FuncAttribute
+from max.gpu.host import DeviceContext
 from std.math import tanh
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
@@ -43,10 +43,9 @@ from .gpu_smem_rows import (
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
-    ClusterPartials,
+    OnchipLaunch,
     cluster_exchange,
     load_part_max,
-    onchip_plan,
     onchip_rows,
     pair_capacity,
     smem_capacity,
@@ -656,28 +655,23 @@ def launch_ce_options_parts[
     has_weight: Int32,
 ) raises:
     """Launch `ce_options_smem_kernel` on `rows` rows of `n`, C blocks a
-    row, each with the shared memory its part needs (`onchip_plan`).
+    row, each with the shared memory its part needs (`OnchipLaunch`).
     Raises past the capacity."""
-    comptime acc = accum_dtype[dtype]()
-    var plan = onchip_plan(
-        "the cross-entropy options on-chip kernel of "
-        + String(C)
-        + " block(s) a row",
+    var launch = OnchipLaunch[dtype, C](
+        ctx,
+        "the cross-entropy options on-chip kernel",
+        rows,
         n,
-        V,
         1,
-        C,
+        CE_OPTIONS_CLUSTER_SLOTS,
         "classes",
     )
-    var threads = plan[0]
-    var smem_bytes = plan[1]
-    var partials = ClusterPartials[acc](ctx, rows, CE_OPTIONS_CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if threads == T:
-            comptime kernel = ce_options_smem_kernel[
-                dtype, mean, reduce, V, T, C
-            ]
-            ctx.enqueue_function[kernel](
+        if launch.threads == T:
+            launch.enqueue[
+                ce_options_smem_kernel[dtype, mean, reduce, V, T, C], T
+            ](
+                ctx,
                 dlogits,
                 logits,
                 targets,
@@ -685,16 +679,8 @@ def launch_ce_options_parts[
                 count,
                 row_losses,
                 loss,
-                partials.ptr(row_losses),
+                launch.partials.ptr(row_losses),
                 Int64(n),
                 aligned_flag_of(aligned),
                 has_weight,
-                grid_dim=C * rows,
-                block_dim=T,
-                cluster_dim=Dim(C),
-                shared_mem_bytes=smem_bytes,
-                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                    UInt32(smem_bytes)
-                ),
             )
-    _ = partials^

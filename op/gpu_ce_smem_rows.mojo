@@ -9,7 +9,7 @@ classes), a cluster of two to `pair_capacity(V)` (gpu_ce_pair_rows).
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
-from max.gpu.host import DeviceContext, Dim, FuncAttribute
+from max.gpu.host import DeviceContext
 from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
@@ -31,11 +31,10 @@ from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     HELD_EXP_SHIFT,
-    ClusterPartials,
+    OnchipLaunch,
     HeldMap,
     cluster_exchange,
     load_part_max,
-    onchip_plan,
     onchip_rows,
     sum_exp_held,
     write_held,
@@ -450,28 +449,25 @@ def launch_ce_parts[
     aligned: Bool,
 ) raises:
     """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
-    with the shared memory its part needs (`onchip_plan`), and
-    `CE_CLUSTER_SLOTS` partials a row for C > 1. Raises past the
-    capacity."""
+    with the shared memory its part needs, and
+    `CE_CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`). Raises
+    past the capacity."""
     comptime V = vector_width[dtype]()
-    comptime acc = accum_dtype[dtype]()
-    var plan = onchip_plan(
-        "the cross-entropy on-chip kernel of " + String(C) + " block(s) a row",
+    var launch = OnchipLaunch[dtype, C](
+        ctx,
+        "the cross-entropy on-chip kernel",
+        rows,
         n,
-        V,
         1,
-        C,
+        CE_CLUSTER_SLOTS,
         "classes",
     )
-    var threads = plan[0]
-    var smem_bytes = plan[1]
-    var partials = ClusterPartials[acc](ctx, rows, CE_CLUSTER_SLOTS, C)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if threads == T:
-            comptime kernel = ce_smem_kernel[
-                dtype, with_grad, mean, reduce, V, T, C
-            ]
-            ctx.enqueue_function[kernel](
+        if launch.threads == T:
+            launch.enqueue[
+                ce_smem_kernel[dtype, with_grad, mean, reduce, V, T, C], T
+            ](
+                ctx,
                 dlogits,
                 logits,
                 targets,
@@ -479,18 +475,10 @@ def launch_ce_parts[
                 count,
                 row_losses,
                 loss,
-                partials.ptr(row_losses),
+                launch.partials.ptr(row_losses),
                 Int64(n),
                 aligned_flag_of(aligned),
-                grid_dim=C * rows,
-                block_dim=T,
-                cluster_dim=Dim(C),
-                shared_mem_bytes=smem_bytes,
-                func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                    UInt32(smem_bytes)
-                ),
             )
-    _ = partials^
 
 
 # `launch_ce_parts` with a block a row (to `smem_capacity(V)`).

@@ -534,8 +534,8 @@ struct OnchipLaunch[dtype: DType, C: Int](Movable):
     var rows: Int
     """Rows, a cluster of C blocks each."""
     var partials: ClusterPartials[accum_dtype[Self.dtype]()]
-    """The partials of C > 1 (`CLUSTER_SLOTS` a row), kept until the
-    launch is enqueued."""
+    """The partials of C > 1 (`slots` a row: the op's `cluster_slots`),
+    kept until the launch is enqueued."""
 
     def __init__(
         out self,
@@ -544,22 +544,24 @@ struct OnchipLaunch[dtype: DType, C: Int](Movable):
         rows: Int,
         n: Int,
         tensors: Int,
+        slots: Int = CLUSTER_SLOTS,
+        unit: String = "elements",
     ) raises:
-        """Plan rows of `n` of `tensors` tensors; raises, naming `kernel`,
-        past the capacity."""
+        """Plan rows of `n` of `tensors` tensors; raises, naming `kernel`
+        and the row's `unit`, past the capacity."""
         var plan = onchip_plan(
             kernel + " of " + String(Self.C) + " block(s) a row",
             n,
             vector_width[Self.dtype](),
             tensors,
             Self.C,
-            "elements",
+            unit,
         )
         self.threads = plan[0]
         self.smem_bytes = plan[1]
         self.rows = rows
         self.partials = ClusterPartials[accum_dtype[Self.dtype]()](
-            ctx, rows, CLUSTER_SLOTS, Self.C
+            ctx, rows, slots, Self.C
         )
 
     def enqueue[
