@@ -112,10 +112,13 @@ def _prepare_extension(device: str) -> None:
         launch.CUDA_ENABLED = True
 
 
-def measure(tag: str, out: Path, device: str, reps: int) -> Path:
-    """Time every case of `device` and append the records to out/abt_<tag>.jsonl."""
+def measure(tag: str, out: Path, device: str, reps: int, only: str = "") -> Path:
+    """Time every case of `device` (those whose "op:dtype:shape" holds `only`)
+    and append the records to out/abt_<tag>.jsonl."""
     _prepare_extension(device)
     cases = CUDA_CASES if device == "cuda" else CPU_CASES
+    if only:
+        cases = [c for c in cases if only in f"{c[0]}:{c[1]}:{'x'.join(map(str, c[2]))}"]
     path = out / f"abt_{tag}.jsonl"
     with path.open("a") as f:
         for op, dtype_name, shape in cases:
@@ -154,6 +157,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--only", default="", help='cases whose "op:dtype:shape" holds this')
     parser.add_argument("--compare", type=Path, nargs="*")
     args = parser.parse_args()
     if args.compare:
@@ -163,7 +167,7 @@ def main() -> None:
         parser.error("--tag old|new (or --compare files)")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
-    measure(args.tag, args.out, device, args.reps)
+    measure(args.tag, args.out, device, args.reps, args.only)
 
 
 if __name__ == "__main__":
