@@ -20,13 +20,13 @@ gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
-from std.math import tanh
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
+    exact_tanh,
     KEPT,
     extended_p_factor,
     extended_row_loss,
@@ -152,10 +152,10 @@ def _weights_at[
 
 @fieldwise_init
 struct Softcap[acc: DType](ImplicitlyCopyable):
-    """The softcap c * tanh(x / c) of sweeps 2 and 3, with 1 / c taken once
-    a row: a division an element (twice for the gradient) cost more issue
-    slots than the tanh and exp together. float64 keeps `softcap_of`'s
-    exact division and tanh."""
+    """The softcap c * tanh(x / c) of sweeps 2 and 3 (`exact_tanh`), with
+    1 / c taken once a row: a division an element (twice for the gradient)
+    cost more issue slots than the tanh and exp together. float64 keeps
+    `softcap_of`'s exact division."""
 
     var cap: Scalar[Self.acc]
     """The softcap (0: none)."""
@@ -176,7 +176,7 @@ struct Softcap[acc: DType](ImplicitlyCopyable):
             return softcap_of[Self.acc, w](x, self.cap)
         if self.cap == 0:
             return x
-        return tanh(x * self.inv_cap) * self.cap
+        return exact_tanh[Self.acc, w](x * self.inv_cap) * self.cap
 
     @always_inline
     def chain[w: Int](self, y: SIMD[Self.acc, w]) -> SIMD[Self.acc, w]:

@@ -476,6 +476,7 @@ def test_torch_graph_path_one_model_for_every_combination(rng, device, monkeypat
     from max_softmax.models import compile_count
 
     monkeypatch.setattr(launch, "ENABLED", False)
+    monkeypatch.setattr(launch, "CUDA_ENABLED", False)
     dev = _torch_device(device)
     x = random_logits(rng, (2, 5, 9), "float32")
     keep = _bool_mask(rng, (5, 9), keep=0.6)

@@ -311,12 +311,15 @@ def _soft_cross_entropy(
     dim = 0 if input.dim() == 1 else 1
     classes = input.shape[dim]
     weight, z_loss, cap = extras
+    # 16-bit inputs in float32 throughout (log p included), rounded once at
+    # the end: in the input's type each log p and q * w * log p would round
+    # (torch's ops round too, in another order), a class's term at 2^9 by a
+    # quarter, and weights of both signs cancel what is left.
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    out_dtype = input.dtype
+    input = input.to(acc)
     if cap:
         input = cap * torch.tanh(input / cap)
-    # 16-bit products and sums in float32, rounded once at the end: in the
-    # input's type each q * w * log p would round (torch's ops round too, in
-    # another order), a class's term at 2^9 by a quarter.
-    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
     q = target.to(acc)
     if eps != 0.0:
         q = q * (1.0 - eps) + eps / classes
@@ -324,14 +327,14 @@ def _soft_cross_entropy(
         shape = [1] * input.dim()
         shape[dim] = classes
         q = q * weight.to(acc).reshape(shape)
-    loss = -(q * log_softmax(input, dim).to(acc)).sum(dim)
+    loss = -(q * log_softmax(input, dim)).sum(dim)
     if z_loss:
-        loss = loss + z_loss * torch.logsumexp(input.to(acc), dim) ** 2
+        loss = loss + z_loss * torch.logsumexp(input, dim) ** 2
     if reduction == "sum":
         loss = loss.sum()
     elif reduction == "mean":
         loss = loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
-    return loss.to(input.dtype)
+    return loss.to(out_dtype)
 
 
 def check_no_legacy_reduction(size_average: bool | None, reduce: bool | None) -> None:
