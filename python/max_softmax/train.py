@@ -291,15 +291,16 @@ def train(
             file=out,
             flush=True,
         )
+        # A child process: on another core from the extension's build on a
+        # cold install, and no GIL taken from the steps.
+        pending = start_trainer(problem, kind, make, child)
     history: list[Logged] = []
     for i in range(steps + 1):
-        if compile_later and i == 1:  # after step 0, so that nothing delays it
-            pending = start_trainer(problem, kind, make, child)
         if trainer is None and pending is not None and pending.done():
             err = pending.exception()
             if err is not None:  # training goes on on the launch path
                 _failed(err, out)
-                pending, compile_later = None, False
+                pending = None
             else:
                 trainer = pending.result()
                 at = time.perf_counter() - t0
@@ -319,9 +320,7 @@ def train(
         for p in PARAMS:
             velocity[p] = momentum * velocity[p] - lr * grads[p]
             params[p] = (params[p] + velocity[p]).astype(params[p].dtype)
-    if trainer is None and compile_later:
-        if pending is None:  # --steps 0: the loop ended before starting it
-            pending = start_trainer(problem, kind, make, child)
+    if trainer is None and pending is not None:
         print(
             "training ended before the step graph compiled: waiting for it (announced "
             "above) to run the last step in the MAX graph...",
