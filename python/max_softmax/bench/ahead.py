@@ -39,8 +39,6 @@ class Build:
     run: Callable[[], object]
     cached: bool
     seconds: float = 0.0
-    cpu: float = 0.0
-    """CPU seconds of its thread (a build in a child process counts none here)."""
     error: str = ""
 
 
@@ -166,12 +164,12 @@ def build_ahead(p: Plan, workers: int | None = None) -> float:
                 b = jobs.get_nowait()
             except queue.Empty:
                 return
-            start, cpu = time.perf_counter(), time.thread_time()
+            start = time.perf_counter()
             try:
                 b.run()
             except Exception as err:  # the provider's check says why, in its row
                 b.error = f"{type(err).__name__}: {err}"
-            b.seconds, b.cpu = time.perf_counter() - start, time.thread_time() - cpu
+            b.seconds = time.perf_counter() - start
             done.release()
 
     start, cpu = time.perf_counter(), _process_cpu()
@@ -182,11 +180,9 @@ def build_ahead(p: Plan, workers: int | None = None) -> float:
     wall, cpu = time.perf_counter() - start, _process_cpu() - cpu
     built = [b for b in order if not b.cached]
     if built:
-        # CPU seconds say what a build costs whatever else the machine runs.
-        each = ", ".join(
-            f"{b.what} {b.seconds:.1f} s" + (f" ({b.cpu:.1f} s CPU)" if b.cpu >= 0.5 else "")
-            for b in built
-        )
+        # CPU seconds say what the builds cost whatever else the machine runs
+        # (MAX compiles on its own threads: per build, only the wall time).
+        each = ", ".join(f"{b.what} {b.seconds:.1f} s" for b in built)
         say(
             f"built {len(built)} in {wall:.1f} s wall and {cpu:.0f} CPU seconds "
             f"(builds in child processes included), {workers} at a time: {each}"
