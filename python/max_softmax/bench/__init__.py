@@ -97,7 +97,8 @@ all of it side by side, one build per core (ahead.py): per dtype a 1-op and
 a K-op graph for each MAX provider (symbolic dims: they serve every shape),
 and on the CPU the launch extension for `ours:numpy`. Nothing compiles while
 anything is timed. `--dtype` defaults to float32 on the CPU (float32 and
-bfloat16 on a GPU).
+bfloat16 on a GPU). On the CPU the softmax forward times ours as numpy users
+call it, `ours:numpy` (no graph); `--graph` adds ours as a K-op MAX graph.
 
 Output goes to ./softmax-bench/ (`--out`), never over files git tracks:
 `bench_<device>[_<op>][_<tag>].json` first (rewritten after every shape),
@@ -161,10 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
         "ops.softmax, torch, Triton, JAX, QuACK, SciPy, numpy) and a copy, each checked "
         "against a float64 reference before it is timed. First it says what each provider "
         "needs and builds it all side by side, one build per core: per dtype a 1-op and a "
-        "K-op MAX graph for ours and for MAX's built-in (12-17 s each on a quiet core the "
-        "first time, ~1-2 s from MAX's cache after), and on the CPU the launch extension "
-        "for ours:numpy. Writes JSON, Markdown and a PNG; a figure it cannot give says "
-        "why and what to do on the same line.",
+        "K-op MAX graph for each MAX provider (MAX's built-in; ours on a GPU, or on the CPU "
+        "with --graph), 12-17 s each on a quiet core the first time, ~1-2 s from MAX's "
+        "cache after; on the CPU the launch extension for ours:numpy. Writes JSON, Markdown "
+        "and a PNG; a figure it cannot give says why and what to do on the same line.",
     )
     p.add_argument(
         "--device",
@@ -202,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"
+    )
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="on the CPU, also time ours as a K-op MAX graph (ours; two more graphs per dtype "
+        "to compile) beside ours:numpy, as numpy users call it (the launch extension, no "
+        "graph), which alone is timed by default for --op softmax",
     )
     p.add_argument("--latency", action="store_true", help="time one call on a tiny input instead")
     p.add_argument(

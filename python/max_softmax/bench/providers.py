@@ -588,10 +588,17 @@ def bridged() -> tuple[type[Provider], ...]:
 
 
 def make_providers(
-    kind: str, dtype: str, variants: Sequence[str], op: str = "softmax", bridge: bool = False
+    kind: str,
+    dtype: str,
+    variants: Sequence[str],
+    op: str = "softmax",
+    bridge: bool = False,
+    graph: bool = False,
 ) -> list[Callable[[], Provider]]:
     """Factories for every provider of `op` available on this machine, the
-    copy roof first."""
+    copy roof first. On the CPU the softmax forward times ours as numpy
+    users call it (`ours:numpy`, the launch extension, no graph) and as a
+    MAX graph (`ours`: two more graphs to compile) only with `graph`."""
     out: list[Callable[[], Provider]] = []
     have = installed()
     if kind == "gpu" and "torch" in have:
@@ -615,7 +622,8 @@ def make_providers(
         if "torch" in have:
             out += [partial(BridgeProvider, kind, op), lambda: TorchProvider(kind, op=op)]
         return out
-    out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
+    if kind != "cpu" or graph or op != "softmax":
+        out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
     if kind == "cpu":
         out.append(partial(ArrayProvider, op))
     if op in BACKWARD_OPS:

@@ -88,7 +88,7 @@ def prepare(
     (`ahead`), so that nothing compiles while anything is timed."""
 
     def factories(dtype: str) -> list[Callable[[], Provider]]:
-        return make_providers(kind, dtype, args.variants, args.op, args.bridge)
+        return make_providers(kind, dtype, args.variants, args.op, args.bridge, args.graph)
 
     todo = ahead.plan(kind, args.dtype, shapes, workload, args.max_k, factories)
     ahead.announce(todo)
@@ -112,7 +112,7 @@ def sweep_shape(
     say(f"{label}: making {k} random input sets ({k * workload.arity * nbytes / 1e6:.0f} MB)")
     xs = input_sets(workload, rng, rows, n, dtype, k)
     base = Row("?", rows, n, dtype, kind)
-    factories = make_providers(kind, dtype, args.variants, args.op, args.bridge)
+    factories = make_providers(kind, dtype, args.variants, args.op, args.bridge, args.graph)
     case = Case(xs, workload, base, k, nbytes, args)
     return _together(factories, case) if kind == "cpu" else _each(factories, case)
 
