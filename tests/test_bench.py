@@ -914,7 +914,7 @@ def test_cpu_bench_compiles_two_graphs_ahead_and_says_what_each_provider_needs(t
     timing = [i for i, line in enumerate(err.splitlines()) if "timing" in line]
     assert built and timing and max(built) < min(timing), err
     md = (out / "bench_cpu.md").read_text()
-    assert "| 8 x 1000 |" in md and "ours exec / best peer wall" in md
+    assert "| 8 x 1000 |" in md and "ours (ours:numpy) wall / best peer wall" in md
 
 
 def test_the_plan_covers_every_graph_provider_dtype_and_k_once():
