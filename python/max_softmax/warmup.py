@@ -56,13 +56,16 @@ class Step:
 
 
 def warmup(
-    device: str = "auto", models_to_compile: Sequence[tuple[str, str]] | None = None
+    device: str = "auto",
+    models_to_compile: Sequence[tuple[str, str]] | None = None,
+    train: bool = False,
 ) -> list[Step]:
     """Build the kernel library, the launch extension (unless
     MAX_SOFTMAX_LAUNCH=graph) and the models `models_to_compile` ((op,
     dtype) pairs; default `common_models` of the device's kind) on `device`
-    ("auto", "cpu", "gpu", "gpu:N"), each unless already cached; return what
-    was done, in order. Each build is announced on stderr as a first call
+    ("auto", "cpu", "gpu", "gpu:N"), and with `train` the step graph of
+    `softmax train` (~140 s cold on 2 cores), each unless already cached;
+    return what was done, in order. Each build is announced on stderr as a first call
     would announce it. Raises LaunchError where the extension cannot be
     built, NoGPUError for a GPU this machine lacks."""
     name = resolve_device(device)
@@ -93,6 +96,17 @@ def warmup(
         start = time.perf_counter()
         models.row_op_model(key)
         steps.append(Step(f"model {op} {dtype}", name, not cached, time.perf_counter() - start))
+
+    if train:
+        from . import train as demo
+
+        problem = demo.make_problem()
+        cached = demo.step_graph_cached(problem, name)
+        start = time.perf_counter()
+        demo.Trainer(problem, name)
+        steps.append(
+            Step("softmax train step graph", name, not cached, time.perf_counter() - start)
+        )
     return steps
 
 
@@ -117,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(DTYPE_NAMES),
         help="their dtypes (default: float32 on the CPU, float32 and bfloat16 on a GPU)",
     )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="also compile the step graph of 'softmax train' (~140 s cold on 2 cores), "
+        "so that it trains in the graph from its first step",
+    )
     return p
 
 
@@ -128,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = resolve_device(args.device)
         ops = COMMON_OPS if args.op is None else args.op
         dtypes = args.dtype or COMMON_DTYPES[device_kind(name)]
-        steps = warmup(name, [(op, dt) for op in ops for dt in dtypes])
+        steps = warmup(name, [(op, dt) for op in ops for dt in dtypes], train=args.train)
     except (NoGPUError, launch.LaunchError, ValueError) as err:
         print(f"softmax warmup: error: {err}", file=sys.stderr)
         return 2

@@ -92,6 +92,14 @@ require grad, else its row says why not). With
 from torch (`ours:torch`); `--latency` times one call on a tiny input
 instead (latency.py).
 
+Before the first shape, the bench says what each provider needs and builds
+all of it side by side, one build per core (ahead.py): per dtype a 1-op and
+a K-op graph for each MAX provider (symbolic dims: they serve every shape),
+and on the CPU the launch extension for `ours:numpy`. Nothing compiles while
+anything is timed. `--dtype` defaults to float32 on the CPU (float32 and
+bfloat16 on a GPU). On the CPU the softmax forward times ours as numpy users
+call it, `ours:numpy` (no graph); `--graph` adds ours as a K-op MAX graph.
+
 Output goes to ./softmax-bench/ (`--out`), never over files git tracks:
 `bench_<device>[_<op>][_<tag>].json` first (rewritten after every shape),
 then `.md` (title, run metadata, table, footnotes) and `.png`. `--record
@@ -127,6 +135,15 @@ from .workloads import WORKLOADS, Row
 __all__ = ["WORKLOADS", "Row", "build_parser", "flag_impossible", "main", "resolve_timer", "table"]
 
 
+DEFAULT_DTYPES: dict[str, tuple[str, ...]] = {
+    "gpu": ("float32", "bfloat16"),
+    # numpy has no bfloat16 and the CPU has no bf16 math: float32 is what a
+    # CPU user runs, and a second dtype would double the graphs to compile.
+    "cpu": ("float32",),
+}
+"""The dtypes timed when `--dtype` is not given, per device kind."""
+
+
 def _shape(text: str) -> tuple[int, int]:
     try:
         rows, n = (int(v) for v in text.lower().split("x"))
@@ -139,9 +156,30 @@ def _shape(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of `softmax bench`."""
-    p = argparse.ArgumentParser(prog="softmax bench", description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
-    p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPE_NAMES))
+    p = argparse.ArgumentParser(
+        prog="softmax bench",
+        description="GB/s of our kernels against every peer that is installed (MAX's "
+        "ops.softmax, torch, Triton, JAX, QuACK, SciPy, numpy) and a copy, each checked "
+        "against a float64 reference before it is timed. First it says what each provider "
+        "needs and builds it all side by side, one build per core: per dtype a 1-op and a "
+        "K-op MAX graph for each MAX provider (MAX's built-in; ours on a GPU, or on the CPU "
+        "with --graph), 12-17 s each on a quiet core the first time, ~1-2 s from MAX's "
+        "cache after; on the CPU the launch extension for ours:numpy. Writes JSON, Markdown "
+        "and a PNG; a figure it cannot give says why and what to do on the same line.",
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="where to time (default auto: the first GPU, else the CPU)",
+    )
+    p.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=list(DTYPE_NAMES),
+        help="dtypes to time (default: float32 and bfloat16 on a GPU, float32 on the CPU, "
+        "where each dtype costs each MAX provider its own graphs to compile)",
+    )
     p.add_argument(
         "--shape",
         dest="shapes",
@@ -166,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bridge", action="store_true", help="also time our op called from torch (ours:torch)"
     )
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="on the CPU, also time ours as a K-op MAX graph (ours; two more graphs per dtype "
+        "to compile) beside ours:numpy, as numpy users call it (the launch extension, no "
+        "graph), which alone is timed by default for --op softmax",
+    )
     p.add_argument("--latency", action="store_true", help="time one call on a tiny input instead")
     p.add_argument(
         "--timer",
@@ -175,9 +220,21 @@ def build_parser() -> argparse.ArgumentParser:
         "busy time from CUPTI); auto: device on a GPU with torch installed. MAX graphs "
         "always get all three figures they can",
     )
-    p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--max-k", type=int, default=16, help="most rotating inputs per shape")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=15,
+        help="timing rounds per case, each figure a median of them (default 15); a "
+        "figure whose T(K) <= T(1) is timed again with 2x, then 4x the rounds",
+    )
+    p.add_argument(
+        "--max-k",
+        type=int,
+        default=16,
+        help="most rotating input sets per shape (default 16; each K value is one more "
+        "MAX graph per provider and dtype to compile)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT}/)"
     )
@@ -299,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _from_json(args)
         say("starting: finding the device and the timers (torch, if installed, loads now)...")
         args.kind = resolve_device(args.device)
+        args.dtype = args.dtype or list(DEFAULT_DTYPES[args.kind.split(":")[0]])
         args.timer = resolve_timer(args.timer, args.kind)
         args.device_timer = args.kind == "gpu" and resolve_timer("auto", "gpu") == "device"
         if args.latency:

@@ -48,6 +48,9 @@ noisier than one median. Replays run back to back: a sync after each
 would add its ~10-20 µs, 20 / K µs an op (a 3-op graph of 130 µs ops
 read 81-84% of a copy for that alone on an H100)."""
 
+RETIME = "time it again (more --reps, a quieter machine)"
+"""The fix a figure judged impossible (over its copy roof) comes with."""
+
 REPLAY_UNRELIABLE = "replay n/a: unreliable: T(R) <= T(1); raise --reps"
 """`checked_replay`'s note where `time_replays` finds no marginal figure."""
 
@@ -421,7 +424,7 @@ def flag_impossible(rows: list[Row], moves_less: float = 1.0) -> None:
         for which in FIGURES:
             gbps, roof = r.figure(which)[1], roofs[which]
             if gbps and roof and gbps > limit * roof:
-                why = f"unreliable: {gbps:.0f} GB/s is over {limit:.3g}x the copy roof"
+                why = f"unreliable: {gbps:.0f} GB/s is over {limit:.3g}x the copy roof; {RETIME}"
                 r.extra.setdefault("rough", {})[which] = gbps
                 r.set_figure(which, None, None)
                 if which == "exec":

@@ -82,9 +82,13 @@ class MaxGraphProvider(Provider):
         self.bufs: list[Any] = []
         self.last: list[Any] = []
 
+    def key(self, k: int) -> tuple:
+        """The models cache key of the K-op graph."""
+        return ("bench", self.name, self.op, self.dtype, self.kind, k)
+
     def model(self, k: int) -> Any:
         """The compiled K-op graph (compiled on first use, then cached)."""
-        key = ("bench", self.name, self.op, self.dtype, self.kind, k)
+        key = self.key(k)
         if key not in _announced:
             _announced.add(key)
             # A first compile is announced, with its estimate, by models.compiled.
@@ -578,11 +582,23 @@ def is_max_graph(factory: Callable[[], Provider]) -> bool:
     return isinstance(factory, partial) and factory.func is MaxGraphProvider
 
 
+def bridged() -> tuple[type[Provider], ...]:
+    """The providers that call our op through the torch bridge."""
+    return (BridgeProvider, BridgeCrossEntropy)
+
+
 def make_providers(
-    kind: str, dtype: str, variants: Sequence[str], op: str = "softmax", bridge: bool = False
+    kind: str,
+    dtype: str,
+    variants: Sequence[str],
+    op: str = "softmax",
+    bridge: bool = False,
+    graph: bool = False,
 ) -> list[Callable[[], Provider]]:
     """Factories for every provider of `op` available on this machine, the
-    copy roof first."""
+    copy roof first. On the CPU the softmax forward times ours as numpy
+    users call it (`ours:numpy`, the launch extension, no graph) and as a
+    MAX graph (`ours`: two more graphs to compile) only with `graph`."""
     out: list[Callable[[], Provider]] = []
     have = installed()
     if kind == "gpu" and "torch" in have:
@@ -600,15 +616,16 @@ def make_providers(
             if kind == "gpu":
                 out.append(lambda: CompiledMasked(kind, op))
             if bridge:
-                out.append(lambda: BridgeProvider(kind, op))
+                out.append(partial(BridgeProvider, kind, op))
         return out
     if op == "torch_fwd_bwd":
         if "torch" in have:
-            out += [lambda: BridgeProvider(kind, op), lambda: TorchProvider(kind, op=op)]
+            out += [partial(BridgeProvider, kind, op), lambda: TorchProvider(kind, op=op)]
         return out
-    out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
+    if kind != "cpu" or graph or op != "softmax":
+        out.append(partial(MaxGraphProvider, kind, dtype, ours=True, op=op))
     if kind == "cpu":
-        out.append(lambda: ArrayProvider(op))
+        out.append(partial(ArrayProvider, op))
     if op in BACKWARD_OPS:
         if "torch" in have:
             out.append(lambda: TorchProvider(kind, op=op))
@@ -620,7 +637,7 @@ def make_providers(
     for v in variants:
         out.append(partial(MaxGraphProvider, kind, dtype, ours=True, variant=v))
     if bridge and "torch" in have:
-        out.append(lambda: BridgeProvider(kind))
+        out.append(partial(BridgeProvider, kind))
     out.append(partial(MaxGraphProvider, kind, dtype, ours=False))
     if "torch" in have:
         out.append(lambda: TorchProvider(kind))

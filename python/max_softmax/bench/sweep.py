@@ -17,7 +17,9 @@ import numpy as np
 
 from ..devices import resolve_device
 from ..dtypes import DTYPE_NAMES
+from . import ahead
 from .measure import (
+    Timed,
     check_provider,
     flag_impossible,
     measure_interleaved,
@@ -62,16 +64,36 @@ def run_sweep(
     rng = np.random.default_rng(args.seed)
     results: list[Row] = []
     jobs = [(d, s) for d in args.dtype for s in shapes]
+    prepare(kind, shapes, workload, args)
     say(f"{len(jobs)} case(s) on {kind}: each provider is checked against float64, then timed")
     with progress(len(jobs)) as bar:
         for dtype, (rows, n) in jobs:
             here = sweep_shape(kind, workload, dtype, rows, n, rng, args)
+            timed = [r.gbps is not None for r in here]
             flag_impossible(here, workload.moves_less)
+            for r, was in zip(here, timed, strict=True):
+                if was and r.gbps is None:  # its progress line gave a figure: take it back
+                    say(f"{dtype} {rows}x{n} {r.provider}: {summary(r)}")
             results.extend(here)
             bar.step(f"{dtype} {rows}x{n}")
             if save:
                 save(results)
     return results
+
+
+def prepare(
+    kind: str, shapes: list[tuple[int, int]], workload: Workload, args: argparse.Namespace
+) -> ahead.Plan:
+    """Say what each provider compiles, then build all of it side by side
+    (`ahead`), so that nothing compiles while anything is timed."""
+
+    def factories(dtype: str) -> list[Callable[[], Provider]]:
+        return make_providers(kind, dtype, args.variants, args.op, args.bridge, args.graph)
+
+    todo = ahead.plan(kind, args.dtype, shapes, workload, args.max_k, factories)
+    ahead.announce(todo)
+    ahead.build_ahead(todo)
+    return todo
 
 
 def sweep_shape(
@@ -90,7 +112,7 @@ def sweep_shape(
     say(f"{label}: making {k} random input sets ({k * workload.arity * nbytes / 1e6:.0f} MB)")
     xs = input_sets(workload, rng, rows, n, dtype, k)
     base = Row("?", rows, n, dtype, kind)
-    factories = make_providers(kind, dtype, args.variants, args.op, args.bridge)
+    factories = make_providers(kind, dtype, args.variants, args.op, args.bridge, args.graph)
     case = Case(xs, workload, base, k, nbytes, args)
     return _together(factories, case) if kind == "cpu" else _each(factories, case)
 
@@ -150,6 +172,30 @@ class Case(NamedTuple):
     args: argparse.Namespace
 
 
+RETRIES = 2
+"""Times a provider whose marginal figure came out unreliable (T(K) <= T(1),
+noise on a small case) is measured again, with twice the rounds each time,
+before its row says so."""
+
+
+def retimed(providers: list[Provider], timed: list[Timed], case: Case) -> list[Timed]:
+    """`timed` with each unreliable figure measured again (alone, RETRIES
+    times at most, doubling the rounds), so that a headline cell is left
+    "n/a (unreliable ...)" only when the noise persists."""
+    out = list(timed)
+    reps = case.args.reps
+    for _ in range(RETRIES):
+        again = [i for i, t in enumerate(out) if not t.ok]
+        if not again:
+            break
+        reps *= 2
+        names = ", ".join(providers[i].name for i in again)
+        say(f"{_label(case.base)} {names}: T(K) <= T(1) (noise); timing again, {reps} rounds")
+        for i, t in zip(again, measure_interleaved([providers[i] for i in again], case.k, reps)):
+            out[i] = t
+    return out
+
+
 def _each(factories: list[Callable[[], Provider]], case: Case) -> list[Row]:
     """GPU: check and time one provider at a time, freeing each after. The
     MAX graphs go last: the device memory they free stays in MAX's pool, out
@@ -163,7 +209,8 @@ def _each(factories: list[Callable[[], Provider]], case: Case) -> list[Row]:
         p, row = _checked(factory, xs, workload, base)
         if p is not None:
             try:
-                row = timed_row(p, measure_interleaved([p], k, args.reps)[0], row, k, nbytes, args)
+                timed = retimed([p], measure_interleaved([p], k, args.reps), case)[0]
+                row = timed_row(p, timed, row, k, nbytes, args)
             except Exception as err:
                 row = _error_row(p.name, base, err)
             say(f"{_label(base)} {row.provider}: {summary(row)}")
@@ -188,6 +235,7 @@ def _together(factories: list[Callable[[], Provider]], case: Case) -> list[Row]:
     say(f"{_label(base)}: timing {len(live)} providers together, {args.reps} rounds...")
     try:
         timed = measure_interleaved([p for _, p in live], k, args.reps)
+        timed = retimed([p for _, p in live], timed, case)
     except Exception as err:  # as when each is timed alone: rows, no crash
         for i, p in live:
             out[i] = _error_row(p.name, base, err)
