@@ -8,8 +8,9 @@
 Providers (each guarded: one that cannot be imported or runs out of memory
 is recorded as such, the rest go on):
 
-- ours: chunked, in place, chunk i's cross-entropy beside chunk i+1's GEMM;
-- ours_serial: the same with MAX_SOFTMAX_LCE_OVERLAP off (one buffer);
+- ours: chunked, in place, chunk i's cross-entropy beside chunk i+1's GEMM
+  (MAX_SOFTMAX_LCE_OVERLAP=1);
+- ours_serial: the chunks one after another in one buffer (the default);
 - ours:MiB, ours_serial:MiB: with CHUNK_BYTES = MiB (default 512: the
   chunk trades memory for the dW GEMM's efficiency);
 - eager: F.linear + F.cross_entropy, the logits materialised;

@@ -73,10 +73,11 @@ bf16) for 2 x rows x H x V flops, so below ~1024 rows a chunk (bf16 on an
 H100: ~300 flops a byte) that GEMM turns memory-bound.
 `MAX_SOFTMAX_LCE_CHUNK_BYTES` overrides it."""
 
-OVERLAP = os.environ.get("MAX_SOFTMAX_LCE_OVERLAP", "1") != "0"
-"""On CUDA, run chunk i's cross-entropy beside chunk i+1's logits GEMM
-(two buffers); `MAX_SOFTMAX_LCE_OVERLAP=0` runs the chunks one after the
-other in one buffer."""
+OVERLAP = os.environ.get("MAX_SOFTMAX_LCE_OVERLAP", "0") == "1"
+"""On CUDA, with `MAX_SOFTMAX_LCE_OVERLAP=1`, run chunk i's cross-entropy
+beside chunk i+1's logits GEMM (two buffers). Off by default: on an H100
+the chunks one after another in one buffer were 1-12% faster at all three
+LM heads of benchmarks/RESULTS.md (the GEMMs already fill the GPU)."""
 
 _ROW_ALIGN = 128
 """Chunks larger than this many rows are cut to a multiple of it (whole
