@@ -31,7 +31,8 @@ from ._autograd import choose, for_compile, for_eager, leading, needs_function
 from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._functional import log_softmax, softmax
-from ._graph_path import cached, execute
+from ._graph_path import execute
+from ._options import NO_EXTRAS, options_tensor
 from .linear import cross_entropy_inplace
 
 _functorch = torch._C._functorch
@@ -69,29 +70,6 @@ def _cross_entropy_op(
     _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
 
 
-_NO_EXTRAS: tuple = (None, 0.0, 0.0)
-"""(weight, z_loss, softcap) when none of them is on."""
-
-
-def _options(
-    device: torch.device, ignore_index: int, eps: float, extras: tuple = _NO_EXTRAS
-) -> torch.Tensor:
-    """The float64 options tensor the kernels read
-    (`validation.cross_entropy_options`): made once per (device, values),
-    except with class weights (their values may change between calls)."""
-    weight, z_loss, cap = extras
-    if weight is None:
-        # Plain Python values (torch.compile traces this): the layout of
-        # validation.cross_entropy_options.
-        values = [ignore_index, eps] + ([z_loss, cap] if z_loss or cap else [])
-        return cached(
-            ("cross_entropy", device, *values),
-            lambda: torch.tensor(values, dtype=torch.float64, device=device),
-        )
-    head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
-    return torch.cat([head, weight.detach().to(device=device, dtype=torch.float64)])
-
-
 def _cross_entropy_rows(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -99,7 +77,7 @@ def _cross_entropy_rows(
     reduction: str,
     eps: float,
     with_grad: bool,
-    extras: tuple = _NO_EXTRAS,
+    extras: tuple = NO_EXTRAS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits or None) of contiguous (rows, classes) `logits` and
     (rows,) int64 `targets`: the loss (1,) for "mean"/"sum", (rows,) for
@@ -116,7 +94,7 @@ def _cross_entropy_rows(
         return loss, dlogits
     logits = logits.contiguous()
     targets = targets.contiguous()
-    options = _options(logits.device, ignore_index, eps, extras)
+    options = options_tensor(logits.device, ignore_index, eps, extras)
     # Without the gradient the op ignores `dlogits`: any tensor will do.
     grad_out = dlogits if dlogits is not None else loss
     if torch.compiler.is_compiling():
@@ -133,7 +111,7 @@ def _gradient(
     ignore_index: int,
     reduction: str,
     eps: float,
-    extras: tuple = _NO_EXTRAS,
+    extras: tuple = NO_EXTRAS,
 ) -> torch.Tensor:
     """d loss / d logits (the mean's 1/count included) by our softmax and
     torch ops, differentiable: softmax - (1 - eps) onehot - eps / C on kept
@@ -296,7 +274,7 @@ def _soft_cross_entropy(
     target: torch.Tensor,
     reduction: str,
     eps: float,
-    extras: tuple = _NO_EXTRAS,
+    extras: tuple = NO_EXTRAS,
 ) -> torch.Tensor:
     """Cross-entropy with class-probability targets, as F.cross_entropy:
     -(q * w * log_softmax(input)).sum over classes, q = target smoothed by

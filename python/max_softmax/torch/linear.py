@@ -62,6 +62,7 @@ from ..validation import (
 from . import _buffers as torch_buffers
 from . import _launch as torch_launch
 from ._buffers import DTYPES
+from ._options import options_tensor
 
 CHUNK_BYTES = int(os.environ.get("MAX_SOFTMAX_LCE_CHUNK_BYTES", 512 * 2**20))
 """Bytes of logits the chunk buffers of `linear_cross_entropy` hold in all
@@ -91,9 +92,6 @@ def inplace_safe(logits: torch.Tensor, extended: bool = False) -> bool:
     return logits.is_cuda or logits.element_size() < 4 or extended
 
 
-_options_cache: dict[tuple, torch.Tensor] = {}
-
-
 def _options(
     device: torch.device,
     ignore_index: int,
@@ -102,24 +100,10 @@ def _options(
     cap: float = 0.0,
     class_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The float64 options tensor the kernels read
-    (`validation.cross_entropy_options`): (ignore_index, label_smoothing),
-    or with z-loss, softcap or class weights (ignore_index,
-    label_smoothing, z_loss, softcap[, weights]). Made once per (device,
-    values) (on CUDA a fresh one costs a host copy), except with class
-    weights (their values may change between calls)."""
-    if class_weight is not None:
-        head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
-        return torch.cat([head, class_weight.detach().to(device=device, dtype=torch.float64)])
-    key = (device, ignore_index, eps, z_loss, cap)
-    t = _options_cache.get(key)
-    if t is None:
-        values = [ignore_index, eps] + ([z_loss, cap] if z_loss or cap else [])
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        if len(_options_cache) >= 64:
-            _options_cache.clear()
-        _options_cache[key] = t
-    return t
+    """The options tensor of a chunk's cross-entropy (`options_tensor`):
+    (ignore_index, label_smoothing), or with z-loss, softcap or class
+    weights (ignore_index, label_smoothing, z_loss, softcap[, weights])."""
+    return options_tensor(device, ignore_index, eps, (class_weight, z_loss, cap))
 
 
 def _extended(options: torch.Tensor) -> bool:
