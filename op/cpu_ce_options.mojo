@@ -4,8 +4,9 @@ the capped logits for the row's max, sum of exp and (label smoothing) the
 weighted sums, then, with the gradient, one pass writing it. The plain
 loss (options of length 2) never comes here.
 
-`options` is (ignore_index, eps, z_loss, softcap[, V class weights]), on
-the host; see cross_entropy_math for the row math.
+`options` is (ignore_index, eps, z_loss, softcap[, V class weights]) and
+hints the CPU does not need, on the host; see cross_entropy_math for the
+layout and the row math.
 """
 
 from std.math import ceildiv
@@ -14,7 +15,7 @@ from .cpu_tasks import items_per_task, run_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
-    check_extended_options,
+    extended_layout,
     checked_target_kind,
     extended_p_factor,
     extended_row_loss,
@@ -43,8 +44,7 @@ def cross_entropy_options_cpu[
     comptime assert acc.is_floating_point()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    check_extended_options(n_options, n)
-    var has_weight = n_options > EXTENDED_OPTIONS
+    var has_weight = extended_layout(n_options, n).weighted
     var weights = options.unsafe_offset(EXTENDED_OPTIONS)
     var ignore_index = Int64(options[unsafe_offset=0])
     var kept = Float64(0)

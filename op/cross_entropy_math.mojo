@@ -19,7 +19,7 @@ value; on the GPU the kernels read it on the device (no host sync).
 """
 
 from std.math import exp, log, tanh
-from std.sys import is_gpu
+from std.sys import is_gpu, llvm_intrinsic
 
 # What a row's target means (`target_kind`).
 comptime KEPT = 0
@@ -120,25 +120,58 @@ def target_grad[
 
 
 # The extended options (z-loss, softcap, class weights): `options` is then
-# (ignore_index, eps, z_loss, softcap[, w_0 .. w_{V-1}]), float64. A length
-# of 2 is the plain loss above (the kernels the options leave untouched);
-# 4 adds z-loss and softcap; 4 + V adds torch's class weights.
+# (ignore_index, eps, z_loss, softcap), then with class weights a weight a
+# class w_0 .. w_{V-1} and WEIGHTS_MARK zeros, then 0-3 zeros of hints,
+# float64. A length of 2 is the plain loss above (the kernels the options
+# leave untouched). The device holds the values; the length is all the
+# host sees without a sync, so what picks a kernel rides in it: whether
+# there are weights (a length past MAX_UNWEIGHTED: the mark keeps every
+# weighted length there, whatever V), and the hints, `HINT_NO_SOFTCAP` and
+# `HINT_NO_WEIGHTED_SMOOTHING`, each set only where it holds, so the pass
+# can take the plain kernel's code with scalar terms (`ExtendedLayout`).
+# A length without hints runs the kernel that serves every option.
 comptime PLAIN_OPTIONS = 2
 comptime EXTENDED_OPTIONS = 4
+comptime WEIGHTS_MARK = 4
+comptime HINT_NO_SOFTCAP = 1
+comptime HINT_NO_WEIGHTED_SMOOTHING = 2
+comptime ALL_HINTS = HINT_NO_SOFTCAP | HINT_NO_WEIGHTED_SMOOTHING
+comptime MAX_UNWEIGHTED = EXTENDED_OPTIONS + ALL_HINTS
 
 
-def check_extended_options(n_options: Int, n: Int) raises:
-    """Raise unless `n_options`, the length of extended options for rows
-    of `n` classes, is EXTENDED_OPTIONS or that and a weight per class: the
-    check the CPU op and the GPU launch make before anything runs."""
-    if n_options != EXTENDED_OPTIONS and n_options != EXTENDED_OPTIONS + n:
+@fieldwise_init
+struct ExtendedLayout(ImplicitlyCopyable):
+    """What the length of extended options says (`extended_layout`)."""
+
+    var weighted: Bool
+    """A class weight a class follows the four values."""
+    var hints: Int
+    """`HINT_*` bits: terms the options promise to leave out."""
+
+    def scalar_terms(self) -> Bool:
+        """No softcap, and no class weight inside the smoothing term: the
+        options change only a row's scalars (z-loss, the target's weight),
+        which the plain on-chip kernel takes as compile-time terms."""
+        return self.hints == ALL_HINTS
+
+
+def extended_layout(n_options: Int, n: Int) raises -> ExtendedLayout:
+    """Read `n_options`, the length of extended options for rows of `n`
+    classes; raise unless it is a layout above: the check the CPU op and
+    the GPU launch make before anything runs."""
+    var hints = n_options - EXTENDED_OPTIONS
+    var weighted = n_options > MAX_UNWEIGHTED
+    if weighted:
+        hints = n_options - EXTENDED_OPTIONS - n - WEIGHTS_MARK
+    if hints < 0 or hints > ALL_HINTS:
         raise Error(
-            "max_softmax: cross_entropy options must hold 4 values, or 4"
-            " and a weight per class (4 + "
+            "max_softmax: cross_entropy options must hold 4 values (and 0-3"
+            " hints), or with class weights 4 + "
             + String(n)
-            + "), got "
+            + " + 4 (and 0-3 hints), got "
             + String(n_options)
         )
+    return ExtendedLayout(weighted, hints)
 
 
 @always_inline
@@ -158,14 +191,14 @@ def exact_tanh[acc: DType, w: Int](z: SIMD[acc, w]) -> SIMD[acc, w]:
     `tanh.approx.f32` (about 2^-11 relative: softcapped float32 gradients
     were ~2e-5 off torch's on the H100), float32 precision for float64 too;
     there it comes from `exp` and a series: beyond |z| = 0.1 the identity
-    1 - 2 / (e^2|z| + 1) loses at most eps / |z|, below it the Taylor
-    series to z^13 is exact to the type's precision. The CPU's `tanh` is
-    exact already."""
+    1 - 2 / (e^2|z| + 1) (`_reciprocal`) loses at most eps / |z|, below it
+    the Taylor series to z^13 is exact to the type's precision. The CPU's
+    `tanh` is exact already."""
     comptime assert acc.is_floating_point()
     comptime if not is_gpu():
         return tanh(z)
     var a = abs(z)
-    var big = 1 - 2 / (exp(2 * a) + 1)
+    var big = 1 - 2 * _reciprocal(exp(2 * a) + 1)
     var s = a * a
     var c = SIMD[acc, w](21844.0 / 6081075.0)
     c = c * s - 1382.0 / 155925.0
@@ -176,6 +209,21 @@ def exact_tanh[acc: DType, w: Int](z: SIMD[acc, w]) -> SIMD[acc, w]:
     var small = a + a * s * c
     var t = a.lt(0.1).select(small, big)
     return z.lt(0).select(-t, t)
+
+
+@always_inline
+def _reciprocal[acc: DType, w: Int](d: SIMD[acc, w]) -> SIMD[acc, w]:
+    """1 / d for d >= 1 on the GPU: float32 by `rcp.approx` (within an ulp,
+    one instruction, where an IEEE division is a dozen with a slow path; the
+    softcap takes two a logit), other types by division."""
+    comptime if acc == DType.float32 and is_gpu():
+        var r = SIMD[acc, w](0)
+        comptime for k in range(w):
+            r[k] = llvm_intrinsic[
+                "llvm.nvvm.rcp.approx.ftz.f", Float32, has_side_effect=False
+            ](rebind[Float32](d[k])).cast[acc]()
+        return r
+    return 1 / d
 
 
 @always_inline

@@ -23,7 +23,7 @@ from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     KEPT,
     OUT_OF_RANGE,
-    check_extended_options,
+    extended_layout,
     extended_p_factor,
     extended_row_loss,
     softcap_chain,
@@ -34,6 +34,7 @@ from .gpu_ce_options_smem_rows import (
     launch_ce_options_parts,
     options_onchip_parts,
 )
+from .gpu_ce_smem_rows import WEIGHTED_TERMS, Z_TERMS, launch_ce_parts
 from .gpu_cross_entropy import CE_SMALL_THREADS, CEWorkspace
 from .gpu_launch import aligned16
 from .gpu_reductions import block_max_sum, block_sum
@@ -313,11 +314,13 @@ def launch_cross_entropy_options[
 ) raises:
     """Enqueue the extended cross-entropy of `rows` rows of `n` logits:
     `options` (on the device) holds `n_options` float64 values,
-    (ignore_index, eps, z_loss, softcap[, V class weights])."""
-    check_extended_options(n_options, n)
+    (ignore_index, eps, z_loss, softcap[, V class weights]) and hints
+    (`extended_layout`). Rows on chip whose options are scalar terms
+    take the plain on-chip kernel with those terms."""
+    var layout = extended_layout(n_options, n)
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    var has_weight = Int32(1) if n_options > EXTENDED_OPTIONS else Int32(0)
+    var has_weight = Int32(1) if layout.weighted else Int32(0)
     var workspace = CEWorkspace[dtype, mean, reduce](ctx, rows)
     var count_ptr = workspace.count_ptr()
     var losses_ptr = workspace.losses_ptr()
@@ -335,37 +338,41 @@ def launch_cross_entropy_options[
     comptime V = vector_width[dtype]()
     var parts = options_onchip_parts(rows, n, V) if with_grad else 0
     var aligned = aligned16(Int(logits), Int(dlogits))
-    if parts == 1:
-        launch_ce_options_parts[dtype, mean, reduce, V, 1](
-            ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count_ptr,
-            losses_ptr,
-            loss,
-            rows,
-            n,
-            aligned,
-            has_weight,
-        )
-    elif parts == 2:
-        launch_ce_options_parts[dtype, mean, reduce, V, 2](
-            ctx,
-            dlogits,
-            logits,
-            targets,
-            options,
-            count_ptr,
-            losses_ptr,
-            loss,
-            rows,
-            n,
-            aligned,
-            has_weight,
-        )
-    elif rows > 0:
+    # z-loss and the target's weight alone take the plain on-chip pass.
+    var scalar_terms = layout.scalar_terms()
+    comptime for C in [1, 2]:
+        if parts == C and scalar_terms:
+            comptime for terms in [Z_TERMS, WEIGHTED_TERMS]:
+                if layout.weighted == (terms == WEIGHTED_TERMS):
+                    launch_ce_parts[dtype, True, mean, reduce, C, terms](
+                        ctx,
+                        dlogits,
+                        logits,
+                        targets,
+                        options,
+                        count_ptr,
+                        losses_ptr,
+                        loss,
+                        rows,
+                        n,
+                        aligned,
+                    )
+        elif parts == C:
+            launch_ce_options_parts[dtype, mean, reduce, V, C](
+                ctx,
+                dlogits,
+                logits,
+                targets,
+                options,
+                count_ptr,
+                losses_ptr,
+                loss,
+                rows,
+                n,
+                aligned,
+                has_weight,
+            )
+    if parts == 0 and rows > 0:
         comptime kernel = ce_options_kernel[dtype, with_grad, mean, reduce]
         ctx.enqueue_function[kernel](
             dlogits,

@@ -15,8 +15,11 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
 from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
     IGNORED,
     KEPT,
+    extended_p_factor,
+    extended_row_loss,
     grad_of,
     row_loss,
     smoothing_of,
@@ -177,9 +180,22 @@ struct CrossEntropyGrad[dtype_: DType, holds_exp: Bool](HeldMap):
 # their sums, each in a 128-byte line of its own (float64: two).
 comptime CE_CLUSTER_SLOTS = 64
 
+# The scalar terms `CrossEntropyRow` may take from extended options without
+# a softcap or weighted smoothing (`ExtendedLayout.scalar_terms`): none
+# (the plain loss), z-loss, or z-loss and the target's class weight.
+comptime NO_TERMS = 0
+comptime Z_TERMS = 1
+comptime WEIGHTED_TERMS = 2
+
 
 struct CrossEntropyRow[
-    dtype_: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+    dtype_: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+    terms: Int = NO_TERMS,
 ](RowOp):
     """Fused cross-entropy of `logits` rows against class `targets` as a
     `RowOp`: it folds the row's max, then the sums of exp(x - max) and
@@ -187,6 +203,12 @@ struct CrossEntropyRow[
     (`row_losses` with `reduce`, else `loss`) and, `with_grad`, dlogits
     (`mean`: scaled by 1 / `count`). A cluster's parts exchange their max
     first, then sum around the row's (`cluster_exchange`).
+
+    `terms` (Z_TERMS, WEIGHTED_TERMS) reads extended options whose only
+    terms are a row's scalars: z-loss adds z lse^2 to the loss and 2 z lse
+    to what multiplies p in the gradient; the target's class weight w_t
+    scales its row (`extended_row_loss`, `extended_p_factor`, with the
+    smoothing term unweighted). The sweeps are the plain loss's.
 
     16-bit rows keep exp(x - max) * 2^HELD_EXP_SHIFT on chip in place of
     the logits after the sums (`_holds_exp`: computing exp twice kept the
@@ -229,10 +251,15 @@ struct CrossEntropyRow[
     """Label smoothing."""
     var x_t: Scalar[accum_dtype[Self.dtype_]()]
     """The target logit."""
+    var z_loss: Scalar[accum_dtype[Self.dtype_]()]
+    """The z-loss weight (`terms`)."""
+    var w_t: Scalar[accum_dtype[Self.dtype_]()]
+    """The target's class weight (WEIGHTED_TERMS; else 1)."""
     var row_max: Scalar[accum_dtype[Self.dtype_]()]
     """The row's max."""
     var inv_s: Scalar[accum_dtype[Self.dtype_]()]
-    """1 / the row's sum of exp(x - max)."""
+    """1 / the row's sum of exp(x - max) (with `terms`, times what
+    multiplies p in the gradient)."""
     var value: Scalar[accum_dtype[Self.dtype_]()]
     """The row's loss."""
     var regs: SIMD[Self.dtype, Self.V * REG_CHUNKS]
@@ -270,6 +297,8 @@ struct CrossEntropyRow[
         self.kind = 0
         self.eps = 0
         self.x_t = 0
+        self.z_loss = 0
+        self.w_t = 1
         self.row_max = 0
         self.inv_s = 0
         self.value = 0
@@ -287,14 +316,20 @@ struct CrossEntropyRow[
         self.first = first
         self.len_row = len_row
         self.x = self.logits.unsafe_offset(start - first)
-        var opts = ce_options[acc](
-            rebind[Pointer[Float64, MutAnyOrigin]](self.options)
-        )
+        var options = rebind[Pointer[Float64, MutAnyOrigin]](self.options)
+        var opts = ce_options[acc](options)
         self.eps = opts[1]
         self.tgt = self.targets[unsafe_offset=row]
         self.kind = target_kind(self.tgt, opts[0], len_row)
         if self.kind != KEPT and self.kind != IGNORED:
             self.value = nan[acc]()
+        comptime if Self.terms != NO_TERMS:
+            self.z_loss = options[unsafe_offset=2].cast[acc]()
+            comptime if Self.terms == WEIGHTED_TERMS:
+                if self.kind == KEPT:
+                    self.w_t = options[
+                        unsafe_offset=EXTENDED_OPTIONS + Int(self.tgt)
+                    ].cast[acc]()
         return self.kind == KEPT
 
     @always_inline
@@ -334,10 +369,37 @@ struct CrossEntropyRow[
                 sums[1],
             )
             sums = (both[0].reduce_add(), both[1].reduce_add())
-        self.value = row_loss[acc](
-            self.row_max, sums[0], self.x_t, sums[1], self.eps, self.len_row
-        )
-        self.inv_s = 1 / sums[0]
+        comptime if Self.terms == NO_TERMS:
+            self.value = row_loss[acc](
+                self.row_max, sums[0], self.x_t, sums[1], self.eps, self.len_row
+            )
+            self.inv_s = 1 / sums[0]
+        else:
+            # Unweighted smoothing: the sum of the weights is V.
+            var su = Scalar[acc](self.len_row)
+            self.value = extended_row_loss[acc](
+                self.row_max,
+                sums[0],
+                self.x_t,
+                self.w_t,
+                su,
+                sums[1],
+                self.eps,
+                self.z_loss,
+                self.len_row,
+            )
+            self.inv_s = (
+                extended_p_factor[acc](
+                    self.row_max,
+                    sums[0],
+                    self.w_t,
+                    su,
+                    self.eps,
+                    self.z_loss,
+                    self.len_row,
+                )
+                / sums[0]
+            )
 
     @always_inline
     def finish(self, p: RowPart, row: Int, rank: Int):
@@ -390,12 +452,17 @@ struct CrossEntropyRow[
             if tgt < 0 or tgt >= p.len:
                 return
         if p.t == target_owner[Self.V, Self.T](tgt, p.head, p.tail_begin):
-            y[unsafe_offset=tgt] = target_grad[acc](
-                exp_nan[acc, 1](self.x_t - self.row_max) * self.inv_s,
-                smooth,
-                self.eps,
-                scale,
-            ).cast[Self.dtype]()
+            var p_t = exp_nan[acc, 1](self.x_t - self.row_max) * self.inv_s
+            comptime if Self.terms == NO_TERMS:
+                y[unsafe_offset=tgt] = target_grad[acc](
+                    p_t, smooth, self.eps, scale
+                ).cast[Self.dtype]()
+            else:
+                # p_t carries the terms' factor (in inv_s); the target
+                # loses (1 - eps) w_t.
+                y[unsafe_offset=tgt] = (
+                    (p_t - smooth - (1 - self.eps) * self.w_t) * scale
+                ).cast[Self.dtype]()
 
 
 @__llvm_metadata(
@@ -410,6 +477,7 @@ def ce_smem_kernel[
     V: Int,
     T: Int,
     C: Int,
+    terms: Int = NO_TERMS,
 ](
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
     logits: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -426,15 +494,20 @@ def ce_smem_kernel[
     C = 1, `cluster_capacity(V, 1, C)` for C > 1) held on chip, read once:
     `onchip_rows` of `CrossEntropyRow`, a row per cluster of C blocks of
     `T` threads. Arguments as `ce_block_kernel`; `partials`:
-    `CE_CLUSTER_SLOTS` a row (C > 1)."""
-    var op = CrossEntropyRow[dtype, with_grad, mean, reduce, V, T](
+    `CE_CLUSTER_SLOTS` a row (C > 1); `terms`: `CrossEntropyRow`'s."""
+    var op = CrossEntropyRow[dtype, with_grad, mean, reduce, V, T, terms](
         dlogits, logits, targets, options, count, row_losses, loss
     )
     onchip_rows[C=C](op, partials, n, aligned_flag)
 
 
 def launch_ce_parts[
-    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, C: Int
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    C: Int,
+    terms: Int = NO_TERMS,
 ](
     ctx: DeviceContext,
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -450,8 +523,9 @@ def launch_ce_parts[
 ) raises:
     """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
     with the shared memory its part needs, and
-    `CE_CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`). Raises
-    past the capacity."""
+    `CE_CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`); `terms`:
+    `CrossEntropyRow`'s (extended options of scalar terms). Raises past the
+    capacity."""
     comptime V = vector_width[dtype]()
     var launch = OnchipLaunch[dtype, C](
         ctx,
@@ -465,7 +539,8 @@ def launch_ce_parts[
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[
-                ce_smem_kernel[dtype, with_grad, mean, reduce, V, T, C], T
+                ce_smem_kernel[dtype, with_grad, mean, reduce, V, T, C, terms],
+                T,
             ](
                 ctx,
                 dlogits,

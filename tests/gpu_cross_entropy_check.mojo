@@ -34,12 +34,14 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             launch(ctx, loss, dlogits, logits, targets, options, 16, 50257)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 20001)
             launch(ctx, loss, dlogits, logits, targets, options, 300, 100003)
-            # The extended options (z-loss, softcap; class weights: 4 + n).
+            # The extended options (z-loss, softcap; with hints; class
+            # weights: 8 + n).
             comptime ext = launch_cross_entropy_options[
                 dtype, with_grad, reduction
             ]
             ext(ctx, loss, dlogits, logits, targets, options, 4, 16, 1000)
-            ext(ctx, loss, dlogits, logits, targets, options, 1004, 16, 1000)
+            ext(ctx, loss, dlogits, logits, targets, options, 7, 300, 1000)
+            ext(ctx, loss, dlogits, logits, targets, options, 1008, 16, 1000)
             # Each strategy forced (variant=): the same kernels.
             comptime for variant in ["register", "smem", "pair", "block"]:
                 comptime forced = launch_cross_entropy[

@@ -324,14 +324,18 @@ ONCHIP = [
 @GPU_SKIP
 @pytest.mark.parametrize("dtype,rows,classes", ONCHIP)
 @pytest.mark.parametrize("ignore_index,eps", BASE)
-@pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
+@pytest.mark.parametrize(
+    "has_weight,z_loss,softcap",
+    [*EXTRAS, pytest.param(True, 1e-2, None, id="weight+zloss")],
+)
 @pytest.mark.parametrize("reduction,in_place", [("mean", False), ("none", True)])
 def test_gpu_on_chip_rows(
     dtype, rows, classes, ignore_index, eps, has_weight, z_loss, softcap, reduction, in_place
 ):
-    """Many rows with a gradient take the on-chip kernel
-    (`CrossEntropyOptionsRow`): every option, a block or a pair a row, the
-    gradient also written over the logits."""
+    """Many rows with a gradient take an on-chip kernel: the plain one with
+    scalar terms where the options are z-loss and the target's weight alone
+    (no softcap, no weighted smoothing), else `CrossEntropyOptionsRow`;
+    a block or a pair a row, the gradient also written over the logits."""
     from max_softmax.dtypes import DTYPE_NAMES
 
     rng = np.random.default_rng(rows + classes)
@@ -382,3 +386,42 @@ def test_torch_compile_fullgraph():
         loss.detach().numpy() / 2, xt.grad.numpy() / 2, *want, "float64"
     )
     assert ok, errs
+
+
+@pytest.mark.parametrize("classes", [1, 3, 5])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
+def test_options_layout(classes, eps, has_weight, z_loss, softcap):
+    """The options' length tells weights from hints for any class count
+    (op/cross_entropy_math.mojo `extended_layout`): unweighted 4-7,
+    weighted 8 + V + hints; a hint only where its term is off."""
+    from max_softmax.validation import cross_entropy_hints, cross_entropy_options
+
+    weight = np.linspace(0.5, 1.5, classes) if has_weight else None
+    options = cross_entropy_options(-100, eps, z_loss, softcap or 0.0, weight)
+    hints = cross_entropy_hints(eps, softcap or 0.0, has_weight)
+    assert (hints & 1) == (softcap is None)
+    assert (hints & 2 != 0) == (not (has_weight and eps != 0.0))
+    if has_weight:
+        assert len(options) == 8 + classes + hints
+        np.testing.assert_array_equal(options[4 : 4 + classes], weight)
+        assert not options[4 + classes :].any()
+    else:
+        assert 4 <= len(options) == 4 + hints <= 7
+    assert list(options[:4]) == [-100, eps, z_loss, softcap or 0.0]
+
+
+def test_options_old_weighted_layout_refused():
+    """Weights without their mark (the layout before the hints) are an
+    error, not weights read as hints."""
+    from max_softmax.arrays import _execute
+    from max_softmax.dtypes import max_dtype
+    from max_softmax.models import cross_entropy_model
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    t = rng.integers(0, 9, 4)
+    old = np.concatenate([[-100.0, 0.0, 0.01, 0.0], np.ones(9)])
+    model = cross_entropy_model(True, max_dtype(x.dtype), "cpu", "mean")
+    with pytest.raises(Exception, match="options must hold"):
+        _execute(model, [x, t, old], "cpu")

@@ -27,6 +27,7 @@ from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
 from .validation import (
     BASELINE_VARIANTS,
+    WEIGHTS_MARK,
     check_class_weight,
     check_class_weight_array,
     check_cross_entropy_extras,
@@ -40,6 +41,7 @@ from .validation import (
     check_same_device,
     check_scale,
     check_variant,
+    cross_entropy_hints,
     cross_entropy_options,
     is_masked_call,
     mask_suffix,
@@ -503,12 +505,14 @@ def _cross_entropy_options(
     weight = TensorValue(weight)
     check_class_weight(list(weight.shape), static_classes)
     check_same_device("cross_entropy", "the weight", weight.device, logits.device, "the logits'")
-    head = ops.constant(
-        np.array([ignore_index, eps, z_loss, cap], dtype=np.float64),
-        DType.float64,
-        device=logits.device,
+    head, tail = (
+        ops.constant(np.array(values, dtype=np.float64), DType.float64, device=logits.device)
+        for values in (
+            [ignore_index, eps, z_loss, cap],
+            [0.0] * (WEIGHTS_MARK + cross_entropy_hints(eps, cap, weighted=True)),
+        )
     )
-    return ops.concat([head, ops.cast(weight, DType.float64)], axis=0)
+    return ops.concat([head, ops.cast(weight, DType.float64), tail], axis=0)
 
 
 def _row_op(

@@ -206,6 +206,24 @@ def check_same_device(
         raise ValueError(f"max_softmax: {op} needs {what} on {owner} device ({device}), got {got}")
 
 
+# The extended options' layout (op/cross_entropy_math.mojo, `extended_layout`):
+# four values, then with class weights a weight a class and WEIGHTS_MARK
+# zeros, then one zero a hint. The hints ride in the length, which the GPU
+# launch reads without a sync: each tells it a term is off, so z-loss and a
+# target's weight alone take the plain on-chip pass.
+WEIGHTS_MARK = 4
+HINT_NO_SOFTCAP = 1
+HINT_NO_WEIGHTED_SMOOTHING = 2
+
+
+def cross_entropy_hints(eps: float, softcap: float, weighted: bool) -> int:
+    """The hints of extended options: the terms they leave out."""
+    hints = HINT_NO_SOFTCAP if softcap == 0.0 else 0
+    if not (weighted and eps != 0.0):
+        hints |= HINT_NO_WEIGHTED_SMOOTHING
+    return hints
+
+
 def cross_entropy_options(
     ignore_index: int,
     eps: float,
@@ -214,16 +232,19 @@ def cross_entropy_options(
     weight: np.ndarray | None = None,
 ) -> np.ndarray:
     """The float64 options the kernels read: (ignore_index, eps) for the
-    plain loss; (ignore_index, eps, z_loss, softcap[, weight...]) when
-    z-loss, softcap or class weights are on (the kernels pick their
-    extended family by this length)."""
+    plain loss; (ignore_index, eps, z_loss, softcap), then the class weights
+    and their mark, then the hints (`cross_entropy_hints`), when z-loss,
+    softcap or class weights are on (the kernels pick their extended
+    family by this length)."""
     head = [ignore_index, eps]
     if z_loss == 0.0 and softcap == 0.0 and weight is None:
         return np.array(head, dtype=np.float64)
+    hints = np.zeros(cross_entropy_hints(eps, softcap, weight is not None))
     extended = np.array(head + [z_loss, softcap], dtype=np.float64)
     if weight is None:
-        return extended
-    return np.concatenate([extended, np.asarray(weight, dtype=np.float64).reshape(-1)])
+        return np.concatenate([extended, hints])
+    weights = np.asarray(weight, dtype=np.float64).reshape(-1)
+    return np.concatenate([extended, weights, np.zeros(WEIGHTS_MARK), hints])
 
 
 def check_linear_cross_entropy_options(

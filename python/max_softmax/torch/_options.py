@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import WEIGHTS_MARK, cross_entropy_hints
 from ._graph_path import cached
 
 NO_EXTRAS: tuple = (None, 0.0, 0.0)
@@ -22,10 +23,17 @@ def options_tensor(
     weight, z_loss, cap = extras
     if weight is None:
         # Plain Python values (torch.compile traces this).
-        values = [ignore_index, eps] + ([z_loss, cap] if z_loss or cap else [])
+        values = [ignore_index, eps]
+        if z_loss or cap:
+            values += [z_loss, cap] + [0.0] * cross_entropy_hints(eps, cap, weighted=False)
         return cached(
             ("cross_entropy", device, *values),
             lambda: torch.tensor(values, dtype=torch.float64, device=device),
         )
     head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
-    return torch.cat([head, weight.detach().to(device=device, dtype=torch.float64)])
+    tail = torch.zeros(
+        WEIGHTS_MARK + cross_entropy_hints(eps, cap, weighted=True),
+        dtype=torch.float64,
+        device=device,
+    )
+    return torch.cat([head, weight.detach().to(device=device, dtype=torch.float64), tail])
