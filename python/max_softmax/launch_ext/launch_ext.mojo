@@ -35,9 +35,12 @@ from std.python.bindings import PythonModuleBuilder
 from std.sys import is_defined
 from max.gpu.host import DeviceContext, DeviceStream
 
+from op.cpu_ce_options import cross_entropy_options_cpu
 from op.cpu_cross_entropy import cross_entropy_cpu
+from op.cross_entropy_math import PLAIN_OPTIONS
 from op.dispatch import launch_auto, softmax_backward_rows, softmax_rows
 from op.cpu_masked_rows import masked_softmax_cpu
+from op.gpu_ce_options_rows import launch_cross_entropy_options
 from op.gpu_cross_entropy import launch_cross_entropy
 from op.gpu_masked_rows import launch_masked_rows
 from op.gpu_scale_rows import launch_scale_rows
@@ -244,6 +247,7 @@ def _forward[
                 _on_cpu(forward_cpu, dims[0] * dims[1] * dims[2])
                 return PythonObject(None)
             comptime if GPU:
+
                 def gpu_launch() raises {imm}:
                     softmax_rows[
                         "gpu", dtype, log_out, launch_auto[dtype, log_out]
@@ -342,6 +346,7 @@ def _backward[
                 _on_cpu(backward_cpu, dims[0] * dims[1] * dims[2])
                 return PythonObject(None)
             comptime if GPU:
+
                 def gpu_launch() raises {imm}:
                     softmax_backward_rows["gpu", dtype, log_in](
                         ctx,
@@ -433,6 +438,7 @@ def _masked_on[
         _on_cpu(masked_on_cpu, rows * n)
         return
     comptime if GPU:
+
         def gpu_launch() raises {imm}:
             launch_masked_rows[dtype, log_out, has_mask, causal](
                 ctx,
@@ -596,15 +602,32 @@ def _cross_entropy_on[
     logits: Int,
     targets: Int,
     options: Int,
+    n_options: Int,
     rows: Int,
     n: Int,
 ) raises:
-    """One instance of the cross-entropy launch (see `cross_entropy`)."""
+    """One instance of the cross-entropy launch (see `_cross_entropy`): the
+    plain kernels for PLAIN_OPTIONS options, the extended family (z-loss,
+    softcap, class weights) for more, as MAX's op picks them
+    (op/cross_entropy_ops.mojo)."""
     var target_ptr = Pointer[Int64, MutAnyOrigin](unsafe_from_address=targets)
     var opts = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
+    var extended = n_options > PLAIN_OPTIONS
     if not on_gpu:
 
         def cross_entropy_on_cpu() raises {imm}:
+            if extended:
+                cross_entropy_options_cpu[dtype, with_grad, reduction](
+                    _ptr[dtype](loss),
+                    _ptr[dtype](dlogits),
+                    _ptr[dtype](logits),
+                    target_ptr,
+                    opts,
+                    n_options,
+                    rows,
+                    n,
+                )
+                return
             cross_entropy_cpu[dtype, with_grad, reduction](
                 _ptr[dtype](loss),
                 _ptr[dtype](dlogits),
@@ -619,7 +642,21 @@ def _cross_entropy_on[
         _on_cpu(cross_entropy_on_cpu, rows * n)
         return
     comptime if GPU:
+
         def gpu_launch() raises {imm}:
+            if extended:
+                launch_cross_entropy_options[dtype, with_grad, reduction](
+                    ctx,
+                    _ptr[dtype](loss),
+                    _ptr[dtype](dlogits),
+                    _ptr[dtype](logits),
+                    target_ptr,
+                    opts,
+                    n_options,
+                    rows,
+                    n,
+                )
+                return
             launch_cross_entropy[dtype, with_grad, reduction](
                 ctx,
                 _ptr[dtype](loss),
@@ -634,6 +671,79 @@ def _cross_entropy_on[
         _on_torch_stream(ctx, torch_stream, gpu_launch)
     else:
         raise _no_gpu()
+
+
+def _cross_entropy(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    reduction_obj: PythonObject,
+    loss_obj: PythonObject,
+    dlogits_obj: PythonObject,
+    logits_obj: PythonObject,
+    targets_obj: PythonObject,
+    options_obj: PythonObject,
+    n_options: Int,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+) raises:
+    """Dispatch a cross-entropy call on its dtype and reduction codes and on
+    whether it writes the gradient (see `cross_entropy`)."""
+    var ctx = _context(ctx_ptr)
+    var code = Int(py=dtype_obj)
+    var reduction_code = Int(py=reduction_obj)
+    var dims = _dims(rows_obj, n_obj, PythonObject(1))
+    var loss = Int(py=loss_obj)
+    var dlogits = Int(py=dlogits_obj)
+    var logits = Int(py=logits_obj)
+    var targets = Int(py=targets_obj)
+    var options = Int(py=options_obj)
+    var on_gpu = not (torch_stream is PythonObject(None))
+    if reduction_code < 0 or reduction_code >= REDUCTION_COUNT:
+        raise _bad_code("reduction", reduction_code, REDUCTION_COUNT)
+    if n_options < PLAIN_OPTIONS:
+        raise Error(
+            t"max_softmax: cross_entropy options must hold at least"
+            t" {PLAIN_OPTIONS} values, got {n_options}"
+        )
+    comptime for c in range(DTYPE_COUNT):
+        comptime dtype = _dtype_of[c]()
+        if code == c:
+            comptime for r in range(REDUCTION_COUNT):
+                comptime reduction = _reduction_of[r]()
+                if reduction_code == r:
+                    if dlogits != 0:
+                        _cross_entropy_on[dtype, reduction, True](
+                            ctx,
+                            torch_stream,
+                            on_gpu,
+                            loss,
+                            dlogits,
+                            logits,
+                            targets,
+                            options,
+                            n_options,
+                            dims[0],
+                            dims[1],
+                        )
+                    else:
+                        # No gradient: the kernels never write through
+                        # this pointer (as MAX's cross_entropy op).
+                        _cross_entropy_on[dtype, reduction, False](
+                            ctx,
+                            torch_stream,
+                            on_gpu,
+                            loss,
+                            logits,
+                            logits,
+                            targets,
+                            options,
+                            n_options,
+                            dims[0],
+                            dims[1],
+                        )
+                    return
+    raise _bad_code("dtype", code, DTYPE_COUNT)
 
 
 def cross_entropy(
@@ -651,56 +761,60 @@ def cross_entropy(
 ) raises -> PythonObject:
     """Cross-entropy of (rows, n) logits against (rows,) int64 targets into
     `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d logits
-    into `dlogits` unless its address is 0. `options` is a float64 (2,)
-    buffer (ignore_index, label_smoothing) on the context's device."""
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var reduction_code = Int(py=reduction_obj)
-    var dims = _dims(rows_obj, n_obj, PythonObject(1))
-    var loss = Int(py=loss_obj)
-    var dlogits = Int(py=dlogits_obj)
-    var logits = Int(py=logits_obj)
-    var targets = Int(py=targets_obj)
-    var options = Int(py=options_obj)
-    var on_gpu = not (torch_stream is PythonObject(None))
-    if reduction_code < 0 or reduction_code >= REDUCTION_COUNT:
-        raise _bad_code("reduction", reduction_code, REDUCTION_COUNT)
-    comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
-        if code == c:
-            comptime for r in range(REDUCTION_COUNT):
-                comptime reduction = _reduction_of[r]()
-                if reduction_code == r:
-                    if dlogits != 0:
-                        _cross_entropy_on[dtype, reduction, True](
-                            ctx,
-                            torch_stream,
-                            on_gpu,
-                            loss,
-                            dlogits,
-                            logits,
-                            targets,
-                            options,
-                            dims[0],
-                            dims[1],
-                        )
-                    else:
-                        # No gradient: the kernels never write through
-                        # this pointer (as MAX's cross_entropy op).
-                        _cross_entropy_on[dtype, reduction, False](
-                            ctx,
-                            torch_stream,
-                            on_gpu,
-                            loss,
-                            logits,
-                            logits,
-                            targets,
-                            options,
-                            dims[0],
-                            dims[1],
-                        )
-                    return PythonObject(None)
-    raise _bad_code("dtype", code, DTYPE_COUNT)
+    into `dlogits` unless its address is 0 (it may be `logits`' own address
+    where the kernels allow: torch/linear.py's `inplace_safe`). `options` is
+    a float64 (2,) buffer (ignore_index, label_smoothing) on the context's
+    device."""
+    _cross_entropy(
+        ctx_ptr,
+        torch_stream,
+        dtype_obj,
+        reduction_obj,
+        loss_obj,
+        dlogits_obj,
+        logits_obj,
+        targets_obj,
+        options_obj,
+        PLAIN_OPTIONS,
+        rows_obj,
+        n_obj,
+    )
+    return PythonObject(None)
+
+
+def cross_entropy_options(
+    ctx_ptr: PythonObject,
+    torch_stream: PythonObject,
+    dtype_obj: PythonObject,
+    reduction_obj: PythonObject,
+    loss_obj: PythonObject,
+    dlogits_obj: PythonObject,
+    logits_obj: PythonObject,
+    targets_obj: PythonObject,
+    options_obj: PythonObject,
+    n_options_obj: PythonObject,
+    rows_obj: PythonObject,
+    n_obj: PythonObject,
+) raises -> PythonObject:
+    """`cross_entropy` under the `n_options` float64 options at `options`:
+    (ignore_index, label_smoothing, z_loss, softcap[, a weight per class]),
+    the extended family MAX's op runs for them (op/cpu_ce_options.mojo,
+    op/gpu_ce_options_rows.mojo); 2 options are the plain loss."""
+    _cross_entropy(
+        ctx_ptr,
+        torch_stream,
+        dtype_obj,
+        reduction_obj,
+        loss_obj,
+        dlogits_obj,
+        logits_obj,
+        targets_obj,
+        options_obj,
+        Int(py=n_options_obj),
+        rows_obj,
+        n_obj,
+    )
+    return PythonObject(None)
 
 
 def scale_rows(
@@ -729,6 +843,7 @@ def scale_rows(
         comptime dtype = _dtype_of[c]()
         if code == c:
             comptime if GPU:
+
                 def gpu_launch() raises {imm}:
                     launch_scale_rows[dtype](
                         ctx,
@@ -969,6 +1084,13 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
             docstring=(
                 "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits,"
                 " logits, targets, options, rows, n)"
+            ),
+        )
+        b.def_function[cross_entropy_options](
+            "cross_entropy_options",
+            docstring=(
+                "cross_entropy_options(ctx, stream, dtype, reduction, loss,"
+                " dlogits, logits, targets, options, n_options, rows, n)"
             ),
         )
         b.def_function[scale_rows](
