@@ -71,8 +71,9 @@ REDUCTION_CODES: dict[str, int] = {"mean": 0, "sum": 1, "none": 2}
 _ENTRY_OF_KIND: dict[str, Callable[[str], str]] = {
     "row": lambda name: name,
     "masked": lambda name: name,
-    # One function serves the loss and the loss with its gradient: the
-    # gradient is written where its address is not 0.
+    # One function serves the loss and the loss with its gradient, under
+    # the plain options and the extended ones (their length picks the
+    # kernels): the gradient is written where its address is not 0.
     "loss": lambda name: "cross_entropy",
 }
 """How an op of each registry kind is reached in the extension: the name of
@@ -88,25 +89,10 @@ ENTRIES: dict[str, str] = {
 (and torch's on CUDA) waits for no graph compile. A test checks each is
 in the built extension."""
 
-CROSS_ENTROPY_OPTIONS = "cross_entropy_options"
-"""The extension function serving both loss ops under the extended options
-(z-loss, softcap, class weights; `validation.cross_entropy_options`), which
-`run_cross_entropy` calls for options longer than PLAIN_OPTIONS."""
-
-PLAIN_OPTIONS = 2
-"""The plain cross-entropy options' length (ignore_index, label_smoothing):
-the extension's `cross_entropy`; longer ones are the extended options."""
-
-HELPERS: tuple[str, ...] = (
-    CROSS_ENTROPY_OPTIONS,
-    "scale_rows",
-    "sharded_row_stats",
-    "sharded_epilogue",
-)
-"""Extension functions beside the registry's ops' own entries: the loss
-ops under the extended options, the cross-entropy backward's scaling on
-CUDA, and the vocab-parallel ops' statistics and epilogue
-(`torch/parallel.py`)."""
+HELPERS: tuple[str, ...] = ("scale_rows", "sharded_row_stats", "sharded_epilogue")
+"""Extension functions beside the registry's ops: the cross-entropy
+backward's scaling on CUDA, and the vocab-parallel ops' statistics and
+epilogue (`torch/parallel.py`)."""
 
 ROW_OPS: tuple[str, ...] = tuple(n for n, s in registry.OPS.items() if s.kind == "row")
 """The row ops the extension takes, (ctx, stream, dtype, out, *inputs,
@@ -455,23 +441,31 @@ def run_cross_entropy(
     options: int,
     rows: int,
     classes: int,
-    n_options: int = PLAIN_OPTIONS,
+    n_options: int = 2,
 ) -> None:
     """Cross-entropy of the (rows, classes) logits and (rows,) int64 targets
     at those addresses, with the `n_options` float64 `options`
     (`validation.cross_entropy_options`' layout: (ignore_index,
     label_smoothing), or (ignore_index, label_smoothing, z_loss, softcap[,
-    a weight per class]) for the extended family, the same kernels MAX's op
-    runs for them), into `loss` ((1,) for "mean"/"sum", (rows,) for "none")
-    and, unless None, d loss / d logits into `dlogits` (which may be
-    `logits` where the kernels allow it); rows and classes >= 1. Ordering
-    as `run_rows`."""
-    head = (ctx, stream, dtype_code, REDUCTION_CODES[reduction], loss)
-    buffers = (0 if dlogits is None else dlogits, logits, targets, options)
-    if n_options == PLAIN_OPTIONS:
-        call(function("cross_entropy"), *head, *buffers, rows, classes)
-    else:
-        call(function(CROSS_ENTROPY_OPTIONS), *head, *buffers, n_options, rows, classes)
+    a weight per class]), the extended kernels MAX's op runs for them),
+    into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
+    None, d loss / d logits into `dlogits` (which may be `logits` where the
+    kernels allow it); rows and classes >= 1. Ordering as `run_rows`."""
+    call(
+        function("cross_entropy"),
+        ctx,
+        stream,
+        dtype_code,
+        REDUCTION_CODES[reduction],
+        loss,
+        0 if dlogits is None else dlogits,
+        logits,
+        targets,
+        options,
+        n_options,
+        rows,
+        classes,
+    )
 
 
 def run_masked(

@@ -606,7 +606,7 @@ def _cross_entropy_on[
     rows: Int,
     n: Int,
 ) raises:
-    """One instance of the cross-entropy launch (see `_cross_entropy`): the
+    """One instance of the cross-entropy launch (see `cross_entropy`): the
     plain kernels for PLAIN_OPTIONS options, the extended family (z-loss,
     softcap, class weights) for more, as MAX's op picks them
     (op/cross_entropy_ops.mojo)."""
@@ -673,7 +673,7 @@ def _cross_entropy_on[
         raise _no_gpu()
 
 
-def _cross_entropy(
+def cross_entropy(
     ctx_ptr: PythonObject,
     torch_stream: PythonObject,
     dtype_obj: PythonObject,
@@ -683,15 +683,23 @@ def _cross_entropy(
     logits_obj: PythonObject,
     targets_obj: PythonObject,
     options_obj: PythonObject,
-    n_options: Int,
+    n_options_obj: PythonObject,
     rows_obj: PythonObject,
     n_obj: PythonObject,
-) raises:
-    """Dispatch a cross-entropy call on its dtype and reduction codes and on
-    whether it writes the gradient (see `cross_entropy`)."""
+) raises -> PythonObject:
+    """Cross-entropy of (rows, n) logits against (rows,) int64 targets into
+    `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d logits
+    into `dlogits` unless its address is 0 (it may be `logits`' own address
+    where the kernels allow: torch/linear.py's `inplace_safe`). `options`
+    holds `n_options` float64 values on the context's device: 2,
+    (ignore_index, label_smoothing), the plain kernels; more,
+    (ignore_index, label_smoothing, z_loss, softcap[, a weight per class]),
+    the extended family (op/cpu_ce_options.mojo,
+    op/gpu_ce_options_rows.mojo), as MAX's op picks them."""
     var ctx = _context(ctx_ptr)
     var code = Int(py=dtype_obj)
     var reduction_code = Int(py=reduction_obj)
+    var n_options = Int(py=n_options_obj)
     var dims = _dims(rows_obj, n_obj, PythonObject(1))
     var loss = Int(py=loss_obj)
     var dlogits = Int(py=dlogits_obj)
@@ -742,79 +750,8 @@ def _cross_entropy(
                             dims[0],
                             dims[1],
                         )
-                    return
+                    return PythonObject(None)
     raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-def cross_entropy(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    reduction_obj: PythonObject,
-    loss_obj: PythonObject,
-    dlogits_obj: PythonObject,
-    logits_obj: PythonObject,
-    targets_obj: PythonObject,
-    options_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-) raises -> PythonObject:
-    """Cross-entropy of (rows, n) logits against (rows,) int64 targets into
-    `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d logits
-    into `dlogits` unless its address is 0 (it may be `logits`' own address
-    where the kernels allow: torch/linear.py's `inplace_safe`). `options` is
-    a float64 (2,) buffer (ignore_index, label_smoothing) on the context's
-    device."""
-    _cross_entropy(
-        ctx_ptr,
-        torch_stream,
-        dtype_obj,
-        reduction_obj,
-        loss_obj,
-        dlogits_obj,
-        logits_obj,
-        targets_obj,
-        options_obj,
-        PLAIN_OPTIONS,
-        rows_obj,
-        n_obj,
-    )
-    return PythonObject(None)
-
-
-def cross_entropy_options(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    reduction_obj: PythonObject,
-    loss_obj: PythonObject,
-    dlogits_obj: PythonObject,
-    logits_obj: PythonObject,
-    targets_obj: PythonObject,
-    options_obj: PythonObject,
-    n_options_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-) raises -> PythonObject:
-    """`cross_entropy` under the `n_options` float64 options at `options`:
-    (ignore_index, label_smoothing, z_loss, softcap[, a weight per class]),
-    the extended family MAX's op runs for them (op/cpu_ce_options.mojo,
-    op/gpu_ce_options_rows.mojo); 2 options are the plain loss."""
-    _cross_entropy(
-        ctx_ptr,
-        torch_stream,
-        dtype_obj,
-        reduction_obj,
-        loss_obj,
-        dlogits_obj,
-        logits_obj,
-        targets_obj,
-        options_obj,
-        Int(py=n_options_obj),
-        rows_obj,
-        n_obj,
-    )
-    return PythonObject(None)
 
 
 def scale_rows(
@@ -1083,14 +1020,7 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
             "cross_entropy",
             docstring=(
                 "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits,"
-                " logits, targets, options, rows, n)"
-            ),
-        )
-        b.def_function[cross_entropy_options](
-            "cross_entropy_options",
-            docstring=(
-                "cross_entropy_options(ctx, stream, dtype, reduction, loss,"
-                " dlogits, logits, targets, options, n_options, rows, n)"
+                " logits, targets, options, n_options, rows, n)"
             ),
         )
         b.def_function[scale_rows](
