@@ -456,3 +456,20 @@ def test_masked_launch_entry_errors():
         ext.softmax_masked(launch.cpu_context(), None, 0, 7, *args, 1)
     with pytest.raises(Exception, match="mask_rows"):
         ext.softmax_masked(launch.cpu_context(), None, 0, 1, *args, 0)
+
+
+@pytest.mark.parametrize(
+    ("n_options", "message"),
+    [(1, "at least 2 values, got 1"), (5, "4 values, or 4 and a weight per class")],
+)
+def test_cross_entropy_entry_refuses_bad_options(n_options, message):
+    """The cross-entropy entry refuses options of a length that is neither
+    the plain (2) nor the extended (4, or 4 and a weight a class) one."""
+    ext = tl.extension()
+    logits = torch.zeros(2, 3)
+    loss = torch.empty(1)
+    targets = torch.zeros(2, dtype=torch.int64)
+    options = torch.zeros(8, dtype=torch.float64)
+    addresses = [t.data_ptr() for t in (loss, logits, logits, targets, options)]
+    with pytest.raises(Exception, match=message):
+        ext.cross_entropy(launch.cpu_context(), None, 0, 0, *addresses, n_options, 2, 3)
