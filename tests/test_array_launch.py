@@ -59,13 +59,35 @@ def test_launch_matches_the_models_bit_for_bit(rng, monkeypatch, launched, op, d
     assert len(launched) == 1  # the graph path did not launch
 
 
+def _ce_options(rng, classes: int) -> list:
+    """Cross-entropy's keyword options: the plain loss, then each of z-loss,
+    softcap and class weights, and all together (the extended kernels)."""
+    weight = rng.uniform(0.2, 2.0, classes)
+    return [
+        pytest.param({}, id="plain"),
+        pytest.param({"z_loss": 1e-2}, id="zloss"),
+        pytest.param({"softcap": 3.0}, id="softcap"),
+        pytest.param({"weight": weight}, id="weight"),
+        pytest.param({"weight": weight, "z_loss": 1e-2, "softcap": 3.0}, id="all"),
+    ]
+
+
+CE_OPTIONS = _ce_options(np.random.default_rng(7), 50)
+"""`_ce_options` for 50 classes: the shapes below."""
+
+
+@pytest.mark.parametrize("options", CE_OPTIONS)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cross_entropy_launch_matches_the_models(rng, monkeypatch, launched, reduction, dtype):
+def test_cross_entropy_launch_matches_the_models(
+    rng, monkeypatch, launched, reduction, dtype, options
+):
+    """The launch extension gives the models' bits, plain and under every
+    extended option (one model per (op, dtype, reduction) serves them)."""
     x = random_logits(rng, (3, 4, 50), dtype)
     t = rng.integers(0, 50, size=(3, 4))
     t[1, 2] = -100
-    kw = {"reduction": reduction, "label_smoothing": 0.1, "device": "cpu"}
+    kw = {"reduction": reduction, "label_smoothing": 0.1, "device": "cpu", **options}
     got = max_softmax.cross_entropy_with_grad(x, t, **kw)
     assert len(launched) == 1
     monkeypatch.setattr(launch, "ENABLED", False)
@@ -133,11 +155,13 @@ def test_masked_calls_launch(
     assert got.shape == x.shape and got.dtype == x.dtype and c.ok, c
 
 
-def test_no_op_compiles_a_graph_on_the_cpu(rng, launched, no_graphs):
-    """Every array function of every op, with its options, on the CPU."""
-    x = random_logits(rng, (5, 40), "float32")
-    dy = random_logits(rng, (5, 40), "float32", scale=1.0)
-    t = rng.integers(0, 40, size=5)
+@pytest.mark.parametrize("ce_options", CE_OPTIONS)
+def test_no_op_compiles_a_graph_on_the_cpu(rng, launched, no_graphs, ce_options):
+    """Every array function of every op, with its options, on the CPU;
+    cross-entropy plain and with z-loss, softcap and class weights."""
+    x = random_logits(rng, (5, 50), "float32")
+    dy = random_logits(rng, (5, 50), "float32", scale=1.0)
+    t = rng.integers(0, 50, size=5)
     y = max_softmax.softmax(x, device="cpu")
     logp = max_softmax.log_softmax(x, device="cpu")
     max_softmax.softmax(x, device="cpu", scale=0.5, mask=x > 0, causal=True)
@@ -145,9 +169,12 @@ def test_no_op_compiles_a_graph_on_the_cpu(rng, launched, no_graphs):
     max_softmax.softmax_backward(y, dy, device="cpu", scale=0.5)
     max_softmax.log_softmax_backward(logp, dy, device="cpu", scale=2.0)
     for reduction in ("mean", "sum", "none"):
-        max_softmax.cross_entropy(x, t, reduction=reduction, device="cpu")
-        max_softmax.cross_entropy_with_grad(x, t, reduction=reduction, device="cpu")
-    assert len(launched) == 12
+        kw = {"reduction": reduction, "device": "cpu", **ce_options}
+        max_softmax.cross_entropy(x, t, **kw)
+        max_softmax.cross_entropy_with_grad(x, t, **kw)
+    linear = {("class_weight" if k == "weight" else k): v for k, v in ce_options.items()}
+    max_softmax.linear_cross_entropy(x, np.eye(50, dtype=np.float32), t, device="cpu", **linear)
+    assert len(launched) == 13
 
 
 def _every_call(x, dy, t):

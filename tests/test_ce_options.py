@@ -2,7 +2,9 @@
 against float64 references, composed with ignore_index, label_smoothing
 and every reduction: numpy (CPU), MAX graphs (CPU), the torch bridge (CPU,
 with gradients and float64 gradcheck), and the same on a GPU where there
-is one (skipped here).
+is one (skipped here). numpy (CPU) and torch calls run twice (`path`):
+through the launch extension, with every model builder refusing, and on
+the graph path (MAX_SOFTMAX_LAUNCH=graph's).
 
 The reference is `reference.cross_entropy_options_reference` (float64),
 itself checked against torch's float64 F.cross_entropy (weights and
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import DEVICES, GPU_SKIP
 
-from max_softmax import cross_entropy_with_grad
+from max_softmax import arrays, cross_entropy_with_grad, launch
 from max_softmax.reference import (
     compare_cross_entropy,
     cross_entropy_options_reference,
@@ -25,6 +27,44 @@ from max_softmax.reference import (
 torch = pytest.importorskip("torch")
 
 ROWS, CLASSES = 7, 33
+
+
+@pytest.fixture(params=["launch", "graph"])
+def path(request, monkeypatch) -> str:
+    """The path numpy (CPU) and torch calls take: "launch", the launch
+    extension, where every cross-entropy model builder raises (a call that
+    would compile a graph fails); "graph", `Model.execute` of the op's
+    models, as MAX_SOFTMAX_LAUNCH=graph or an extension not built yet."""
+    import max_softmax.torch._cross_entropy as torch_ce
+    import max_softmax.torch.linear as torch_linear
+
+    enabled = request.param == "launch"
+    monkeypatch.setattr(launch, "ENABLED", enabled)
+    monkeypatch.setattr(launch, "CUDA_ENABLED", enabled)
+    if not enabled:
+        return request.param
+    try:
+        launch.extension()
+    except launch.LaunchError as err:
+        pytest.skip(f"the launch extension is not built here: {err}")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a cross-entropy model was asked for: {args}")
+
+    monkeypatch.setattr(arrays, "cross_entropy_model", refuse)
+    monkeypatch.setattr(torch_ce, "cross_entropy_into_model", refuse)
+    monkeypatch.setattr(torch_ce, "scale_rows_into_model", refuse)
+    monkeypatch.setattr(torch_linear, "cross_entropy_into_model", refuse)
+    return request.param
+
+
+def _numpy_on(device: str, path: str) -> None:
+    """Skip a numpy call on the GPU under "launch": numpy arrays launch on
+    the CPU only (a GPU's take the graph path, tested under "graph")."""
+    if device == "gpu" and path == "launch":
+        pytest.skip("numpy arrays on a GPU take the graph path")
+
+
 # (weight?, z_loss, softcap): each option alone and all together.
 EXTRAS = [
     pytest.param(True, 0.0, None, id="weight"),
@@ -115,9 +155,10 @@ NP_CASES = [("float64", r) for r in REDUCTIONS] + [("float32", "mean")]
 @pytest.mark.parametrize("dtype,reduction", NP_CASES)
 @pytest.mark.parametrize("ignore_index,eps", BASE)
 @pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
-def test_numpy(device, dtype, ignore_index, eps, has_weight, z_loss, softcap, reduction):
+def test_numpy(path, device, dtype, ignore_index, eps, has_weight, z_loss, softcap, reduction):
     """The numpy front door (one model per (op, dtype, reduction, device)
-    serves every option and value)."""
+    serves every option and value; on the CPU the launch extension)."""
+    _numpy_on(device, path)
     x, t, w = _inputs(ignore_index)
     w = w if has_weight else None
     logits = x.astype(NP_DTYPES[dtype])
@@ -189,7 +230,7 @@ TORCH_CASES = (
 @pytest.mark.parametrize("dtype,reduction", TORCH_CASES)
 @pytest.mark.parametrize("ignore_index,eps", BASE)
 @pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
-def test_torch(device, dtype, ignore_index, eps, has_weight, z_loss, softcap, reduction):
+def test_torch(path, device, dtype, ignore_index, eps, has_weight, z_loss, softcap, reduction):
     """The torch bridge: loss and input gradient (backward with a
     non-trivial incoming gradient) against the float64 reference."""
     import max_softmax.torch as mst
@@ -218,7 +259,7 @@ def test_torch(device, dtype, ignore_index, eps, has_weight, z_loss, softcap, re
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("has_weight,z_loss,softcap", EXTRAS)
-def test_torch_gradcheck(device, has_weight, z_loss, softcap, reduction):
+def test_torch_gradcheck(path, device, has_weight, z_loss, softcap, reduction):
     """float64 gradcheck and gradgradcheck (the second order by the torch-op
     gradient, `_cross_entropy._gradient`) with smoothing and ignored rows."""
     import max_softmax.torch as mst
@@ -278,8 +319,9 @@ def test_eager(device, weight_as):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_in_place(device):
+def test_in_place(path, device):
     """out=logits: the gradient written over the logits (every option on)."""
+    _numpy_on(device, path)
     x, t, w = _inputs(2)
     kw = {"ignore_index": 2, "label_smoothing": 0.15, "z_loss": 1e-2, "softcap": 3.0}
     want = cross_entropy_options_reference(x, t, 2, "sum", 0.15, w, 1e-2, 3.0)
@@ -321,7 +363,27 @@ ONCHIP = [
 ]
 
 
+def _launched_on_cuda(x, t, w, ignore_index, eps, z_loss, softcap, reduction, in_place):
+    """(loss, dlogits) as float64 numpy arrays from the launch extension on
+    CUDA tensors (the torch bridge's `_launch.cross_entropy`), dlogits
+    written over the logits if `in_place`."""
+    from max_softmax.torch import _launch as torch_launch
+    from max_softmax.torch._options import options_tensor
+
+    dtype = TORCH_DTYPES[x.dtype.name]
+    logits = torch.tensor(x.astype(np.float32)).to("cuda", dtype)
+    targets = torch.tensor(t, device="cuda")
+    weight = None if w is None else torch.tensor(w, device="cuda")
+    options = options_tensor(logits.device, ignore_index, eps, (weight, z_loss, softcap or 0.0))
+    rows = logits.shape[0]
+    loss = torch.empty((rows,) if reduction == "none" else (1,), dtype=dtype, device="cuda")
+    dlogits = logits if in_place else torch.empty_like(logits)
+    torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
+    return loss.double().cpu().numpy(), dlogits.double().cpu().numpy()
+
+
 @GPU_SKIP
+@pytest.mark.parametrize("front", ["numpy", "torch"])
 @pytest.mark.parametrize("dtype,rows,classes", ONCHIP)
 @pytest.mark.parametrize("ignore_index,eps", BASE)
 @pytest.mark.parametrize(
@@ -330,12 +392,13 @@ ONCHIP = [
 )
 @pytest.mark.parametrize("reduction,in_place", [("mean", False), ("none", True)])
 def test_gpu_on_chip_rows(
-    dtype, rows, classes, ignore_index, eps, has_weight, z_loss, softcap, reduction, in_place
+    front, dtype, rows, classes, ignore_index, eps, has_weight, z_loss, softcap, reduction, in_place
 ):
     """Many rows with a gradient take an on-chip kernel: the plain one with
     scalar terms where the options are z-loss and the target's weight alone
-    (no softcap, no weighted smoothing), else `CrossEntropyOptionsRow`;
-    a block or a pair a row, the gradient also written over the logits."""
+    (no softcap, no weighted smoothing), else `CrossEntropyOptionsRow`; a
+    block or a pair a row, the gradient also written over the logits; numpy
+    arrays by the op's model, torch tensors by the launch extension."""
     from max_softmax.dtypes import DTYPE_NAMES
 
     rng = np.random.default_rng(rows + classes)
@@ -344,6 +407,12 @@ def test_gpu_on_chip_rows(
     t[1] = ignore_index if ignore_index >= 0 else t[1]
     t[5] = ignore_index
     w = rng.uniform(0.2, 2.0, classes) if has_weight else None
+    if front == "torch":
+        loss, grad = _launched_on_cuda(
+            x, t, w, ignore_index, eps, z_loss, softcap, reduction, in_place
+        )
+        _check(loss, grad, x, t, w, ignore_index, eps, z_loss, softcap, reduction, dtype)
+        return
     kw = {"ignore_index": ignore_index, "label_smoothing": eps, "z_loss": z_loss}
     logits = x.copy()
     loss, grad = cross_entropy_with_grad(

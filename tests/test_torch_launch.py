@@ -253,29 +253,96 @@ def test_failed_build_falls_back_once(monkeypatch, tmp_path, capsys):
         launch.extension()
 
 
+# Cross-entropy's extended options (class weights?, z_loss, softcap): off
+# (the plain kernels), and on (the options kernels).
+CE_EXTRAS = [
+    pytest.param(False, 0.0, 0.0, id="plain"),
+    pytest.param(False, 1e-3, 0.0, id="zloss"),
+    pytest.param(True, 1e-3, 30.0, id="all"),
+]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("with_grad", [True, False])
-def test_cross_entropy_matches_reference(with_grad, reduction, dtype, device):
+@pytest.mark.parametrize(("has_weight", "z_loss", "softcap"), CE_EXTRAS)
+def test_cross_entropy_matches_reference(
+    has_weight, z_loss, softcap, with_grad, reduction, dtype, device
+):
+    from max_softmax.torch._options import options_tensor
+
     rows, classes, ignore, eps = 37, 1000, 3, 0.1
     gen = torch.Generator().manual_seed(2)
     logits = (torch.randn(rows, classes, generator=gen, dtype=torch.float64) * 3).to(device, dtype)
     targets = torch.randint(0, classes, (rows,), generator=gen)
     targets[::5] = ignore
     targets = targets.to(device)
-    options = torch.tensor([ignore, eps], dtype=torch.float64, device=device)
+    weight = torch.rand(classes, generator=gen, dtype=torch.float64) + 0.2 if has_weight else None
+    options = options_tensor(logits.device, ignore, eps, (weight, z_loss, softcap))
     loss = torch.empty((rows,) if reduction == "none" else (1,), dtype=dtype, device=device)
     dlogits = torch.empty_like(logits) if with_grad else None
     tl.cross_entropy(loss, dlogits, logits, targets, options, reduction)
     want_loss, want_grad = cross_entropy_reference(
-        _np(logits), targets.cpu().numpy(), ignore, reduction, eps
+        _np(logits),
+        targets.cpu().numpy(),
+        ignore,
+        reduction,
+        eps,
+        weight=None if weight is None else weight.numpy(),
+        z_loss=z_loss,
+        softcap=softcap,
     )
     got_grad = _np(dlogits) if with_grad else want_grad
     ok, loss_err, grad_err = compare_cross_entropy(
         _np(loss).reshape(np.shape(want_loss)), got_grad, want_loss, want_grad, str(dtype)[6:]
     )
     assert ok, f"loss error {loss_err:.3g}, dlogits error {grad_err:.3g}"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(("has_weight", "z_loss", "softcap"), CE_EXTRAS)
+def test_cross_entropy_compiles_no_graph_on_the_cpu(
+    monkeypatch, has_weight, z_loss, softcap, reduction
+):
+    """The bridge's cross-entropy on the CPU, plain and under the extended
+    options: forward, backward by an incoming gradient that is not 1, and
+    `linear_cross_entropy`'s chunks, all through the extension (every
+    model builder they could reach raises)."""
+    import max_softmax.torch as mt
+    import max_softmax.torch._cross_entropy as torch_ce
+    import max_softmax.torch.linear as torch_linear
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a model was asked for: {args}")
+
+    for module, name in [
+        (torch_ce, "cross_entropy_into_model"),
+        (torch_ce, "scale_rows_into_model"),
+        (torch_linear, "cross_entropy_into_model"),
+    ]:
+        monkeypatch.setattr(module, name, refuse)
+    launched = []
+    real = launch.call
+    monkeypatch.setattr(launch, "call", lambda fn, *a: (launched.append(fn), real(fn, *a)))
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 40, generator=gen, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 40, (6,), generator=gen)
+    weight = torch.rand(40, generator=gen, dtype=torch.float64) + 0.2 if has_weight else None
+    kw = {"reduction": reduction, "z_loss": z_loss, "softcap": softcap}
+    loss = mt.cross_entropy(x, t, weight, **kw)
+    loss.backward(torch.full_like(loss, 2.0))
+    want = x.grad.clone()
+    x.grad = None
+    mt.cross_entropy(x, t, weight, **kw).sum().backward()
+    torch.testing.assert_close(x.grad * 2, want)
+    h = x.detach().requires_grad_(True)
+    lin = mt.linear_cross_entropy(
+        h, torch.eye(40, dtype=torch.float64), t, class_weight=weight, **kw
+    )
+    lin.sum().backward()
+    torch.testing.assert_close(lin, mt.cross_entropy(h.detach(), t, weight, **kw))
+    assert len(launched) >= 4
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -389,3 +456,20 @@ def test_masked_launch_entry_errors():
         ext.softmax_masked(launch.cpu_context(), None, 0, 7, *args, 1)
     with pytest.raises(Exception, match="mask_rows"):
         ext.softmax_masked(launch.cpu_context(), None, 0, 1, *args, 0)
+
+
+@pytest.mark.parametrize(
+    ("n_options", "message"),
+    [(1, "at least 2 values, got 1"), (5, "4 values, or 4 and a weight per class")],
+)
+def test_cross_entropy_entry_refuses_bad_options(n_options, message):
+    """The cross-entropy entry refuses options of a length that is neither
+    the plain (2) nor the extended (4, or 4 and a weight a class) one."""
+    ext = tl.extension()
+    logits = torch.zeros(2, 3)
+    loss = torch.empty(1)
+    targets = torch.zeros(2, dtype=torch.int64)
+    options = torch.zeros(8, dtype=torch.float64)
+    addresses = [t.data_ptr() for t in (loss, logits, logits, targets, options)]
+    with pytest.raises(Exception, match=message):
+        ext.cross_entropy(launch.cpu_context(), None, 0, 0, *addresses, n_options, 2, 3)

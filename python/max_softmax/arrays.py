@@ -315,10 +315,7 @@ def _cross_entropy(
         np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
         cross_entropy_options(ignore_index, eps, z_loss, cap, weight_array),
     ]
-    # The launch extension takes the plain options only; the extended ones
-    # (z-loss, softcap, weights) run the model.
-    plain = len(inputs[2]) == 2
-    if kind == "cpu" and plain and launch.available_for_arrays():
+    if kind == "cpu" and launch.available_for_arrays():
         return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape, out)
     outs = _execute(cross_entropy_model(with_grad, dtype, kind, reduction), inputs, kind)
     result = [to_numpy(outs[0]).reshape(loss_shape)]
@@ -477,9 +474,9 @@ def _launch_cross_entropy(
     out: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Cross-entropy of host (rows, classes) logits, (rows,) int64 targets
-    and the float64 options (ignore_index, label_smoothing; passed to the
-    extension as they are) through the launch extension, as `_launch_rows`
-    runs the row ops; dlogits into `out` where given."""
+    and the float64 options (`cross_entropy_options`: plain or extended,
+    passed to the extension as they are) through the launch extension, as
+    `_launch_rows` runs the row ops; dlogits into `out` where given."""
     logits = inputs[0]
     rows = logits.shape[0]
     loss = np.empty(rows if reduction == "none" else 1, dtype=logits.dtype)
@@ -493,6 +490,7 @@ def _launch_cross_entropy(
         None if dlogits is None else dlogits.ctypes.data,
         *[a.ctypes.data for a in inputs],
         *logits.shape,
+        len(inputs[2]),
     )
     if dlogits is None:
         return [loss.reshape(loss_shape)]

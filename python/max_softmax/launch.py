@@ -71,8 +71,9 @@ REDUCTION_CODES: dict[str, int] = {"mean": 0, "sum": 1, "none": 2}
 _ENTRY_OF_KIND: dict[str, Callable[[str], str]] = {
     "row": lambda name: name,
     "masked": lambda name: name,
-    # One function serves the loss and the loss with its gradient: the
-    # gradient is written where its address is not 0.
+    # One function serves the loss and the loss with its gradient, under
+    # the plain options and the extended ones (their length picks the
+    # kernels): the gradient is written where its address is not 0.
     "loss": lambda name: "cross_entropy",
 }
 """How an op of each registry kind is reached in the extension: the name of
@@ -440,12 +441,16 @@ def run_cross_entropy(
     options: int,
     rows: int,
     classes: int,
+    n_options: int = 2,
 ) -> None:
     """Cross-entropy of the (rows, classes) logits and (rows,) int64 targets
-    at those addresses, with the float64 (ignore_index, label_smoothing)
-    `options`, into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and,
-    unless None, d loss / d logits into `dlogits`; rows and classes >= 1.
-    Ordering as `run_rows`."""
+    at those addresses, with the `n_options` float64 `options`
+    (`validation.cross_entropy_options`' layout: (ignore_index,
+    label_smoothing), or (ignore_index, label_smoothing, z_loss, softcap[,
+    a weight per class]), the extended kernels MAX's op runs for them),
+    into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
+    None, d loss / d logits into `dlogits` (which may be `logits` where the
+    kernels allow it); rows and classes >= 1. Ordering as `run_rows`."""
     call(
         function("cross_entropy"),
         ctx,
@@ -457,6 +462,7 @@ def run_cross_entropy(
         logits,
         targets,
         options,
+        n_options,
         rows,
         classes,
     )

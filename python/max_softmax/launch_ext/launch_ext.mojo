@@ -35,9 +35,12 @@ from std.python.bindings import PythonModuleBuilder
 from std.sys import is_defined
 from max.gpu.host import DeviceContext, DeviceStream
 
+from op.cpu_ce_options import cross_entropy_options_cpu
 from op.cpu_cross_entropy import cross_entropy_cpu
+from op.cross_entropy_math import PLAIN_OPTIONS
 from op.dispatch import launch_auto, softmax_backward_rows, softmax_rows
 from op.cpu_masked_rows import masked_softmax_cpu
+from op.gpu_ce_options_rows import launch_cross_entropy_options
 from op.gpu_cross_entropy import launch_cross_entropy
 from op.gpu_masked_rows import launch_masked_rows
 from op.gpu_scale_rows import launch_scale_rows
@@ -244,6 +247,7 @@ def _forward[
                 _on_cpu(forward_cpu, dims[0] * dims[1] * dims[2])
                 return PythonObject(None)
             comptime if GPU:
+
                 def gpu_launch() raises {imm}:
                     softmax_rows[
                         "gpu", dtype, log_out, launch_auto[dtype, log_out]
@@ -342,6 +346,7 @@ def _backward[
                 _on_cpu(backward_cpu, dims[0] * dims[1] * dims[2])
                 return PythonObject(None)
             comptime if GPU:
+
                 def gpu_launch() raises {imm}:
                     softmax_backward_rows["gpu", dtype, log_in](
                         ctx,
@@ -433,6 +438,7 @@ def _masked_on[
         _on_cpu(masked_on_cpu, rows * n)
         return
     comptime if GPU:
+
         def gpu_launch() raises {imm}:
             launch_masked_rows[dtype, log_out, has_mask, causal](
                 ctx,
@@ -596,15 +602,32 @@ def _cross_entropy_on[
     logits: Int,
     targets: Int,
     options: Int,
+    n_options: Int,
     rows: Int,
     n: Int,
 ) raises:
-    """One instance of the cross-entropy launch (see `cross_entropy`)."""
+    """One instance of the cross-entropy launch (see `cross_entropy`): the
+    plain kernels for PLAIN_OPTIONS options, the extended family (z-loss,
+    softcap, class weights) for more, as MAX's op picks them
+    (op/cross_entropy_ops.mojo)."""
     var target_ptr = Pointer[Int64, MutAnyOrigin](unsafe_from_address=targets)
     var opts = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
+    var extended = n_options > PLAIN_OPTIONS
     if not on_gpu:
 
         def cross_entropy_on_cpu() raises {imm}:
+            if extended:
+                cross_entropy_options_cpu[dtype, with_grad, reduction](
+                    _ptr[dtype](loss),
+                    _ptr[dtype](dlogits),
+                    _ptr[dtype](logits),
+                    target_ptr,
+                    opts,
+                    n_options,
+                    rows,
+                    n,
+                )
+                return
             cross_entropy_cpu[dtype, with_grad, reduction](
                 _ptr[dtype](loss),
                 _ptr[dtype](dlogits),
@@ -619,7 +642,21 @@ def _cross_entropy_on[
         _on_cpu(cross_entropy_on_cpu, rows * n)
         return
     comptime if GPU:
+
         def gpu_launch() raises {imm}:
+            if extended:
+                launch_cross_entropy_options[dtype, with_grad, reduction](
+                    ctx,
+                    _ptr[dtype](loss),
+                    _ptr[dtype](dlogits),
+                    _ptr[dtype](logits),
+                    target_ptr,
+                    opts,
+                    n_options,
+                    rows,
+                    n,
+                )
+                return
             launch_cross_entropy[dtype, with_grad, reduction](
                 ctx,
                 _ptr[dtype](loss),
@@ -646,16 +683,23 @@ def cross_entropy(
     logits_obj: PythonObject,
     targets_obj: PythonObject,
     options_obj: PythonObject,
+    n_options_obj: PythonObject,
     rows_obj: PythonObject,
     n_obj: PythonObject,
 ) raises -> PythonObject:
     """Cross-entropy of (rows, n) logits against (rows,) int64 targets into
     `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d logits
-    into `dlogits` unless its address is 0. `options` is a float64 (2,)
-    buffer (ignore_index, label_smoothing) on the context's device."""
+    into `dlogits` unless its address is 0 (it may be `logits`' own address
+    where the kernels allow: torch/linear.py's `inplace_safe`). `options`
+    holds `n_options` float64 values on the context's device: 2,
+    (ignore_index, label_smoothing), the plain kernels; more,
+    (ignore_index, label_smoothing, z_loss, softcap[, a weight per class]),
+    the extended family (op/cpu_ce_options.mojo,
+    op/gpu_ce_options_rows.mojo), as MAX's op picks them."""
     var ctx = _context(ctx_ptr)
     var code = Int(py=dtype_obj)
     var reduction_code = Int(py=reduction_obj)
+    var n_options = Int(py=n_options_obj)
     var dims = _dims(rows_obj, n_obj, PythonObject(1))
     var loss = Int(py=loss_obj)
     var dlogits = Int(py=dlogits_obj)
@@ -665,6 +709,11 @@ def cross_entropy(
     var on_gpu = not (torch_stream is PythonObject(None))
     if reduction_code < 0 or reduction_code >= REDUCTION_COUNT:
         raise _bad_code("reduction", reduction_code, REDUCTION_COUNT)
+    if n_options < PLAIN_OPTIONS:
+        raise Error(
+            t"max_softmax: cross_entropy options must hold at least"
+            t" {PLAIN_OPTIONS} values, got {n_options}"
+        )
     comptime for c in range(DTYPE_COUNT):
         comptime dtype = _dtype_of[c]()
         if code == c:
@@ -681,6 +730,7 @@ def cross_entropy(
                             logits,
                             targets,
                             options,
+                            n_options,
                             dims[0],
                             dims[1],
                         )
@@ -696,6 +746,7 @@ def cross_entropy(
                             logits,
                             targets,
                             options,
+                            n_options,
                             dims[0],
                             dims[1],
                         )
@@ -729,6 +780,7 @@ def scale_rows(
         comptime dtype = _dtype_of[c]()
         if code == c:
             comptime if GPU:
+
                 def gpu_launch() raises {imm}:
                     launch_scale_rows[dtype](
                         ctx,
@@ -968,7 +1020,7 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
             "cross_entropy",
             docstring=(
                 "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits,"
-                " logits, targets, options, rows, n)"
+                " logits, targets, options, n_options, rows, n)"
             ),
         )
         b.def_function[scale_rows](

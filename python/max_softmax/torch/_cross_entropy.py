@@ -3,8 +3,10 @@
 Class-index targets run our fused loss op: two outputs (loss, dlogits),
 int64 targets and a float64 options tensor (ignore_index, label_smoothing),
 or with z-loss, softcap or class weights (ignore_index, label_smoothing,
-z_loss, softcap[, weights]), by the launch extension (plain options only)
-or the op's destination-passing models (models.cross_entropy_into_model).
+z_loss, softcap[, weights]), by the launch extension (the same kernels MAX's
+op picks by the options' length) or, where it is not built or
+MAX_SOFTMAX_LAUNCH=graph, the op's destination-passing models
+(models.cross_entropy_into_model).
 Its forward writes the gradient too, and the first-order backward only
 scales it. Higher-order, forward-mode and
 `torch.func` derivatives recompute the gradient with our softmax and torch
@@ -41,7 +43,7 @@ _functorch = torch._C._functorch
 def _call_cross_entropy(reduction: str, with_grad: bool, tensors: tuple[torch.Tensor, ...]) -> None:
     """Write cross-entropy into `tensors`' outputs: (loss, [dlogits,] logits,
     targets, options) (no replay: the op is one graph call either way)."""
-    if tensors[-1].numel() == 2 and torch_launch.available(tensors[-3].is_cuda):
+    if torch_launch.available(tensors[-3].is_cuda):
         loss, *rest = tensors
         dlogits = rest.pop(0) if with_grad else None
         logits, targets, options = rest
@@ -151,12 +153,19 @@ def _gradient(
 
 def _scale_rows(dlogits: torch.Tensor, factor: torch.Tensor) -> None:
     """(rows, n) `dlogits` times `factor` ((rows,) or (1,)) in place, rows
-    whose factor is 1 left unread: by the launch extension, else by the
+    whose factor is 1 left unread: on CUDA by the launch extension; on the
+    CPU, where the launch path is on, by torch (the factor is on the host:
+    reading it costs no sync, and no model is compiled); else by the
     scale_rows op's model (no host read of the factor, no second pass)."""
     if dlogits.numel() == 0:
         return
-    if dlogits.is_cuda and torch_launch.available(cuda=True):  # the extension's is GPU-only
-        torch_launch.scale_rows(dlogits, factor)
+    if dlogits.is_cuda:
+        if torch_launch.available(cuda=True):  # the extension's is GPU-only
+            torch_launch.scale_rows(dlogits, factor)
+            return
+    elif torch_launch.available():
+        if not bool((factor == 1).all()):
+            dlogits.mul_(factor.reshape(-1, 1))
         return
     per_row = factor.shape[0] != 1
     model = scale_rows_into_model(DTYPES[dlogits.dtype], device_kind(dlogits), per_row)

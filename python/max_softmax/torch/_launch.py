@@ -137,11 +137,14 @@ def cross_entropy(
 ) -> None:
     """Cross-entropy of contiguous (rows, classes) `logits` against (rows,)
     int64 `targets` into `loss` ((1,) for "mean"/"sum", (rows,) for "none"),
-    and d loss / d logits into `dlogits` where given. `options` is the
-    float64 (2,) tensor (ignore_index, label_smoothing) on the logits'
-    device. With no rows or no classes the loss is `EMPTY_LOSS[reduction]`
-    and dlogits zeros, as the bridge's graph path gives. Ordering and
-    guarantees as `run`."""
+    and d loss / d logits into `dlogits` where given (it may be `logits`
+    where torch/linear.py's `inplace_safe` allows). `options` is the
+    contiguous float64 options tensor on the logits' device
+    (`_options.options_tensor`): (ignore_index, label_smoothing), or with
+    z-loss, softcap or class weights (ignore_index, label_smoothing, z_loss,
+    softcap[, a weight per class]), the extended kernels. With no rows or no
+    classes the loss is `EMPTY_LOSS[reduction]` and dlogits zeros, as the
+    bridge's graph path gives. Ordering and guarantees as `run`."""
     if fill_empty_cross_entropy(loss, dlogits, logits, reduction):
         return
     rows, classes = logits.shape
@@ -158,6 +161,7 @@ def cross_entropy(
         options.data_ptr(),
         rows,
         classes,
+        options.shape[0],
     )
 
 

@@ -25,8 +25,8 @@ halved to keep the budget.
 
 z_loss, softcap and class weights (`class_weight=`: `weight=` is the
 linear layer's) run the extended cross-entropy family (op/cpu_ce_options.mojo,
-op/gpu_ce_options_rows.mojo) through the op's model (the launch extension
-takes the plain options only); its gradient carries the softcap's
+op/gpu_ce_options_rows.mojo) through the launch extension as the plain
+options do; its gradient carries the softcap's
 1 - tanh^2 and the z-loss term, so the GEMMs after it are unchanged.
 
 In place: every GPU kernel family of the cross-entropy (register, smem,
@@ -123,11 +123,11 @@ def cross_entropy_into(
     contiguous (rows,) int64 `targets` into `loss` ((1,), or (rows,) for
     "none") and, where given, `dlogits`, which may be `logits` itself where
     `inplace_safe(logits, _extended(options))`. By the launch extension
-    where it is built and the options are plain, else by the op's
+    where it is built, else by the op's
     destination-passing model on MAX buffer views; on CUDA ordered against
     torch's current stream either way, with no host wait. The caller has
     checked everything (as for torch/_launch.py)."""
-    if not _extended(options) and torch_launch.available(logits.is_cuda):
+    if torch_launch.available(logits.is_cuda):
         torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
         return
     if torch_launch.fill_empty_cross_entropy(loss, dlogits, logits, reduction):
@@ -545,8 +545,8 @@ def linear_cross_entropy(
 
     For "mean" the count of kept rows (with class weights, the sum of
     their weights) is read to the host once (a sync on CUDA). z_loss,
-    softcap and class weights run the extended cross-entropy kernel by its
-    MAX model (no launch-extension path for them). The gradients are
+    softcap and class weights run the extended cross-entropy kernel
+    through the launch extension, as the plain loss. The gradients are
     computed in the forward whenever input, weight or bias requires grad;
     dweight accumulates over chunks in weight's dtype (cuBLAS accumulates
     each chunk in float32).
