@@ -28,18 +28,17 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
 from .cross_entropy_math import grad_of, smoothing_of, target_grad
-from .gpu_ce_block_rows import fold_group
+from .gpu_ce_block_strategy import block_stats
 from .gpu_launch import aligned16, aligned_flag_of
-from .gpu_reductions import block_max_sum, block_sum
 from .row_math import (
     accum_dtype,
     epilogue,
     exp_nan,
-    online_add,
     online_sum_guard,
     row_scale,
     vector_width,
 )
+from .row_part import row_part
 
 comptime STATS_COLS = 4
 """Per-row statistics of a slice: max, sum of exp, target logit, sum of x."""
@@ -66,77 +65,6 @@ def stats_threads[dtype: DType]() -> Int:
     return 256 if size_of[dtype]() <= 2 else 512
 
 
-@always_inline
-def _fold_items[
-    dtype: DType, W: Int, T: Int, U: Int, smoothing: Bool
-](
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    count: Int,
-    t: Int,
-    mut m: Scalar[accum_dtype[dtype]()],
-    mut s: Scalar[accum_dtype[dtype]()],
-    mut sx: Scalar[accum_dtype[dtype]()],
-):
-    """Fold thread `t`'s items of W elements (x + i * W for i = t, t + T,
-    ... < count; W = V: aligned 16-byte vectors) U at a time, the U loads
-    issued before any is used (`fold_group`), then the fewer than U left
-    one by one."""
-    comptime acc = accum_dtype[dtype]()
-    comptime align = size_of[dtype]() * W
-    var i = t
-    while i + (U - 1) * T < count:
-        var raw = SIMD[dtype, U * W]()
-        comptime for k in range(U):
-            raw = raw.insert[offset=k * W](
-                x.unsafe_offset((i + k * T) * W).unsafe_load[
-                    width=W, alignment=align
-                ]()
-            )
-        fold_group[dtype, W, U, smoothing](raw, m, s, sx)
-        i += U * T
-    while i < count:
-        var v = (
-            x.unsafe_offset(i * W)
-            .unsafe_load[width=W, alignment=align]()
-            .cast[acc]()
-        )
-        (m, s) = online_add[acc, W](m, s, v)
-        comptime if smoothing:
-            sx += v.reduce_add()
-        i += T
-
-
-@always_inline
-def _thread_stats[
-    dtype: DType, V: Int, T: Int, U: Int, smoothing: Bool
-](
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    t: Int,
-    head: Int,
-    nvec: Int,
-    tail_begin: Int,
-    len: Int,
-) -> Tuple[
-    Scalar[accum_dtype[dtype]()],
-    Scalar[accum_dtype[dtype]()],
-    Scalar[accum_dtype[dtype]()],
-]:
-    """Thread `t`'s (max, sum of exp, sum of x) over the row's scalar head,
-    aligned vector body and scalar tail."""
-    comptime acc = accum_dtype[dtype]()
-    var m = -inf[acc]()
-    var s = Scalar[acc](0)
-    var sx = Scalar[acc](0)
-    _fold_items[dtype, 1, T, U, smoothing](x, head, t, m, s, sx)
-    _fold_items[dtype, V, T, U, smoothing](
-        x.unsafe_offset(head), nvec, t, m, s, sx
-    )
-    _fold_items[dtype, 1, T, U, smoothing](
-        x.unsafe_offset(tail_begin), len - tail_begin, t, m, s, sx
-    )
-    return (m, s, sx)
-
-
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
 def row_stats_kernel[
     dtype: DType, with_target: Bool, V: Int, T: Int, U: Int
@@ -160,9 +88,7 @@ def row_stats_kernel[
     var len = Int(n)
     var start = row * len
     var x = logits.unsafe_offset(start)
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
-    var nvec = (len - head) // V
-    var tail_begin = head + nvec * V
+    var p = row_part[V, T](t, start, len, aligned_flag)
     var x_t = -inf[acc]()
     var smoothing = False
     comptime if with_target:
@@ -171,25 +97,15 @@ def row_stats_kernel[
             # Loaded before the reductions' barriers, in flight with the row.
             x_t = x[unsafe_offset=Int(local)].cast[acc]()
         smoothing = options[unsafe_offset=2] != 0
-    # `smoothing` is the same for the whole block: the reductions below
-    # are reached by every thread.
-    var part: Tuple[Scalar[acc], Scalar[acc], Scalar[acc]]
-    if smoothing:
-        part = _thread_stats[dtype, V, T, U, True](
-            x, t, head, nvec, tail_begin, len
-        )
-    else:
-        part = _thread_stats[dtype, V, T, U, False](
-            x, t, head, nvec, tail_begin, len
-        )
-    var pair = block_max_sum[acc, T](part[0], part[1])
-    var sum_x = block_sum[acc, T](part[2]) if smoothing else Scalar[acc](0)
+    # `smoothing` is the same for the whole block: the reductions are
+    # reached by every thread.
+    var got = block_stats[dtype, V, T, U, False, False](x, p, smoothing)
     if t == 0:
         var out = stats.unsafe_offset(row * STATS_COLS)
-        out[unsafe_offset=0] = pair[0]
-        out[unsafe_offset=1] = pair[1]
+        out[unsafe_offset=0] = got[0]
+        out[unsafe_offset=1] = got[1]
         out[unsafe_offset=2] = x_t
-        out[unsafe_offset=3] = sum_x
+        out[unsafe_offset=3] = got[2]
 
 
 def launch_row_stats[
