@@ -26,7 +26,12 @@ n % V == 0; coalesced scalar loads otherwise. Nothing synchronises with the
 host: the launch is capture-safe.
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    WARP_SIZE,
+    block_idx,
+    thread_idx,
+)
 from max.gpu.host import DeviceContext
 from max.gpu.primitives.grid_controls import pdl_launch_attributes
 from std.utils import StaticTuple
@@ -44,9 +49,10 @@ from .gpu_register_rows import (
     block_threads,
     enqueue_split_aligned,
     launch_register_plan,
+    pdl_start,
     register_capacity,
     register_plan,
-    register_rows,
+    vector_path,
 )
 from .row_math import (
     accum_dtype,
@@ -57,7 +63,6 @@ from .row_math import (
     sum_shift,
     vector_width,
 )
-from .row_op import RegisterRowOp
 from .variants import RowStrategies, Strategy, launch_strategy, no_strategy
 
 # Threads of the block-per-row kernel for rows past the register plans.
@@ -171,170 +176,72 @@ def masked_register_kernel[
         causal_rows: L: causal row r keeps columns j <= r % L.
         vector_flag: Nonzero when dst, src and mask rows start 16-byte aligned.
     """
-    comptime assert accum_dtype[dtype]().is_floating_point()
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
     comptime assert max(V, 4) * K <= MAX_ROW_REGISTERS
-    var op = MaskedRegisterRow[dtype, log_out, has_mask, causal, threads, V, K](
-        dst, src, mask, options, n, mask_rows, causal_rows
+    comptime block = block_threads[threads]()
+    pdl_start[pdl]()
+    var vector_loads = vector_path[aligned](vector_flag)
+    var t = Int(thread_idx.x) % threads
+    var row = (
+        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
     )
-    register_rows[pdl=pdl, aligned=aligned](op, rows, n, vector_flag)
-
-
-struct MaskedRegisterRow[
-    dtype: DType,
-    log_out: Bool,
-    has_mask: Bool,
-    causal: Bool,
-    T_: Int,
-    V_: Int,
-    K_: Int,
-](RegisterRowOp):
-    """Masked softmax as a `RegisterRowOp`: K chunks of V of z a thread,
-    held in the accumulator type (z = x * scale + mask, -inf past a causal
-    row's diagonal, whose whole chunks are not read); it folds (max, sum of
-    exp(z - shift)). Parameters and fields as `masked_register_kernel`'s."""
-
-    comptime threads = Self.T_
-
-    var dst: HeldRows[Self.dtype]
-    """Output rows."""
-    var src: HeldRows[Self.dtype]
-    """Input rows."""
-    var mask: HeldRows[Self.dtype]
-    """Additive mask rows (not read unless `has_mask`)."""
-    var options: HeldRows[DType.float64]
-    """(scale,) on the device."""
-    var n: Int
-    """Row length."""
-    var mask_rows: Int
-    """Rows of the mask."""
-    var causal_rows: Int
-    """L of the causal rows."""
-    var len: Int
-    """Elements of the row written (0 past the last row)."""
+    # Past the last row: as register_rows_kernel, stay (len = 0) for the
+    # group's shuffles and barriers unless the group is one warp.
+    var len = Int(n)
+    if row >= Int(rows):
+        comptime if threads == WARP_SIZE:
+            return
+        len = 0
+        row = 0
+    var scale = options[unsafe_offset=0].cast[acc]()
     var limit: Int
-    """Columns [0, limit) of the row are kept."""
-    var scale: Scalar[accum_dtype[Self.dtype]()]
-    """The scale of x."""
-    var x: HeldRows[Self.dtype]
-    """This group's input row."""
-    var y: HeldRows[Self.dtype]
-    """This group's output row."""
-    var m_row: HeldRows[Self.dtype]
-    """This group's mask row."""
-    var z: SIMD[accum_dtype[Self.dtype](), Self.V_ * Self.K_]
-    """The thread's chunks of z."""
-    var shift: Scalar[accum_dtype[Self.dtype]()]
-    """The row's `sum_shift`."""
-    var rs: Scalar[accum_dtype[Self.dtype]()]
-    """The row's `masked_row_scale`."""
-
-    @always_inline
-    def __init__(
-        out self,
-        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        src: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        mask: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        options: Pointer[Float64, MutAnyOrigin],
-        n: Int64,
-        mask_rows: Int64,
-        causal_rows: Int64,
-    ):
-        """The op on these tensors, rows of `n`."""
-        self.dst = held(dst)
-        self.src = held(src)
-        self.mask = held(mask)
-        self.options = held(options)
-        self.n = Int(n)
-        self.mask_rows = Int(mask_rows)
-        self.causal_rows = Int(causal_rows)
-        self.len = 0
-        self.limit = 0
-        self.scale = 0
-        self.x = self.src
-        self.y = self.dst
-        self.m_row = self.mask
-        self.z = SIMD[accum_dtype[Self.dtype](), Self.V_ * Self.K_](0)
-        self.shift = 0
-        self.rs = 0
-
-    @always_inline
-    def begin(mut self, row: Int, len: Int):
-        """The scale, the row's kept columns, its input, output and mask
-        rows."""
-        comptime acc = accum_dtype[Self.dtype]()
-        self.len = len
-        self.scale = kernel_arg(self.options)[unsafe_offset=0].cast[acc]()
-        comptime if Self.causal:
-            self.limit = row_limit[Self.causal](row, len, self.causal_rows)
+    comptime if causal:
+        limit = row_limit[causal](row, len, Int(causal_rows))
+    else:
+        limit = len
+    var x = src.unsafe_offset(row * Int(n))
+    var y = dst.unsafe_offset(row * Int(n))
+    var m_row = mask.unsafe_offset((row % Int(mask_rows)) * Int(n))
+    var z = SIMD[acc, V * K](-inf[acc]())
+    comptime for k in range(K):
+        var zc: SIMD[acc, V]
+        if vector_loads:
+            zc = _chunk[dtype, has_mask, causal, V](
+                x, m_row, (k * threads + t) * V, limit, scale
+            )
         else:
-            self.limit = len
-        self.x = held(kernel_arg(self.src).unsafe_offset(row * self.n))
-        self.y = held(kernel_arg(self.dst).unsafe_offset(row * self.n))
-        self.m_row = held(
-            kernel_arg(self.mask).unsafe_offset((row % self.mask_rows) * self.n)
-        )
-
-    @always_inline
-    def fold(mut self, t: Int, vector_loads: Bool):
-        """z of the thread's chunks, then the row's shift and scale."""
-        comptime acc = accum_dtype[Self.dtype]()
-        comptime T = Self.T_
-        comptime V = Self.V_
-        var x = kernel_arg(self.x)
-        var m_row = kernel_arg(self.m_row)
-        var z = SIMD[acc, V * Self.K_](-inf[acc]())
-        comptime for k in range(Self.K_):
-            var zc: SIMD[acc, V]
-            if vector_loads:
-                zc = _chunk[Self.dtype, Self.has_mask, Self.causal, V](
-                    x, m_row, (k * T + t) * V, self.limit, self.scale
+            zc = SIMD[acc, V](-inf[acc]())
+            comptime for v in range(V):
+                zc[v] = _element[dtype, has_mask](
+                    x, m_row, (k * V + v) * threads + t, limit, scale
                 )
-            else:
-                zc = SIMD[acc, V](-inf[acc]())
-                comptime for v in range(V):
-                    zc[v] = _element[Self.dtype, Self.has_mask](
-                        x, m_row, (k * V + v) * T + t, self.limit, self.scale
-                    )
-            z = z.insert[offset=k * V](zc)
-        self.z = z
-        comptime block = block_threads[T]()
-        var row_max = block_max[acc, T, block](z.reduce_max())
-        self.shift = sum_shift[acc](row_max)
-        var s = Scalar[acc](0)
-        comptime for k in range(Self.K_):
-            s += (
-                masked_epilogue[False, acc, V](
-                    z.slice[V, offset=k * V](), self.shift, Scalar[acc](1)
-                )
-            ).reduce_add()
-        self.rs = masked_row_scale[Self.log_out, acc](
-            block_sum[acc, T, block](s), row_max
-        )
-
-    @always_inline
-    def finish(self, live: Bool, row: Int, t: Int):
-        """Nothing a row."""
-        pass
-
-    @always_inline
-    def write(self, t: Int, vector_loads: Bool):
-        """The chunks' masked softmax, where they were read."""
-        comptime acc = accum_dtype[Self.dtype]()
-        comptime V = Self.V_
-        var y = kernel_arg(self.y)
-        comptime for k in range(Self.K_):
-            var out = masked_epilogue[Self.log_out, acc, V](
-                self.z.slice[V, offset=k * V](), self.shift, self.rs
-            ).cast[Self.dtype]()
-            if vector_loads:
-                var e0 = (k * Self.T_ + t) * V
-                if e0 < self.len:
-                    y.unsafe_offset(e0).unsafe_store[alignment=16](out)
-            else:
-                comptime for v in range(V):
-                    var e = (k * V + v) * Self.T_ + t
-                    if e < self.len:
-                        y[unsafe_offset=e] = out[v]
+        z = z.insert[offset=k * V](zc)
+    var row_max = block_max[acc, threads, block](z.reduce_max())
+    var shift = sum_shift[acc](row_max)
+    var s = Scalar[acc](0)
+    comptime for k in range(K):
+        s += (
+            masked_epilogue[False, acc, V](
+                z.slice[V, offset=k * V](), shift, Scalar[acc](1)
+            )
+        ).reduce_add()
+    var rs = masked_row_scale[log_out, acc](
+        block_sum[acc, threads, block](s), row_max
+    )
+    comptime for k in range(K):
+        var out = masked_epilogue[log_out, acc, V](
+            z.slice[V, offset=k * V](), shift, rs
+        ).cast[dtype]()
+        if vector_loads:
+            var e0 = (k * threads + t) * V
+            if e0 < len:
+                y.unsafe_offset(e0).unsafe_store[alignment=16](out)
+        else:
+            comptime for v in range(V):
+                var e = (k * V + v) * threads + t
+                if e < len:
+                    y[unsafe_offset=e] = out[v]
 
 
 @__llvm_metadata(
