@@ -55,6 +55,7 @@ from std.utils.numerics import inf
 from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_sum
 from .row_math import accum_dtype, epilogue, exp_nan, row_scale, vector_width
+from .row_op import RegisterRowOp
 
 comptime WARP_THREADS = 32
 # Most threads a row: the last plans' 512.
@@ -270,10 +271,33 @@ def register_rows_kernel[
         n: Row length.
         vector_flag: Nonzero when row starts are 16-byte aligned (n % V == 0).
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
     comptime assert chunk_registers(V) * K <= MAX_ROW_REGISTERS
     comptime assert threads % WARP_SIZE == 0 or WARP_SIZE % threads == 0
+    var op = SoftmaxRegisterRow[dtype, log_out, threads, V, K](dst, src, n)
+    register_rows[pdl=pdl, aligned=aligned](op, rows, n, vector_flag)
+
+
+@always_inline
+def register_rows[
+    Op: RegisterRowOp, pdl: Bool, aligned: Bool
+](mut op: Op, rows: Int64, n: Int64, vector_flag: Int32):
+    """The register strategy, for any `RegisterRowOp`: rows of `n`, a group
+    of `Op.threads` threads a row (`block_threads` a block, so several rows
+    a block for short rows), each thread holding its chunks of the row in
+    registers (`load_row_chunks`), read once and written once.
+
+    Parameters:
+        Op: The op: what it reads, folds and writes.
+        pdl: Launched with Programmatic Dependent Launch (`pdl_start`).
+        aligned: Compiled for aligned rows only (`vector_path`).
+
+    Args:
+        op: The op on its tensors.
+        rows: Number of rows.
+        n: Row length.
+        vector_flag: Nonzero when row starts are 16-byte aligned (n % V == 0).
+    """
+    comptime threads = Op.threads
     comptime block = block_threads[threads]()
     pdl_start[pdl]()
     var vector_loads = vector_path[aligned](vector_flag)
@@ -285,39 +309,131 @@ def register_rows_kernel[
     # for the block's barriers, a smaller one for its warp's shuffles, with
     # len = 0, so it loads and stores nothing.
     var len = Int(n)
-    if row >= Int(rows):
+    var live = row < Int(rows)
+    if not live:
         comptime if threads == WARP_SIZE:
             return
         len = 0
         row = 0
-    var x = src.unsafe_offset(row * Int(n))
-    var y = dst.unsafe_offset(row * Int(n))
-    # The row stays in registers in its own dtype: a 16-bit row takes half
-    # the registers it would widened, so twice the rows (and bytes in
-    # flight) fit an SM. Each phase widens one chunk at a time.
-    var raw = load_row_chunks[dtype, threads, V, K, dtype](
-        x, len, t, vector_loads, -inf[dtype]()
-    )
+    op.begin(row, len)
+    op.fold(t, vector_loads)
+    op.finish(live, row, t)
+    op.write(t, vector_loads)
+
+
+@always_inline
+def held_max_sum[
+    dtype: DType, threads: Int, V: Int, K: Int
+](raw: SIMD[dtype, V * K]) -> Tuple[
+    Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]
+]:
+    """The row's (max, sum of exp(x - max)) from the chunks its threads
+    hold in their own dtype, each widened in turn, reduced over the row's
+    threads. Padding is -inf, so it adds exp(-inf) = 0 unless the whole row
+    is -inf (max -inf), and that row is NaN anyway."""
+    comptime acc = accum_dtype[dtype]()
+    comptime block = block_threads[threads]()
     var m = -inf[acc]()
     comptime for k in range(K):
         m = max(m, raw.slice[V, offset=k * V]().cast[acc]().reduce_max())
     var row_max = block_max[acc, threads, block](m)
-    # Padding is -inf, so it adds exp(-inf) = 0 unless the whole row is -inf
-    # (row_max == -inf), and that row is NaN anyway.
     var s = Scalar[acc](0)
     comptime for k in range(K):
         s += exp_nan[acc, V](
             raw.slice[V, offset=k * V]().cast[acc]() - row_max
         ).reduce_add()
-    var scale = row_scale[log_out, acc](block_sum[acc, threads, block](s))
-    var out = SIMD[dtype, V * K](0)
-    comptime for k in range(K):
-        out = out.insert[offset=k * V](
-            epilogue[log_out, acc, V](
-                raw.slice[V, offset=k * V]().cast[acc](), row_max, scale
-            ).cast[dtype]()
+    return (row_max, block_sum[acc, threads, block](s))
+
+
+struct SoftmaxRegisterRow[dtype: DType, log_out: Bool, T: Int, V: Int, K: Int](
+    RegisterRowOp
+):
+    """Softmax (log-softmax with `log_out`) of `src` into `dst` as a
+    `RegisterRowOp`: K chunks of V a thread, held in their own dtype (a
+    16-bit row takes half the registers it would widened, so twice the
+    rows, and bytes in flight, fit an SM), widened a chunk at a time; it
+    folds (max, sum of exp(x - max))."""
+
+    comptime threads = Self.T
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+    var n: Int
+    """Row length."""
+    var x: HeldRows[Self.dtype]
+    """This group's input row."""
+    var y: HeldRows[Self.dtype]
+    """This group's output row."""
+    var len: Int
+    """Elements of the row read (0 past the last row)."""
+    var raw: SIMD[Self.dtype, Self.V * Self.K]
+    """The thread's chunks of the row."""
+    var row_max: Scalar[accum_dtype[Self.dtype]()]
+    """The row's max."""
+    var scale: Scalar[accum_dtype[Self.dtype]()]
+    """The row's `row_scale`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        src: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        n: Int64,
+    ):
+        """The op on these tensors, rows of `n`."""
+        self.dst = held(dst)
+        self.src = held(src)
+        self.n = Int(n)
+        self.x = self.src
+        self.y = self.dst
+        self.len = 0
+        self.raw = SIMD[Self.dtype, Self.V * Self.K](0)
+        self.row_max = 0
+        self.scale = 0
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int):
+        """The row's input and output."""
+        self.x = self.src.unsafe_offset(row * self.n)
+        self.y = self.dst.unsafe_offset(row * self.n)
+        self.len = len
+
+    @always_inline
+    def fold(mut self, t: Int, vector_loads: Bool):
+        """Load the chunks (-inf past the row), then the row's max and
+        `row_scale`."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime assert acc.is_floating_point()
+        self.raw = load_row_chunks[
+            Self.dtype, Self.T, Self.V, Self.K, Self.dtype
+        ](kernel_arg(self.x), self.len, t, vector_loads, -inf[Self.dtype]())
+        var pair = held_max_sum[Self.dtype, Self.T, Self.V, Self.K](self.raw)
+        self.row_max = pair[0]
+        self.scale = row_scale[Self.log_out, acc](pair[1])
+
+    @always_inline
+    def finish(self, live: Bool, row: Int, t: Int):
+        """Nothing a row."""
+        pass
+
+    @always_inline
+    def write(self, t: Int, vector_loads: Bool):
+        """The chunks' softmax, where they were read."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var out = SIMD[Self.dtype, Self.V * Self.K](0)
+        comptime for k in range(Self.K):
+            out = out.insert[offset=k * Self.V](
+                epilogue[Self.log_out, acc, Self.V](
+                    self.raw.slice[Self.V, offset=k * Self.V]().cast[acc](),
+                    self.row_max,
+                    self.scale,
+                ).cast[Self.dtype]()
+            )
+        store_row_chunks[Self.dtype, Self.T, Self.V, Self.K, Self.dtype](
+            kernel_arg(self.y), out, self.len, t, vector_loads
         )
-    store_row_chunks[dtype, threads, V, K, dtype](y, out, len, t, vector_loads)
 
 
 @always_inline

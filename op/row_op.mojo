@@ -77,3 +77,37 @@ trait RowOp:
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """The epilogue: write the part's elements from chip."""
         ...
+
+
+trait RegisterRowOp:
+    """An op whose rows a register plan holds (`register_rows` in
+    gpu_register_rows): `threads` threads a row, each holding its chunks of
+    the row in registers (the op's own fields: one tensor or two, raw or
+    widened), so every element is read once and written once. The strategy
+    owns which thread takes which row and the rows past the last; the op
+    supplies what it reads, folds and writes. Each method runs on every
+    thread of a row's group (a past-the-end group with `len` 0); `fold`
+    reduces over the group, so every thread must reach it."""
+
+    comptime threads: Int
+    """Threads a row: 8, 16 or a multiple of 32."""
+
+    def begin(mut self, row: Int, len: Int):
+        """Set up row `row`, of which `len` elements are read (0 for a group
+        past the last row, which then reads and writes nothing)."""
+        ...
+
+    def fold(mut self, t: Int, vector_loads: Bool):
+        """Load thread t's chunks of the row into registers (16-byte vectors
+        where `vector_loads`, else coalesced scalars) and fold the row's
+        statistics over the row's threads."""
+        ...
+
+    def finish(self, live: Bool, row: Int, t: Int):
+        """Write what the op writes once a row (where `live`: the row
+        exists)."""
+        ...
+
+    def write(self, t: Int, vector_loads: Bool):
+        """The epilogue: write thread t's chunks of the output row."""
+        ...
