@@ -127,9 +127,12 @@ def _time_small(op: str, dtype_name: str, shape: tuple[int, ...], device: str, a
     """Per call ms of `op` at `shape`, forward alone and forward + backward: each sample is
     the mean of `args.inner` calls back to back (one sync at the end on CUDA), the figure the
     best of `args.reps` samples (the least disturbed on a shared machine), the median beside
-    it."""
+    it. `args.clock` "thread" counts the calling thread's CPU time only: the host work of a
+    call, what a busy machine's other processes do not inflate (the kernel's own threads and
+    any wait for them left out)."""
     dtype = getattr(torch, dtype_name)
-    sets = _input_sets(op, dtype, shape, "cpu" if device == "cpu" else device)[:2]
+    sets = _input_sets(op, dtype, shape, device)[:2]
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     out = []
     for kind, fn in (("fwd", _forward(op)), ("fwd+bwd", _step(op))):
         grad = kind == "fwd+bwd"
@@ -138,13 +141,13 @@ def _time_small(op: str, dtype_name: str, shape: tuple[int, ...], device: str, a
             xs = [base.detach().requires_grad_(grad) for base, _ in sets]
             if device == "cuda":
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = clock()
             for i in range(args.inner):
                 fn(xs[i & 1], sets[i & 1][1])
             if device == "cuda":
                 torch.cuda.synchronize()
             if rep >= 2:
-                samples.append((time.perf_counter() - t0) * 1e3 / args.inner)
+                samples.append((clock() - t0) * 1e3 / args.inner)
         out.append(
             {
                 "op": op,
@@ -153,6 +156,7 @@ def _time_small(op: str, dtype_name: str, shape: tuple[int, ...], device: str, a
                 "pass": kind,
                 "ms": min(samples),
                 "median_ms": statistics.median(samples),
+                "clock": args.clock,
             }
         )
     return out
@@ -224,6 +228,12 @@ def main() -> None:
         "--small", action="store_true", help="the small host-bound cases, fwd and fwd+bwd"
     )
     parser.add_argument("--inner", type=int, default=200, help="--small: calls a sample")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="--small: wall time, or the calling thread's CPU time (host work only)",
+    )
     parser.add_argument("--compare", type=Path, nargs="*")
     args = parser.parse_args()
     if args.compare:

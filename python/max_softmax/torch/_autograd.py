@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..validation import normalize_axis
-from ._rows import run
+from ._rows import run, run_eager
 
 _forward_ad = torch.autograd.forward_ad
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -284,12 +284,12 @@ def _row_function(
 
 def _row_eager(fn: type[torch.autograd.Function], op: str) -> type[torch.autograd.Function]:
     """`for_eager(fn)` of a `_row_function` Function, its forward written out
-    (one Python call, not three): our kernel, then the output saved, for
-    forward mode only where forward-mode AD is on (nothing calls the jvp
-    otherwise)."""
+    (one Python call, not three): our kernel (`run_eager`: an eager Function
+    runs outside torch.compile), then the output saved, for forward mode only
+    where forward-mode AD is on (nothing calls the jvp otherwise)."""
 
     def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
-        out = run(op, dim, x)
+        out = run_eager(op, dim, x)
         ctx.save_for_backward(out)
         if _forward_ad._current_level >= 0:
             ctx.save_for_forward(out)
