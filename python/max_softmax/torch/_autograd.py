@@ -12,6 +12,11 @@ is our kernel's either way, and its derivatives are exact.
 
 A `vmap`ped call becomes one call with the vmapped dim moved to the front:
 the ops are row-wise, so it is one more leading dim.
+
+Each Function comes in three variants: itself (setup_context style, for
+torch.func), `for_eager` (ctx style, applied by torch's C apply: the
+first-order path, as cheap a call as a plain Function) and `for_compile`.
+`pick` chooses among them, or the op as is, once a call.
 """
 
 from __future__ import annotations
