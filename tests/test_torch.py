@@ -93,6 +93,62 @@ def test_autograd_records_only_when_a_gradient_is_wanted(name, grad):
     torch.testing.assert_close(y.detach(), getattr(torch, name)(x.detach(), dim=-1))
 
 
+def _python_calls(step) -> list[str]:
+    """The qualified names of the Python functions `step()` calls."""
+    import sys
+
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            seen.append(getattr(code, "co_qualname", code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "masked", "cross_entropy"])
+def test_first_order_call_applies_its_function_in_c(op):
+    """A first-order forward and backward applies the eager Function by
+    torch's C apply (no Python Function.apply: no argument binding, no
+    functorch check, no dead-wrapper unwrap), and asks torch.compile at most
+    once a forward and once a backward for the row ops."""
+    x = torch.randn(8, 100, requires_grad=True)
+    dy = torch.randn(8, 100)
+    steps = {
+        "softmax": lambda: mst.softmax(x, -1).backward(dy),
+        "log_softmax": lambda: mst.log_softmax(x, -1).backward(dy),
+        "masked": lambda: mst.softmax(x, -1, scale=0.5).backward(dy),
+        "cross_entropy": lambda: mst.cross_entropy(x, torch.arange(8)).backward(),
+    }
+    steps[op]()  # the launch plans made
+    calls = _python_calls(steps[op])
+    assert "Function.apply" not in calls and "unwrap_dead_wrappers" not in calls
+    if op in ("softmax", "log_softmax"):
+        assert calls.count("is_compiling") <= 3, calls
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_func_transform_over_a_captured_tensor(name):
+    """Under torch.func.grad a call on a tensor the transform does not wrap
+    (captured, requiring grad) takes the setup_context Function (an eager one
+    may not be applied under a transform) and gives torch's gradient."""
+    w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(3, 5, dtype=torch.float64)
+
+    def loss(a, fn):
+        return (fn(w, -1) * a).sum()
+
+    ours = torch.func.grad(lambda a: loss(a, getattr(mst, name)))(a)
+    ref = torch.func.grad(lambda a: loss(a, getattr(torch, name)))(a)
+    torch.testing.assert_close(ours, ref)
+
+
 def test_gradcheck_float64():
     for fn in (mst.softmax, mst.log_softmax):
         x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)

@@ -7,6 +7,9 @@ Run it once per tree, alternating, in one sitting on the same machine:
     PYTHONPATH=$HOME/site:python     python benchmarks/tools/ab_torch.py --tag new --out $OUT
     (twice each), then: python benchmarks/tools/ab_torch.py --compare $OUT/abt_*.jsonl
 
+`--small` times the host-bound calls instead (`SMALL_CASES`: 8x100 and 256x1000), the
+forward alone and the forward and backward, best of `--reps` samples of `--inner` calls.
+
 Each case is a public call of `max_softmax.torch` and its backward, as a training step makes
 them: softmax / log_softmax (`y.backward(dy)`), scaled causal softmax, and cross-entropy
 (`loss.backward()`). Every timed call gets its own leaf tensor (a view of one of several input
@@ -44,6 +47,13 @@ CPU_CASES = [
     ("causal", "float32", (4, 256, 256)),
     ("cross_entropy", "float32", (512, 32000)),
 ]
+SMALL_CASES = [
+    (op, "float32", shape)
+    for op in ("softmax", "log_softmax", "cross_entropy")
+    for shape in ((8, 100), (256, 1000))
+]
+"""`--small`: host-bound calls, where the bridge's Python is most of the time; each is timed
+as a forward alone (nothing requires grad) and as a forward and backward."""
 L2_BYTES = 256 << 20
 """Input bytes per case on CUDA, over several sets: well past the H100's 50 MB L2."""
 
@@ -58,6 +68,16 @@ def _step(op: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         return lambda x, dy: mst.softmax(x, -1, scale=0.125, causal=True).backward(dy)
     fn = getattr(mst, op)
     return lambda x, dy: fn(x, -1).backward(dy)
+
+
+def _forward(op: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One forward of `op` on x (which requires no grad) with its second input."""
+    import max_softmax.torch as mst
+
+    if op == "cross_entropy":
+        return lambda x, t: mst.cross_entropy(x, t)
+    fn = getattr(mst, op)
+    return lambda x, dy: fn(x, -1)
 
 
 def _input_sets(op: str, dtype: torch.dtype, shape: tuple[int, ...], device: str) -> list:
@@ -103,6 +123,45 @@ def _time_case(op: str, dtype_name: str, shape: tuple[int, ...], device: str, re
     return {"op": op, "dtype": dtype_name, "shape": list(shape), "ms": statistics.median(times)}
 
 
+def _time_small(op: str, dtype_name: str, shape: tuple[int, ...], device: str, args) -> list:
+    """Per call ms of `op` at `shape`, forward alone and forward + backward: each sample is
+    the mean of `args.inner` calls back to back (one sync at the end on CUDA), the figure the
+    best of `args.reps` samples (the least disturbed on a shared machine), the median beside
+    it. `args.clock` "thread" counts the calling thread's CPU time only: the host work of a
+    call, what a busy machine's other processes do not inflate (the kernel's own threads and
+    any wait for them left out)."""
+    dtype = getattr(torch, dtype_name)
+    sets = _input_sets(op, dtype, shape, device)[:2]
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    out = []
+    for kind, fn in (("fwd", _forward(op)), ("fwd+bwd", _step(op))):
+        grad = kind == "fwd+bwd"
+        samples = []
+        for rep in range(args.reps + 2):
+            xs = [base.detach().requires_grad_(grad) for base, _ in sets]
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = clock()
+            for i in range(args.inner):
+                fn(xs[i & 1], sets[i & 1][1])
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if rep >= 2:
+                samples.append((clock() - t0) * 1e3 / args.inner)
+        out.append(
+            {
+                "op": op,
+                "dtype": dtype_name,
+                "shape": list(shape),
+                "pass": kind,
+                "ms": min(samples),
+                "median_ms": statistics.median(samples),
+                "clock": args.clock,
+            }
+        )
+    return out
+
+
 def _prepare_extension(device: str) -> None:
     """Build and load the launch extension now, so no call times a build or the graph path."""
     from max_softmax import launch
@@ -112,20 +171,24 @@ def _prepare_extension(device: str) -> None:
         launch.CUDA_ENABLED = True
 
 
-def measure(tag: str, out: Path, device: str, reps: int, only: str = "") -> Path:
-    """Time every case of `device` (those whose "op:dtype:shape" holds `only`)
-    and append the records to out/abt_<tag>.jsonl."""
+def measure(tag: str, out: Path, device: str, args: argparse.Namespace) -> Path:
+    """Time every case of `device` (`SMALL_CASES` with `args.small`; those whose
+    "op:dtype:shape" holds `args.only`) and append the records to out/abt_<tag>.jsonl."""
     _prepare_extension(device)
-    cases = CUDA_CASES if device == "cuda" else CPU_CASES
-    if only:
-        cases = [c for c in cases if only in f"{c[0]}:{c[1]}:{'x'.join(map(str, c[2]))}"]
+    cases = SMALL_CASES if args.small else CUDA_CASES if device == "cuda" else CPU_CASES
+    if args.only:
+        cases = [c for c in cases if args.only in f"{c[0]}:{c[1]}:{'x'.join(map(str, c[2]))}"]
     path = out / f"abt_{tag}.jsonl"
     with path.open("a") as f:
         for op, dtype_name, shape in cases:
-            timed = _time_case(op, dtype_name, shape, device, reps)
-            record = {"tag": tag, "device": device, **timed}
-            f.write(json.dumps(record) + "\n")
-            print(json.dumps(record), flush=True)
+            if args.small:
+                timed = _time_small(op, dtype_name, shape, device, args)
+            else:
+                timed = [_time_case(op, dtype_name, shape, device, args.reps)]
+            for t in timed:
+                record = {"tag": tag, "device": device, **t}
+                f.write(json.dumps(record) + "\n")
+                print(json.dumps(record), flush=True)
     return path
 
 
@@ -135,18 +198,21 @@ def compare(paths: list[Path]) -> str:
     for p in paths:
         for line in p.read_text().splitlines():
             r = json.loads(line)
-            key = (r["device"], r["op"], r["dtype"], "x".join(map(str, r["shape"])))
+            shape = "x".join(map(str, r["shape"]))
+            key = (r["device"], r["op"], r.get("pass", "fwd+bwd"), r["dtype"], shape)
             tags = best.setdefault(key, {})
             tags[r["tag"]] = min(tags.get(r["tag"], float("inf")), r["ms"])
     rows = [
-        "| device | op | dtype | shape | old ms | new ms | old/new |",
-        "|---|---|---|---|---|---|---|",
+        "| device | op | pass | dtype | shape | old ms | new ms | old/new |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (dev, op, dt, shape), tags in sorted(best.items()):
+    for (dev, op, kind, dt, shape), tags in sorted(best.items()):
         old, new = tags.get("old"), tags.get("new")
         ratio = f"{old / new:.3f}" if old and new else "n/a (a tag is missing)"
         fmt = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
-        rows.append(f"| {dev} | {op} | {dt} | {shape} | {fmt(old)} | {fmt(new)} | {ratio} |")
+        rows.append(
+            f"| {dev} | {op} | {kind} | {dt} | {shape} | {fmt(old)} | {fmt(new)} | {ratio} |"
+        )
     return "\n".join(rows)
 
 
@@ -158,6 +224,16 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--only", default="", help='cases whose "op:dtype:shape" holds this')
+    parser.add_argument(
+        "--small", action="store_true", help="the small host-bound cases, fwd and fwd+bwd"
+    )
+    parser.add_argument("--inner", type=int, default=200, help="--small: calls a sample")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="--small: wall time, or the calling thread's CPU time (host work only)",
+    )
     parser.add_argument("--compare", type=Path, nargs="*")
     args = parser.parse_args()
     if args.compare:
@@ -167,7 +243,7 @@ def main() -> None:
         parser.error("--tag old|new (or --compare files)")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
-    measure(args.tag, args.out, device, args.reps, args.only)
+    measure(args.tag, args.out, device, args)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ is our kernel's either way, and its derivatives are exact.
 
 A `vmap`ped call becomes one call with the vmapped dim moved to the front:
 the ops are row-wise, so it is one more leading dim.
+
+Each Function comes in three variants: itself (setup_context style, for
+torch.func), `for_eager` (ctx style, applied by torch's C apply: the
+first-order path, as cheap a call as a plain Function) and `for_compile`.
+`pick` chooses among them, or the op as is, once a call.
 """
 
 from __future__ import annotations
@@ -22,10 +27,18 @@ from typing import Any
 import torch
 
 from ..validation import normalize_axis
-from ._rows import run
+from ._rows import run, run_eager
 
 _forward_ad = torch.autograd.forward_ad
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_transforms_active = torch._C._are_functorch_transforms_active
+_grad_enabled = torch.is_grad_enabled
+_apply_in_c = torch._C._FunctionBase.__dict__["apply"]
+"""The apply under `Function.apply`: it skips the Python that binds a
+setup_context Function's arguments, asks whether torch.func is active and
+unwraps dead torch.func wrappers (~10 µs a call on a busy CPU). For eager
+variants, which `choose` and `pick` take only where no transform is active
+and no tensor is wrapped."""
 
 
 def needs_function(*tensors: torch.Tensor) -> bool:
@@ -33,7 +46,7 @@ def needs_function(*tensors: torch.Tensor) -> bool:
     it, forward-mode AD is on, or a `torch.func` transform wraps a tensor.
     Else the op runs as is (no ~10 µs of Function bookkeeping a call)."""
     for t in tensors:
-        if t.requires_grad and torch.is_grad_enabled():
+        if t.requires_grad and _grad_enabled():
             return True
     if torch.compiler.is_compiling():
         return False
@@ -43,6 +56,30 @@ def needs_function(*tensors: torch.Tensor) -> bool:
         if _is_wrapped(t):
             return True
     return False
+
+
+def pick(
+    functions: tuple[type[torch.autograd.Function], ...], *tensors: torch.Tensor
+) -> type[torch.autograd.Function] | None:
+    """The autograd Function of `functions` (`fn`, `for_eager(fn)`,
+    `for_compile(fn)`) that a call on `tensors` applies, or None where the op
+    runs as is (`needs_function` is False): the one decision a call makes,
+    with torch.compile asked once."""
+    fn, eager, compiled = functions
+    recorded = False
+    for t in tensors:
+        if t.requires_grad:
+            recorded = _grad_enabled()
+            break
+    if torch.compiler.is_compiling():
+        return compiled if recorded else None
+    for t in tensors:
+        if _is_wrapped(t):  # live, or dead (fn's apply unwraps it)
+            return fn
+    if recorded or _forward_ad._current_level >= 0:
+        # Under a transform only a setup_context Function may be applied.
+        return fn if _transforms_active() else eager
+    return None
 
 
 def leading(info: Any, in_dims: tuple, *tensors: torch.Tensor) -> tuple[list, int]:
@@ -72,7 +109,8 @@ def for_eager(fn: type[torch.autograd.Function]) -> type[torch.autograd.Function
     """Function `fn` in the style whose forward takes ctx: the same forward,
     setup_context, backward and jvp (reverse mode to any order and forward
     mode), without the signature binding torch does on every `apply` of a
-    setup_context Function. For calls no torch.func transform wraps."""
+    setup_context Function, its apply torch's C one (`_apply_in_c`). For
+    calls no torch.func transform wraps (`choose`, `pick`)."""
     forward, setup_context = fn.forward, fn.setup_context
 
     def eager_forward(ctx: Any, *args: Any) -> Any:
@@ -82,16 +120,19 @@ def for_eager(fn: type[torch.autograd.Function]) -> type[torch.autograd.Function
 
     parts = {k: fn.__dict__[k] for k in ("backward", "jvp")}
     parts["forward"] = staticmethod(eager_forward)
+    parts["apply"] = _apply_in_c
     return type(f"{fn.__name__}Eager", (torch.autograd.Function,), parts)
 
 
 def choose(
     fn: type[torch.autograd.Function], eager: type[torch.autograd.Function], *tensors: torch.Tensor
 ) -> type[torch.autograd.Function]:
-    """Function `fn` (setup_context style) for a call on `tensors` that a
-    torch.func transform wraps, else its `for_eager` variant `eager`. (Under
-    torch.compile callers take the `for_compile` variant themselves: Dynamo
-    traces a Function named by a global, not one picked here.)"""
+    """Function `fn` (setup_context style) for a call under a torch.func
+    transform or on a wrapped tensor, else its `for_eager` variant `eager`.
+    (Under torch.compile callers take the `for_compile` variant themselves:
+    Dynamo traces a Function named by a global, not one picked here.)"""
+    if _transforms_active():
+        return fn
     for t in tensors:
         if _is_wrapped(t):
             return fn
@@ -186,19 +227,17 @@ class LogSoftmaxBackward(torch.autograd.Function):
 
 
 _BACKWARD = {"softmax_backward": SoftmaxBackward, "log_softmax_backward": LogSoftmaxBackward}
-_BACKWARD_EAGER = {name: for_eager(fn) for name, fn in _BACKWARD.items()}
-_BACKWARD_COMPILED = {name: for_compile(fn) for name, fn in _BACKWARD.items()}
+_BACKWARD_VARIANTS = {name: (fn, for_eager(fn), for_compile(fn)) for name, fn in _BACKWARD.items()}
 
 
 def row_backward(name: str, out: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
     """Backward op `name` of a forward's output `out` and gradient `dy`:
     the op itself, or its differentiable Function when something records or
-    transforms the call (`needs_function`)."""
-    if needs_function(out, dy):
-        if torch.compiler.is_compiling():
-            return _BACKWARD_COMPILED[name].apply(out, dy, dim)
-        return choose(_BACKWARD[name], _BACKWARD_EAGER[name], out, dy).apply(out, dy, dim)
-    return run(name, dim, out, dy)
+    transforms the call (`pick`)."""
+    fn = pick(_BACKWARD_VARIANTS[name], out, dy)
+    if fn is None:
+        return run(name, dim, out, dy)
+    return fn.apply(out, dy, dim)
 
 
 def _row_function(
@@ -248,6 +287,25 @@ def _row_function(
     return fn
 
 
+def _row_eager(fn: type[torch.autograd.Function], op: str) -> type[torch.autograd.Function]:
+    """`for_eager(fn)` of a `_row_function` Function, its forward written out
+    (one Python call, not three): our kernel (`run_eager`: an eager Function
+    runs outside torch.compile), then the output saved, for forward mode only
+    where forward-mode AD is on (nothing calls the jvp otherwise)."""
+
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+        out = run_eager(op, dim, x)
+        ctx.save_for_backward(out)
+        if _forward_ad._current_level >= 0:
+            ctx.save_for_forward(out)
+        ctx.dim = dim
+        return out
+
+    eager = for_eager(fn)
+    eager.forward = staticmethod(forward)
+    return eager
+
+
 SoftmaxFn = _row_function(
     "SoftmaxFn",
     "softmax",
@@ -267,5 +325,6 @@ LogSoftmaxFn = _row_function(
 )
 
 
-SoftmaxFnEager, SoftmaxFnCompiled = for_eager(SoftmaxFn), for_compile(SoftmaxFn)
-LogSoftmaxFnEager, LogSoftmaxFnCompiled = for_eager(LogSoftmaxFn), for_compile(LogSoftmaxFn)
+SoftmaxFnEager, SoftmaxFnCompiled = _row_eager(SoftmaxFn, "softmax"), for_compile(SoftmaxFn)
+LogSoftmaxFnEager = _row_eager(LogSoftmaxFn, "log_softmax")
+LogSoftmaxFnCompiled = for_compile(LogSoftmaxFn)

@@ -16,8 +16,7 @@ from ._autograd import (
     SoftmaxFn,
     SoftmaxFnCompiled,
     SoftmaxFnEager,
-    choose,
-    needs_function,
+    pick,
 )
 from ._buffers import DTYPES
 from ._masked import masked
@@ -88,12 +87,10 @@ def _row_op(
         return masked(name, x, dim, scale, mask, causal)
     if x.dim() == 0:
         return _scalar(name, x, dim)
-    if not needs_function(x):
+    fn = pick(_FUNCTIONS[name], x)
+    if fn is None:
         return run(name, dim, x)
-    fn, eager, compiled = _FUNCTIONS[name]
-    if torch.compiler.is_compiling():
-        return compiled.apply(x, dim)
-    return choose(fn, eager, x).apply(x, dim)
+    return fn.apply(x, dim)
 
 
 def softmax(

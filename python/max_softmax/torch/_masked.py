@@ -26,11 +26,11 @@ from ..validation import (
 )
 from . import _launch as torch_launch
 from ._autograd import (
-    choose,
     for_compile,
     for_eager,
     leading,
     needs_function,
+    pick,
     row_backward,
 )
 from ._buffers import DTYPES
@@ -155,6 +155,7 @@ class MaskedFn(torch.autograd.Function):
 
 
 MaskedFnEager, MaskedFnCompiled = for_eager(MaskedFn), for_compile(MaskedFn)
+_MASKED_FUNCTIONS = (MaskedFn, MaskedFnEager, MaskedFnCompiled)
 
 
 def _mask_rows(op: str, x: torch.Tensor, dim: int, last: bool, mask: torch.Tensor) -> torch.Tensor:
@@ -206,11 +207,8 @@ def masked(
     work = x if last else x.movedim(dim, -1)
     m = None if mask is None else _mask_rows(op, x, dim, last, mask)
     log_out = op == "log_softmax"
-    if needs_function(x) or (m is not None and needs_function(m)):
-        if torch.compiler.is_compiling():
-            fn = MaskedFnCompiled
-        else:
-            fn = choose(MaskedFn, MaskedFnEager, *((work, m) if m is not None else (work,)))
+    fn = pick(_MASKED_FUNCTIONS, *((work,) if m is None else (work, m)))
+    if fn is not None:
         y = fn.apply(work, m, value, log_out, causal)
     else:
         y = _run_masked(work, m, value, log_out, causal)

@@ -74,6 +74,10 @@ def _canonical(t: torch.Tensor, dim: int) -> torch.Tensor:
     return t.contiguous().view(*dims(t.shape, dim))
 
 
+_contiguous = torch.Tensor.contiguous
+"""A tensor itself where contiguous, else a contiguous copy (a C call, no
+Python frame under `map`)."""
+
 _plans: dict[tuple, torch_launch.Launcher] = {}
 """Launches of the row ops by (op, dim, shape, dtype, device) of the first
 tensor, made once that call passed `run`'s checks: a repeated call (a
@@ -93,9 +97,21 @@ def run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     launch = _plans.get((name, dim, first.shape, first.dtype, first.device))
     if launch is not None and not torch.compiler.is_compiling():
         out = torch.empty_like(first, memory_format=torch.contiguous_format)
-        launch(out, *[t if t.is_contiguous() else t.contiguous() for t in tensors])
+        launch(out, *map(_contiguous, tensors))
         return out
     return _run_checked(name, dim, *tensors)
+
+
+def run_eager(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
+    """`run` for a caller that knows torch.compile is not tracing it (an
+    eager autograd Function's forward): the plan without asking again."""
+    first = tensors[0]
+    launch = _plans.get((name, dim, first.shape, first.dtype, first.device))
+    if launch is None:
+        return _run_checked(name, dim, *tensors)
+    out = torch.empty_like(first, memory_format=torch.contiguous_format)
+    launch(out, *map(_contiguous, tensors))
+    return out
 
 
 def _run_checked(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
