@@ -29,7 +29,7 @@ from ..validation import (
     check_targets_in_range,
 )
 from . import _launch as torch_launch
-from ._autograd import choose, for_compile, for_eager, leading, needs_function
+from ._autograd import for_compile, for_eager, leading, needs_function, pick
 from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._functional import log_softmax, softmax
@@ -265,6 +265,7 @@ class CrossEntropyFn(torch.autograd.Function):
 
 CrossEntropyFnEager = for_eager(CrossEntropyFn)
 CrossEntropyFnCompiled = for_compile(CrossEntropyFn)
+_FUNCTIONS = (CrossEntropyFn, CrossEntropyFnEager, CrossEntropyFnCompiled)
 
 
 def _host_values(targets: torch.Tensor, shape: tuple) -> Any:
@@ -452,11 +453,7 @@ def cross_entropy(
         )
     if inplace_backward and logits.requires_grad and not torch.compiler.is_compiling():
         loss = cross_entropy_inplace(logits, targets, ignore_index, reduction, eps)
-    elif needs_function(logits, targets):
-        if torch.compiler.is_compiling():
-            fn = CrossEntropyFnCompiled
-        else:
-            fn = choose(CrossEntropyFn, CrossEntropyFnEager, logits, targets)
+    elif (fn := pick(_FUNCTIONS, logits, targets)) is not None:
         loss = fn.apply(logits, targets, ignore_index, reduction, eps, extras, [])
     else:
         loss, _ = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, False, extras)
