@@ -23,14 +23,17 @@ import re
 import subprocess
 import sys
 
-# Mojo's mangled symbols: a module path, a hash of the parameters.
-_MANGLED = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{16}\b")
+# Mojo's mangled symbols (a module path, a hash of the parameters, and what
+# is derived from them: parameters, shared arrays), and LLVM's numbered
+# extern shared symbol.
+_MANGLED = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*_[0-9a-f]{16}(?![0-9a-f])[A-Za-z0-9_$]*")
+_NUMBERED = re.compile(r"extern_ptr_syml_[0-9]+")
 _ENTRY = re.compile(r"\.visible \.entry (\S+)\(")
 
 
 def normalized(ptx: str) -> str:
     """Return a kernel's PTX with every mangled name replaced by `K`."""
-    return _MANGLED.sub("K", ptx)
+    return _NUMBERED.sub("extern_ptr_syml", _MANGLED.sub("K", ptx))
 
 
 def kernel_digests(folder: pathlib.Path) -> dict[str, list[str]]:
