@@ -23,7 +23,7 @@ from max.gpu import thread_idx
 from max.gpu.host import DeviceContext
 from std.atomic import Ordering
 
-from .gpu_launch import HeldRows, held, kernel_arg
+from .gpu_launch import kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_split_chunks import (
     ChunkSources,
@@ -41,6 +41,7 @@ from .gpu_split_stream_rows import (
     PairWord,
     RowWords,
     StreamedChunks,
+    StreamedRows,
     count_arrival,
     launch_streamed,
     split_stream_blocks,
@@ -93,6 +94,7 @@ struct TermFold[dtype: DType, log_in: Bool](ChunkVisitor):
         ).reduce_add()
 
 
+@fieldwise_init
 struct GradientWrite[dtype: DType, log_in: Bool](ChunkVisitor):
     """Writes dx of a held chunk of a and dy, given its row's sum."""
 
@@ -104,20 +106,6 @@ struct GradientWrite[dtype: DType, log_in: Bool](ChunkVisitor):
     """Where its gradient goes."""
     var total: Scalar[accum_dtype[Self.dtype]()]
     """The row's sum of `backward_term`."""
-
-    @always_inline
-    def __init__(
-        out self,
-        a: HeldChunk[Self.dtype],
-        g: HeldChunk[Self.dtype],
-        dx: OutChunk[Self.dtype],
-        total: Scalar[accum_dtype[Self.dtype]()],
-    ):
-        """The writer of the chunk's gradient to `dx`."""
-        self.a = a
-        self.g = g
-        self.dx = dx
-        self.total = total
 
     @always_inline
     def visit[w: Int](mut self, e: Int):
@@ -159,6 +147,7 @@ def wait_row_sum[
     return block_sum[acc, T](s)
 
 
+@fieldwise_init
 struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     """The chunks of softmax_backward (log_softmax_backward with `log_in`)
     of a and dy into dx: a chunk publishes its sum of `backward_term`."""
@@ -167,24 +156,8 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     comptime tensors = BACKWARD_TENSORS
     comptime words = 1
 
-    var dx: HeldRows[Self.dtype]
-    """Output gradient rows."""
-    var a: HeldRows[Self.dtype]
-    """Forward output rows (y or log p)."""
-    var dy: HeldRows[Self.dtype]
-    """Incoming gradient rows."""
-
-    @always_inline
-    def __init__(
-        out self,
-        dst: HeldRows[Self.dtype],
-        a: HeldRows[Self.dtype],
-        b: HeldRows[Self.dtype],
-    ):
-        """dx into `dst` from the forward output `a` and dy `b`."""
-        self.dx = dst
-        self.a = a
-        self.dy = b
+    var rows: StreamedRows[Self.dtype]
+    """dx (`dst`), y or log p (`a`) and dy (`b`)."""
 
     @always_inline
     def load[
@@ -192,7 +165,7 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype]):
         """Start copying the chunk of a and of dy."""
         load_chunks[Self.dtype, vector_width[Self.dtype](), T, K, 2](
-            chunk, ChunkSources[Self.dtype, 2](self.a, self.dy), buf
+            chunk, ChunkSources[Self.dtype, 2](self.rows.a, self.rows.b), buf
         )
 
     @always_inline
@@ -223,7 +196,7 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
         var sweep = GradientWrite[Self.dtype, Self.log_in](
             parts[0],
             parts[1],
-            OutChunk[Self.dtype](chunk, kernel_arg(self.dx)),
+            OutChunk[Self.dtype](chunk, kernel_arg(self.rows.dst)),
             wait_row_sum[accum_dtype[Self.dtype](), T](
                 kernel_arg(posted.words), chunk.row, posted.chunks
             ),

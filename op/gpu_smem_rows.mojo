@@ -124,9 +124,7 @@ def start_row_copy[
     dtype: DType, V: Int, T: Int, R: Int
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
-    smem: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
+    smem: SharedBuffer[dtype],
     t: Int,
     head: Int,
     nvec: Int,
@@ -152,9 +150,7 @@ def load_row[
     dtype: DType, V: Int, T: Int
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
-    smem: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
+    smem: SharedBuffer[dtype],
     t: Int,
     head: Int,
     nvec: Int,
@@ -592,6 +588,7 @@ struct OnchipLaunch[dtype: DType, C: Int](Movable):
 # ===----------------------------------------------------------------------=== #
 
 
+@fieldwise_init
 struct SoftmaxWrite[dtype_: DType, log_out: Bool](HeldMap, ImplicitlyCopyable):
     """Softmax (log-softmax with `log_out`) of held values, given the row's
     max and `row_scale`."""
@@ -602,16 +599,6 @@ struct SoftmaxWrite[dtype_: DType, log_out: Bool](HeldMap, ImplicitlyCopyable):
     """The row's max."""
     var scale: Scalar[accum_dtype[Self.dtype_]()]
     """The row's `row_scale`."""
-
-    @always_inline
-    def __init__(
-        out self,
-        row_max: Scalar[accum_dtype[Self.dtype_]()],
-        scale: Scalar[accum_dtype[Self.dtype_]()],
-    ):
-        """The map of a row with these terms."""
-        self.row_max = row_max
-        self.scale = scale
 
     @always_inline
     def body[w: Int](self, v: SIMD[Self.dtype, w]) -> SIMD[Self.dtype, w]:

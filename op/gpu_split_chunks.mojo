@@ -308,6 +308,7 @@ def chunk_pair[
     return block_max_sum[acc, T](fold.m, fold.s)
 
 
+@fieldwise_init
 struct EpilogueWrite[dtype: DType, log_out: Bool](ChunkVisitor):
     """Writes softmax (or log-softmax) of a held chunk."""
 
@@ -319,20 +320,6 @@ struct EpilogueWrite[dtype: DType, log_out: Bool](ChunkVisitor):
     """The row's max."""
     var scale: Scalar[accum_dtype[Self.dtype]()]
     """The row's `row_scale`."""
-
-    @always_inline
-    def __init__(
-        out self,
-        x: HeldChunk[Self.dtype],
-        y: OutChunk[Self.dtype],
-        row_max: Scalar[accum_dtype[Self.dtype]()],
-        scale: Scalar[accum_dtype[Self.dtype]()],
-    ):
-        """The writer of chunk `x` to `y`."""
-        self.x = x
-        self.y = y
-        self.row_max = row_max
-        self.scale = scale
 
     @always_inline
     def visit[w: Int](mut self, e: Int):

@@ -279,6 +279,20 @@ struct RowWords(ImplicitlyCopyable):
         self.chunks = chunks
 
 
+@fieldwise_init
+struct StreamedRows[dtype: DType](ImplicitlyCopyable):
+    """The tensors of a split-stream kernel, as `split_stream_kernel`
+    passes them to its op."""
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows (the backward's dx)."""
+    var a: HeldRows[Self.dtype]
+    """Input rows (the forward's x; the backward's y or log p)."""
+    var b: HeldRows[Self.dtype]
+    """The second input's rows (the backward's dy); `a` again for
+    one-input ops."""
+
+
 trait StreamedChunks(Deinitable):
     """What `stream_chunks` does with the chunks it streams: the forward
     and the backward ops differ only in the tensors a chunk holds, what a
@@ -313,15 +327,8 @@ trait StreamedChunks(Deinitable):
         """Wait for the words of the chunk's row, then write the chunk."""
         ...
 
-    def __init__(
-        out self,
-        dst: HeldRows[Self.dtype],
-        a: HeldRows[Self.dtype],
-        b: HeldRows[Self.dtype],
-    ):
-        """The op on output rows `dst` and input rows `a` (and `b`, where
-        it takes two tensors; else `b` is `a` and unused): what
-        `split_stream_kernel` passes it."""
+    def __init__(out self, var rows: StreamedRows[Self.dtype]):
+        """The op on the kernel's tensors."""
         ...
 
 
@@ -383,29 +390,17 @@ def stream_chunks[
         free_buf = swap
 
 
+@fieldwise_init
 struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
-    """Softmax (log-softmax with `log_out`) of `src` into `dst`: a chunk
+    """Softmax (log-softmax with `log_out`) of `a` into `dst`: a chunk
     publishes its pair (max, sum of exp(x - max))."""
 
     comptime dtype = Self.dtype_
     comptime tensors = 1
     comptime words = pair_words[accum_dtype[Self.dtype_]()]()
 
-    var dst: HeldRows[Self.dtype]
-    """Output rows."""
-    var src: HeldRows[Self.dtype]
-    """Input rows."""
-
-    @always_inline
-    def __init__(
-        out self,
-        dst: HeldRows[Self.dtype],
-        a: HeldRows[Self.dtype],
-        b: HeldRows[Self.dtype],
-    ):
-        """Softmax of `a` into `dst` (`b` is unused)."""
-        self.dst = dst
-        self.src = a
+    var rows: StreamedRows[Self.dtype]
+    """The input rows (`a`) and output rows (`dst`)."""
 
     @always_inline
     def load[
@@ -413,7 +408,7 @@ struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
     ](self, chunk: SmemChunk, buf: SharedBuffer[Self.dtype]):
         """Start copying the chunk of `src`."""
         load_chunk[Self.dtype, vector_width[Self.dtype](), T, K](
-            chunk, kernel_arg(self.src), buf
+            chunk, kernel_arg(self.rows.a), buf
         )
 
     @always_inline
@@ -443,7 +438,7 @@ struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
             kernel_arg(posted.words), chunk.row, posted.chunks
         )
         write_chunk[Self.dtype, Self.log_out, vector_width[Self.dtype](), T](
-            chunk, kernel_arg(self.dst), buf, terms[0], terms[1]
+            chunk, kernel_arg(self.rows.dst), buf, terms[0], terms[1]
         )
 
 
@@ -488,7 +483,12 @@ def split_stream_kernel[
         aligned_flag: Nonzero when every tensor starts 16-byte aligned.
     """
     stream_chunks[R, T, K](
-        R(held(dst), held(a), held(b)), counters, words, rows, n, aligned_flag
+        R(StreamedRows(held(dst), held(a), held(b))),
+        counters,
+        words,
+        rows,
+        n,
+        aligned_flag,
     )
 
 

@@ -122,14 +122,12 @@ def row_max_scale[
     var s = Scalar[acc](0)
     for i in range(t, chunks, T):
         var at = partials.unsafe_offset((r * chunks + i) * 2)
-        var folded = fold_pair[acc](
+        (m, s) = fold_pair[acc](
             m,
             s,
             shared.load[ordering=Ordering.RELAXED](at),
             shared.load[ordering=Ordering.RELAXED](at.unsafe_offset(1)),
         )
-        m = folded[0]
-        s = folded[1]
     return block_row_terms[acc, T, log_out](m, s)
 
 

@@ -39,6 +39,14 @@ struct RowPart(ImplicitlyCopyable):
 
 
 @always_inline
+def aligned_head[V: Int](start: Int, len: Int, aligned_flag: Int32) -> Int:
+    """The scalar head of the `len` elements from element `start`: those
+    before the first 16-byte aligned one (V elements a vector) of buffers
+    that start aligned where `aligned_flag` is nonzero, else all `len`."""
+    return min((V - start % V) % V, len) if aligned_flag != 0 else len
+
+
+@always_inline
 def row_part[
     V: Int, T: Int
 ](t: Int, start: Int, len: Int, aligned_flag: Int32) -> RowPart:
@@ -46,7 +54,7 @@ def row_part[
     of buffers that start 16-byte aligned where `aligned_flag` is nonzero
     (else the whole row is head: scalar throughout); V elements a 16-byte
     vector."""
-    var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+    var head = aligned_head[V](start, len, aligned_flag)
     var nvec = (len - head) // V
     var tail_begin = head + nvec * V
     return RowPart(
@@ -75,7 +83,7 @@ def cluster_split[
         return min(r * ((len + parts - 1) // parts), len)
     if r == parts:
         return len
-    var head = min((V - start % V) % V, len)
+    var head = aligned_head[V](start, len, aligned_flag)
     var nvec = (len - head) // V
     return (0 if r == 0 else head) + min(
         r * ((nvec + parts - 1) // parts), nvec

@@ -37,8 +37,6 @@ from std.utils import StaticTuple
 
 from ..gpu_launch import aligned_flag_of
 from ..gpu_split_chunks import (
-    SharedBuffer,
-    SmemChunk,
     chunk_bytes,
     chunk_pair,
     chunk_shared_bytes,
@@ -69,41 +67,6 @@ comptime SPLIT_SMEM_VECTORS = 9
 # slower at 32 x 1M: fp32 2389 vs 2527 GB/s (see benchmarks/RESULTS.md,
 # 'GPU few long rows').
 comptime SPLIT_SMEM_THREADS = 512
-
-
-@always_inline
-def publish_chunk[
-    dtype: DType, V: Int, T: Int, K: Int
-](
-    chunk: SmemChunk,
-    buf: SharedBuffer[dtype],
-    counters: Pointer[Int32, MutAnyOrigin],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    chunks: Int,
-):
-    """Reduce the chunk `load_chunk` is copying into `buf` (`chunk_pair`)
-    and publish its pair to its row."""
-    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
-    publish_pair(
-        counters, partials, chunk.row, chunks, chunk.index, pair[0], pair[1]
-    )
-
-
-@always_inline
-def write_row_chunk[
-    dtype: DType, log_out: Bool, V: Int, T: Int
-](
-    chunk: SmemChunk,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    buf: SharedBuffer[dtype],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    chunks: Int,
-):
-    """Fold the pairs of the chunk's row (all published), write the chunk."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var terms = row_max_scale[acc, T, log_out](partials, chunk.row, chunks)
-    write_chunk[dtype, log_out, V, T](chunk, dst, buf, terms[0], terms[1])
 
 
 @__llvm_metadata(
@@ -142,6 +105,8 @@ def split_smem_rows_kernel[
         aligned_flag: Nonzero when `src` and `dst` start 16-byte aligned,
             so element offsets alone decide which loads are aligned.
     """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
     comptime K = SPLIT_SMEM_VECTORS
     comptime C = chunk_bytes(T, K) // size_of[dtype]()
     var len = Int(n)
@@ -153,9 +118,13 @@ def split_smem_rows_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
     load_chunk[dtype, V, T, K](chunk, src, buf)
-    publish_chunk[dtype, V, T, K](chunk, buf, counters, partials, chunks)
+    var pair = chunk_pair[dtype, V, T, K](chunk, buf)
+    publish_pair(
+        counters, partials, chunk.row, chunks, chunk.index, pair[0], pair[1]
+    )
     wait_for_row(counters, chunk.row, chunks)
-    write_row_chunk[dtype, log_out, V, T](chunk, dst, buf, partials, chunks)
+    var terms = row_max_scale[acc, T, log_out](partials, chunk.row, chunks)
+    write_chunk[dtype, log_out, V, T](chunk, dst, buf, terms[0], terms[1])
 
 
 def launch_split_smem_rows[
