@@ -13,7 +13,7 @@ out-of-range target (not `ignore_index`) raises, naming the row.
 
 from std.sys import simd_width_of, size_of
 
-from .cpu_rows import ExpTerms, _exp_sum, _max_of
+from .cpu_rows import ExpTerms, _max_of
 from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
 from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held
@@ -144,9 +144,9 @@ def _row[
     comptime park_in_scratch = with_grad and size_of[dtype]() < 4
     comptime lean = size_of[dtype]() < 4
     var m = _max_of[dtype](x, n)
-    var s = _exp_sum[dtype, park_in_dst, park_in_scratch, lean](
-        y, scratch, x, n, m
-    )
+    var s = ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
+        held(y), held(scratch), held(x), m
+    ).sum(n)
     var x_t = x[unsafe_offset=Int(t)].cast[acc]()
     var sum_x = _sum_of[dtype](x, n) if eps != 0 else Scalar[acc](0)
     comptime if with_grad:

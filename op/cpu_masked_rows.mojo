@@ -17,8 +17,8 @@ from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
-from .cpu_rows import ExpTerms, SoftmaxWrite
-from .cpu_sweeps import RowTerms, blocked_sum, each_piece
+from .cpu_rows import ExpTerms
+from .cpu_sweeps import RowTerms, blocked_sum
 from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held
 from .row_math import (
@@ -95,7 +95,7 @@ def masked_softmax_cpu[
                 limit,
             )
             var rs = masked_row_scale[log_out, acc](s, m)
-            _write[dtype, log_out, W](row, limit, n, rs)
+            _write[dtype, log_out](row, limit, n, rs)
         _ = scratch_row^
 
     run_in_tasks(task_rows, rows, n)
@@ -185,15 +185,13 @@ struct MaskedExps[dtype: DType, log_out: Bool, has_mask: Bool](RowTerms):
 
 @always_inline
 def _write[
-    dtype: DType, log_out: Bool, W: Int
+    dtype: DType, log_out: Bool
 ](row: ZRow[dtype], count: Int, n: Int, rs: Scalar[accum_dtype[dtype]()]):
     """y[0:count] from the parked exps (softmax) or the values (log-softmax);
     y[count:n], past a causal row's diagonal, 0 or -inf."""
     comptime acc = accum_dtype[dtype]()
     var shift = row.m
-    each_piece[W](
-        SoftmaxWrite[dtype, log_out, False, True, False](row, rs), count
-    )
+    row.write[log_out](count, rs)
     # A dropped position's value, computed as a kept one would be: 0 or
     # -inf, but NaN in a row made NaN by a kept NaN or +inf (as the GPU
     # kernel and the reference give).

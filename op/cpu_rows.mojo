@@ -100,23 +100,24 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
         var scratch_row = List[Scalar[Self.acc]](
             capacity=n if Self.park_in_scratch else 0
         )
-        var scratch = rebind[Pointer[Scalar[Self.acc], MutAnyOrigin]](
-            scratch_row.unsafe_ptr()
+        var scratch = held(
+            rebind[Pointer[Scalar[Self.acc], MutAnyOrigin]](
+                scratch_row.unsafe_ptr()
+            )
         )
         for r in range(begin, end):
-            var x = kernel_arg(self.src.unsafe_offset(r * n))
-            var y = kernel_arg(self.dst.unsafe_offset(r * n))
-            var m = _max_of[Self.dtype](x, n)
-            var s = _exp_sum[
+            var x = self.src.unsafe_offset(r * n)
+            var row = ExpTerms[
                 Self.dtype, Self.park_in_dst, Self.park_in_scratch, Self.lean
-            ](y, scratch, x, n, m)
-            _write[
-                Self.dtype,
-                Self.log_out,
-                Self.park_in_dst,
-                Self.park_in_scratch,
-                Self.lean,
-            ](y, scratch, x, n, m, row_scale[Self.log_out, Self.acc](s))
+            ](
+                self.dst.unsafe_offset(r * n),
+                scratch,
+                x,
+                _max_of[Self.dtype](kernel_arg(x), n),
+            )
+            row.write[Self.log_out](
+                n, row_scale[Self.log_out, Self.acc](row.sum(n))
+            )
         _ = scratch_row^
 
     @always_inline
@@ -151,8 +152,8 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
         chunk written."""
         comptime acc = Self.acc
         comptime assert acc.is_floating_point()
-        var dst = kernel_arg(self.dst)
-        var src = kernel_arg(self.src)
+        var dst = self.dst
+        var src = self.src
         var chunks = ceildiv(n, ROW_CHUNK)
         var tasks = rows * chunks
         # 32/64-bit softmax parks exp(x - chunk max) in dst and rescales it by
@@ -165,23 +166,23 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
         var row_pairs = row_pairs_list.unsafe_ptr()
         # Nothing parks in a scratch row here: the sweeps get an empty one.
         var empty = List[Scalar[acc]]()
-        var no_scratch = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-            empty.unsafe_ptr()
+        var no_scratch = held(
+            rebind[Pointer[Scalar[acc], MutAnyOrigin]](empty.unsafe_ptr())
         )
 
         def chunk_pair(t: Int) raises {imm}:
             var c = t % chunks
             var begin = (t // chunks) * n + c * ROW_CHUNK
             var count = min(ROW_CHUNK, n - c * ROW_CHUNK)
-            var m = _max_of[Self.dtype](src.unsafe_offset(begin), count)
-            var shift = sum_shift[acc](m)
-            var s = _exp_sum[Self.dtype, park_in_dst, False, lean](
+            var m = _max_of[Self.dtype](
+                kernel_arg(src.unsafe_offset(begin)), count
+            )
+            var s = ExpTerms[Self.dtype, park_in_dst, False, lean](
                 dst.unsafe_offset(begin),
                 no_scratch,
                 src.unsafe_offset(begin),
-                count,
-                shift,
-            )
+                sum_shift[acc](m),
+            ).sum(count)
             pairs[unsafe_offset=2 * t] = m
             pairs[unsafe_offset=2 * t + 1] = s
 
@@ -219,14 +220,12 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
                     exp_nan[acc, 1](pairs[unsafe_offset=2 * t] - row_max)
                     * scale
                 )
-            _write[Self.dtype, Self.log_out, park_in_dst, False, lean](
+            ExpTerms[Self.dtype, park_in_dst, False, lean](
                 dst.unsafe_offset(begin),
                 no_scratch,
                 src.unsafe_offset(begin),
-                count,
                 row_max,
-                scale,
-            )
+            ).write[Self.log_out](count, scale)
 
         run_tasks(write_chunk, tasks)
         _ = pairs_list^
@@ -298,6 +297,25 @@ struct ExpTerms[
             )
 
     @always_inline
+    def sum(self, count: Int) -> Scalar[Self.acc]:
+        """The sum of exp(x - m) over x[0:count], each exp parked."""
+        return blocked_sum[simd_width_of[Self.acc]()](self, count)
+
+    @always_inline
+    def write[log_out: Bool](self, count: Int, scale: Scalar[Self.acc]):
+        """Write y[0:count] from the row's values (`SoftmaxWrite`)."""
+        each_piece[simd_width_of[Self.acc]()](
+            SoftmaxWrite[
+                Self.dtype,
+                log_out,
+                Self.park_in_dst,
+                Self.park_in_scratch,
+                Self.lean,
+            ](self, scale),
+            count,
+        )
+
+    @always_inline
     def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
         """exp(x - m) at j, parked."""
         var d = (
@@ -314,26 +332,6 @@ struct ExpTerms[
         elif Self.park_in_scratch:
             self.scratch.unsafe_offset(j).unsafe_store(e)
         return e
-
-
-@always_inline
-def _exp_sum[
-    dtype: DType, park_in_dst: Bool, park_in_scratch: Bool, lean: Bool
-](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    scratch: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    count: Int,
-    m: Scalar[accum_dtype[dtype]()],
-) -> Scalar[accum_dtype[dtype]()]:
-    """Sum of exp(x - m) over x[0:count], each exp parked in y or scratch
-    (`lean`: by `exp_lean`, for 16-bit softmax)."""
-    return blocked_sum[simd_width_of[accum_dtype[dtype]()]()](
-        ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
-            held(y), held(scratch), held(x), m
-        ),
-        count,
-    )
 
 
 @fieldwise_init
@@ -373,33 +371,6 @@ struct SoftmaxWrite[
         else:
             out = epilogue[Self.log_out, Self.acc, w](v, self.row.m, self.scale)
         self.row.y.unsafe_offset(j).unsafe_store(out.cast[Self.dtype]())
-
-
-@always_inline
-def _write[
-    dtype: DType,
-    log_out: Bool,
-    park_in_dst: Bool,
-    park_in_scratch: Bool,
-    lean: Bool,
-](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    scratch: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    count: Int,
-    m: Scalar[accum_dtype[dtype]()],
-    scale: Scalar[accum_dtype[dtype]()],
-):
-    """Write y[0:count] (see `SoftmaxWrite`)."""
-    each_piece[simd_width_of[accum_dtype[dtype]()]()](
-        SoftmaxWrite[dtype, log_out, park_in_dst, park_in_scratch, lean](
-            ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
-                held(y), held(scratch), held(x), m
-            ),
-            scale,
-        ),
-        count,
-    )
 
 
 @fieldwise_init
