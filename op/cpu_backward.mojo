@@ -1,23 +1,22 @@
 """Vectorized, multithreaded CPU kernels of the backward ops.
 
-Same layout and tasking as cpu_rows.mojo: contiguous rows are split into
-tasks of whole rows with two SIMD sweeps (row sum; gradient); other axes are
-processed W columns at a time along the contiguous inner dimension.
+Same layout and tasking as cpu_rows.mojo (`run_rows`): contiguous rows are
+split into tasks of whole rows with two SIMD sweeps (row sum; gradient);
+other axes are processed W columns at a time along the contiguous inner
+dimension.
 """
 
-from std.math import ceildiv
 from std.sys import simd_width_of
 
 from .cpu_sweeps import (
-    ColumnBlocks,
+    RowBlocks,
     RowPieces,
     RowTerms,
     blocked_sum,
     column_sum,
     each_piece,
-    run_column_blocks,
+    run_rows,
 )
-from .cpu_tasks import items_per_task, run_tasks
 from .gpu_launch import HeldRows, held
 from .row_math import accum_dtype, backward_out, backward_term
 
@@ -48,18 +47,12 @@ def softmax_backward_cpu[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime W = simd_width_of[acc]()
-    var op = BackwardRows[dtype, log_in](held(dx), held(a), held(dy))
-    if inner > 1:
-        run_column_blocks[W](op, outer, n, inner)
-        return
-    var rows_per_task = items_per_task(n)
-
-    def task(t: Int) raises {imm}:
-        for r in range(t * rows_per_task, min(outer, (t + 1) * rows_per_task)):
-            op.row[W](r * n, n)
-
-    run_tasks(task, ceildiv(outer, rows_per_task))
+    run_rows[simd_width_of[acc]()](
+        BackwardRows[dtype, log_in](held(dx), held(a), held(dy)),
+        outer,
+        n,
+        inner,
+    )
 
 
 @fieldwise_init
@@ -121,7 +114,7 @@ struct BackwardPlaces[dtype: DType, log_in: Bool, contiguous: Bool](
 
 
 @fieldwise_init
-struct BackwardRows[dtype: DType, log_in: Bool](ColumnBlocks):
+struct BackwardRows[dtype: DType, log_in: Bool](RowBlocks):
     """The backward of whole rows: two sweeps, the row's sum of
     `backward_term` and the gradient."""
 
@@ -132,14 +125,15 @@ struct BackwardRows[dtype: DType, log_in: Bool](ColumnBlocks):
     var dy: HeldRows[Self.dtype]
     """The incoming gradient."""
 
-    @always_inline
-    def row[W: Int](self, base: Int, n: Int):
-        """One contiguous row, SIMD across the row."""
-        var places = BackwardPlaces[Self.dtype, Self.log_in, True](
-            self.dx, self.a, self.dy, base, 1, 0
-        )
-        places.s = blocked_sum[W](places, n)
-        each_piece[W](places, n)
+    def rows(self, begin: Int, end: Int, n: Int) raises:
+        """Contiguous rows begin ... end - 1, SIMD across each row."""
+        comptime W = simd_width_of[accum_dtype[Self.dtype]()]()
+        for r in range(begin, end):
+            var places = BackwardPlaces[Self.dtype, Self.log_in, True](
+                self.dx, self.a, self.dy, r * n, 1, 0
+            )
+            places.s = blocked_sum[W](places, n)
+            each_piece[W](places, n)
 
     @always_inline
     def columns[w: Int](self, base: Int, n: Int, stride: Int):

@@ -9,9 +9,7 @@ hints the CPU does not need, on the host; see cross_entropy_math for the
 layout and the row math.
 """
 
-from std.math import ceildiv
-
-from .cpu_tasks import items_per_task, run_tasks
+from .cpu_tasks import run_in_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
@@ -56,10 +54,9 @@ def cross_entropy_options_cpu[
     var scale = Scalar[acc](1 / kept) if mean else Scalar[acc](1)
     var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
     var losses = row_losses.unsafe_ptr()
-    var rows_per_task = items_per_task(n)
 
-    def task(k: Int) raises {imm}:
-        for r in range(k * rows_per_task, min(rows, (k + 1) * rows_per_task)):
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        for r in range(begin, end):
             var value = _row[dtype, with_grad](
                 dlogits.unsafe_offset(r * n),
                 logits.unsafe_offset(r * n),
@@ -74,8 +71,7 @@ def cross_entropy_options_cpu[
             else:
                 loss[unsafe_offset=r] = value.cast[dtype]()
 
-    if rows > 0:
-        run_tasks(task, ceildiv(rows, rows_per_task))
+    run_in_tasks(task_rows, rows, n)
     comptime if reduce:
         var total = Scalar[acc](0)
         for r in range(rows):

@@ -11,12 +11,11 @@ Targets are on the host here, so they are checked before any row runs: an
 out-of-range target (not `ignore_index`) raises, naming the row.
 """
 
-from std.math import ceildiv
 from std.sys import simd_width_of, size_of
 
-from .cpu_rows import _exp_sum, _max_of
+from .cpu_rows import ExpTerms, _max_of
 from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
-from .cpu_tasks import items_per_task, run_tasks
+from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held
 from .cross_entropy_math import (
     IGNORED,
@@ -76,16 +75,15 @@ def cross_entropy_cpu[
     var e = Scalar[acc](eps)
     var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
     var losses = row_losses.unsafe_ptr()
-    var rows_per_task = items_per_task(n)
 
-    def task(k: Int) raises {imm}:
+    def task_rows(begin: Int, end: Int) raises {imm}:
         var scratch_row = List[Scalar[acc]](
             capacity=n if with_grad and size_of[dtype]() < 4 else 0
         )
         var scratch = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
             scratch_row.unsafe_ptr()
         )
-        for r in range(k * rows_per_task, min(rows, (k + 1) * rows_per_task)):
+        for r in range(begin, end):
             var value = _row[dtype, with_grad](
                 dlogits.unsafe_offset(r * n),
                 scratch,
@@ -102,8 +100,7 @@ def cross_entropy_cpu[
                 loss[unsafe_offset=r] = value.cast[dtype]()
         _ = scratch_row^
 
-    if rows > 0:
-        run_tasks(task, ceildiv(rows, rows_per_task))
+    run_in_tasks(task_rows, rows, n)
     comptime if reduce:
         # Summed in row order (repeatable bits) in float64 for every dtype:
         # a float32 running total of 8192 rows loses ~20 bits' worth of
@@ -147,9 +144,9 @@ def _row[
     comptime park_in_scratch = with_grad and size_of[dtype]() < 4
     comptime lean = size_of[dtype]() < 4
     var m = _max_of[dtype](x, n)
-    var s = _exp_sum[dtype, park_in_dst, park_in_scratch, lean](
-        y, scratch, x, n, m
-    )
+    var s = ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
+        held(y), held(scratch), held(x), m
+    ).sum(n)
     var x_t = x[unsafe_offset=Int(t)].cast[acc]()
     var sum_x = _sum_of[dtype](x, n) if eps != 0 else Scalar[acc](0)
     comptime if with_grad:
@@ -157,7 +154,12 @@ def _row[
         var smooth = smoothing_of[acc](eps, n)
         each_piece[W](
             GradWrite[dtype, park_in_dst](
-                held(y), held(scratch), inv_s, smooth, scale
+                ExpTerms[dtype, park_in_dst, not park_in_dst, False](
+                    held(y), held(scratch), held(x), m
+                ),
+                inv_s,
+                smooth,
+                scale,
             ),
             n,
         )
@@ -174,10 +176,8 @@ struct GradWrite[dtype: DType, park_in_dst: Bool](RowPieces):
 
     comptime acc = accum_dtype[Self.dtype]()
 
-    var y: HeldRows[Self.dtype]
-    """The gradient row."""
-    var scratch: HeldRows[Self.acc]
-    """The scratch row (not `park_in_dst`)."""
+    var row: ExpTerms[Self.dtype, Self.park_in_dst, not Self.park_in_dst, False]
+    """The gradient row (`y`) and where the exps are parked."""
     var inv_s: Scalar[Self.acc]
     """1 / the row's sum of exps."""
     var smooth: Scalar[Self.acc]
@@ -188,12 +188,8 @@ struct GradWrite[dtype: DType, park_in_dst: Bool](RowPieces):
     @always_inline
     def put[w: Int](self, j: Int):
         """Write the gradient at j."""
-        var e: SIMD[Self.acc, w]
-        comptime if Self.park_in_dst:
-            e = self.y.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc]()
-        else:
-            e = self.scratch.unsafe_offset(j).unsafe_load[width=w]()
-        self.y.unsafe_offset(j).unsafe_store(
+        var e = self.row.value[w](j)
+        self.row.y.unsafe_offset(j).unsafe_store(
             grad_of[Self.acc, w](e, self.inv_s, self.smooth, self.scale).cast[
                 Self.dtype
             ]()

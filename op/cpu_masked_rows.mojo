@@ -13,13 +13,13 @@ leave the next sweeps waiting on DRAM). 16-bit softmax takes its exps by
 `exp_lean`. Semantics: `row_math`'s `masked_value` / `masked_row_scale`.
 """
 
-from std.math import ceildiv
 from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
-from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
-from .cpu_tasks import items_per_task, run_tasks
+from .cpu_rows import ExpTerms
+from .cpu_sweeps import RowTerms, blocked_sum
+from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held
 from .row_math import (
     accum_dtype,
@@ -66,16 +66,13 @@ def masked_softmax_cpu[
     comptime assert acc.is_floating_point()
     comptime W = simd_width_of[acc]()
     var sc = Scalar[acc](scale.cast[acc]())
-    var rows_per_task = items_per_task(n)
-    var tasks = ceildiv(rows, rows_per_task)
 
-    def task(t: Int) raises {imm}:
+    def task_rows(begin: Int, end: Int) raises {imm}:
         var scratch_row = List[Scalar[acc]](length=n, fill=0)
         var z = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
             scratch_row.unsafe_ptr()
         )
-        var end = min(rows, (t + 1) * rows_per_task)
-        for r in range(t * rows_per_task, end):
+        for r in range(begin, end):
             var x = src.unsafe_offset(r * n)
             var y = dst.unsafe_offset(r * n)
             var m_row = mask.unsafe_offset((r % mask_rows) * n)
@@ -83,25 +80,30 @@ def masked_softmax_cpu[
             comptime if causal:
                 limit = min(n, r % causal_rows + 1)
             var m = _values_and_max[dtype, has_mask, W](z, x, m_row, limit, sc)
-            var shift = sum_shift[acc](m)
+            # The values (log-softmax) or exps (softmax) are in z, the row's
+            # scratch row in cpu_rows' terms (x is not read again).
+            var row = ZRow[dtype](held(y), held(z), held(y), sum_shift[acc](m))
             # The next row's x and mask are fetched into L2 while this one
             # computes its exps (the sweep that reads no memory).
             var next_r = r + 1 if r + 1 < end else r
             var s = blocked_sum[W](
                 MaskedExps[dtype, log_out, has_mask](
-                    held(z),
-                    shift,
+                    row,
                     held(src.unsafe_offset(next_r * n)),
                     held(mask.unsafe_offset((next_r % mask_rows) * n)),
-                    held(y),
                 ),
                 limit,
             )
             var rs = masked_row_scale[log_out, acc](s, m)
-            _write[dtype, log_out, W](y, z, limit, n, shift, rs)
+            _write[dtype, log_out](row, limit, n, rs)
         _ = scratch_row^
 
-    run_tasks(task, tasks)
+    run_in_tasks(task_rows, rows, n)
+
+
+comptime ZRow[dtype: DType] = ExpTerms[dtype, False, True, False]
+"""A masked row as cpu_rows' sweeps see it: y, the values z as its scratch
+row (exps once parked there), y again as x (never read) and the shift."""
 
 
 @always_inline
@@ -147,16 +149,12 @@ struct MaskedExps[dtype: DType, log_out: Bool, has_mask: Bool](RowTerms):
 
     comptime acc = accum_dtype[Self.dtype]()
 
-    var z: HeldRows[Self.acc]
-    """The row's values."""
-    var shift: Scalar[Self.acc]
-    """What is subtracted before the exp."""
+    var row: ZRow[Self.dtype]
+    """The row's output y, its values z and shift m."""
     var next_x: HeldRows[Self.dtype]
     """The next row of x."""
     var next_mask: HeldRows[Self.dtype]
     """The next row of the mask."""
-    var y: HeldRows[Self.dtype]
-    """This row's output."""
 
     @always_inline
     def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
@@ -164,72 +162,36 @@ struct MaskedExps[dtype: DType, log_out: Bool, has_mask: Bool](RowTerms):
         # 16-bit softmax rounds its outputs to 16 bits: exps good to ~1e-6
         # do (`exp_lean`, as cpu_rows).
         comptime lean = not Self.log_out and size_of[Self.dtype]() < 4
-        var v = self.z.unsafe_offset(j).unsafe_load[width=w]()
+        var v = self.row.value[w](j)
+        var shift = self.row.m
         var e: SIMD[Self.acc, w]
         comptime if w == 1:
-            e = exp_nan[Self.acc, w](v - self.shift)
+            e = exp_nan[Self.acc, w](v - shift)
         else:
             comptime to_l2 = PrefetchOptions().for_read().medium_locality()
             comptime for_write = PrefetchOptions().for_write().medium_locality()
             prefetch[to_l2](self.next_x.unsafe_offset(j))
             comptime if Self.has_mask:
                 prefetch[to_l2](self.next_mask.unsafe_offset(j))
-            prefetch[for_write](self.y.unsafe_offset(j))
+            prefetch[for_write](self.row.y.unsafe_offset(j))
             # Exactly 0 where dropped (the vector exp of -inf is 4e-39).
             e = v.eq(-inf[Self.acc]()).select(
-                SIMD[Self.acc, w](0), row_exp[Self.acc, w, lean](v - self.shift)
+                SIMD[Self.acc, w](0), row_exp[Self.acc, w, lean](v - shift)
             )
         comptime if not Self.log_out:
-            self.z.unsafe_offset(j).unsafe_store(e)
+            self.row.scratch.unsafe_offset(j).unsafe_store(e)
         return e
-
-
-@fieldwise_init
-struct MaskedWrite[dtype: DType, log_out: Bool](RowPieces):
-    """Writes y from the parked exps (softmax) or the values (log-softmax)."""
-
-    comptime acc = accum_dtype[Self.dtype]()
-
-    var y: HeldRows[Self.dtype]
-    """The output row."""
-    var z: HeldRows[Self.acc]
-    """The parked exps or the values."""
-    var shift: Scalar[Self.acc]
-    """The row's shift."""
-    var rs: Scalar[Self.acc]
-    """The row's `masked_row_scale`."""
-
-    @always_inline
-    def put[w: Int](self, j: Int):
-        """Write y at j."""
-        var v = self.z.unsafe_offset(j).unsafe_load[width=w]()
-        comptime if Self.log_out:
-            self.y.unsafe_offset(j).unsafe_store(
-                ((v - self.shift) - self.rs).cast[Self.dtype]()
-            )
-        else:
-            self.y.unsafe_offset(j).unsafe_store(
-                (v * self.rs).cast[Self.dtype]()
-            )
 
 
 @always_inline
 def _write[
-    dtype: DType, log_out: Bool, W: Int
-](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    z: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    count: Int,
-    n: Int,
-    shift: Scalar[accum_dtype[dtype]()],
-    rs: Scalar[accum_dtype[dtype]()],
-):
+    dtype: DType, log_out: Bool
+](row: ZRow[dtype], count: Int, n: Int, rs: Scalar[accum_dtype[dtype]()]):
     """y[0:count] from the parked exps (softmax) or the values (log-softmax);
     y[count:n], past a causal row's diagonal, 0 or -inf."""
     comptime acc = accum_dtype[dtype]()
-    each_piece[W](
-        MaskedWrite[dtype, log_out](held(y), held(z), shift, rs), count
-    )
+    var shift = row.m
+    row.write[log_out](count, rs)
     # A dropped position's value, computed as a kept one would be: 0 or
     # -inf, but NaN in a row made NaN by a kept NaN or +inf (as the GPU
     # kernel and the reference give).
@@ -239,4 +201,4 @@ def _write[
         .cast[dtype]()
     )
     for j in range(count, n):
-        y[unsafe_offset=j] = fill
+        row.y[unsafe_offset=j] = fill

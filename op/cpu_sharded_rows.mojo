@@ -8,12 +8,13 @@ label smoothing, the plain sum); the epilogue one sweep that reads the slice
 and writes the output.
 """
 
-from std.math import ceildiv
 from std.sys import simd_width_of
 from std.utils.numerics import inf, nan
 
-from .cpu_tasks import items_per_task, run_tasks
+from .cpu_sweeps import RowPieces, each_piece
+from .cpu_tasks import run_in_tasks
 from .cross_entropy_math import grad_of, smoothing_of, target_grad
+from .gpu_launch import HeldRows, held
 from .gpu_sharded_rows import ROW_COLS, STATS_COLS
 from .row_math import (
     accum_dtype,
@@ -41,10 +42,9 @@ def row_stats_cpu[
     comptime W = simd_width_of[acc]()
     var offset = Int64(options[unsafe_offset=0])
     var smoothing = with_target and options[unsafe_offset=2] != 0
-    var rows_per_task = items_per_task(n)
 
-    def task(k: Int) raises {imm}:
-        for r in range(k * rows_per_task, min(rows, (k + 1) * rows_per_task)):
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        for r in range(begin, end):
             var x = logits.unsafe_offset(r * n)
             var n_vec = n - n % W
             var mv = SIMD[acc, W](-inf[acc]())
@@ -81,8 +81,7 @@ def row_stats_cpu[
             out[unsafe_offset=2] = x_t
             out[unsafe_offset=3] = sx
 
-    if rows > 0:
-        run_tasks(task, ceildiv(rows, rows_per_task))
+    run_in_tasks(task_rows, rows, n)
 
 
 def epilogue_cpu[
@@ -110,17 +109,15 @@ def epilogue_cpu[
     var eps = options[unsafe_offset=2].cast[acc]()
     var classes = Int64(options[unsafe_offset=3])
     var smooth = smoothing_of[acc](eps, Int(classes))
-    var rows_per_task = items_per_task(n)
 
-    def task(k: Int) raises {imm}:
-        for r in range(k * rows_per_task, min(rows, (k + 1) * rows_per_task)):
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        for r in range(begin, end):
             var x = logits.unsafe_offset(r * n)
             var y = output.unsafe_offset(r * n)
             var ri = row_in.unsafe_offset(r * ROW_COLS)
             var row_max = ri[unsafe_offset=0]
             # NaN where the row's max is +-inf, as the one-device kernels.
             var total_sum = online_sum_guard[acc](row_max, ri[unsafe_offset=1])
-            var n_vec = n - n % W
             comptime if CE:
                 var scale = ri[unsafe_offset=2]
                 var inv_s = 1 / total_sum
@@ -136,20 +133,12 @@ def epilogue_cpu[
                     for j in range(n):
                         y[unsafe_offset=j] = fill
                     continue
-                for j in range(0, n_vec, W):
-                    var v = (
-                        x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-                    )
-                    y.unsafe_offset(j).unsafe_store(
-                        grad_of[acc, W](
-                            exp_nan[acc, W](v - row_max), inv_s, smooth, scale
-                        ).cast[dtype]()
-                    )
-                for j in range(n_vec, n):
-                    var v = x[unsafe_offset=j].cast[acc]()
-                    y[unsafe_offset=j] = grad_of[acc, 1](
-                        exp_nan[acc, 1](v - row_max), inv_s, smooth, scale
-                    ).cast[dtype]()
+                each_piece[W](
+                    SliceWrite[dtype, op](
+                        held(y), held(x), row_max, inv_s, smooth, scale
+                    ),
+                    n,
+                )
                 var local = tgt - offset
                 if local >= 0 and local < Int64(n):
                     var x_t = x[unsafe_offset=Int(local)].cast[acc]()
@@ -160,22 +149,51 @@ def epilogue_cpu[
                         scale,
                     ).cast[dtype]()
             else:
-                comptime log_out = op == "log_softmax"
-                var a = row_scale[log_out, acc](total_sum)
-                for j in range(0, n_vec, W):
-                    var v = (
-                        x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-                    )
-                    y.unsafe_offset(j).unsafe_store(
-                        epilogue[log_out, acc, W](
-                            v, SIMD[acc, W](row_max), SIMD[acc, W](a)
-                        ).cast[dtype]()
-                    )
-                for j in range(n_vec, n):
-                    var v = x[unsafe_offset=j].cast[acc]()
-                    y[unsafe_offset=j] = epilogue[log_out, acc, 1](
-                        v, row_max, a
-                    ).cast[dtype]()
+                var a = row_scale[op == "log_softmax", acc](total_sum)
+                each_piece[W](
+                    SliceWrite[dtype, op](held(y), held(x), row_max, a, 0, 0),
+                    n,
+                )
 
-    if rows > 0 and n > 0:
-        run_tasks(task, ceildiv(rows, rows_per_task))
+    if n > 0:
+        run_in_tasks(task_rows, rows, n)
+
+
+@fieldwise_init
+struct SliceWrite[dtype: DType, op: StaticString](RowPieces):
+    """Writes a row of the slice from the row's global statistics: the
+    cross-entropy gradient, or the softmax / log-softmax epilogue."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var y: HeldRows[Self.dtype]
+    """The output row."""
+    var x: HeldRows[Self.dtype]
+    """The slice's logits."""
+    var row_max: Scalar[Self.acc]
+    """The row's global max."""
+    var a: Scalar[Self.acc]
+    """1 / the row's sum (cross-entropy), else its `row_scale`."""
+    var smooth: Scalar[Self.acc]
+    """`smoothing_of` the row (cross-entropy)."""
+    var scale: Scalar[Self.acc]
+    """The reduction's factor (cross-entropy)."""
+
+    @always_inline
+    def put[w: Int](self, j: Int):
+        """Write y at j."""
+        comptime acc = Self.acc
+        var v = self.x.unsafe_offset(j).unsafe_load[width=w]().cast[acc]()
+        var out: SIMD[acc, w]
+        comptime if Self.op == "cross_entropy":
+            out = grad_of[acc, w](
+                exp_nan[acc, w](v - self.row_max),
+                self.a,
+                self.smooth,
+                self.scale,
+            )
+        else:
+            out = epilogue[Self.op == "log_softmax", acc, w](
+                v, SIMD[acc, w](self.row_max), SIMD[acc, w](self.a)
+            )
+        self.y.unsafe_offset(j).unsafe_store(out.cast[Self.dtype]())

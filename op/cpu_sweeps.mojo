@@ -1,8 +1,8 @@
 """The sweeps every CPU row kernel is made of, generic over what a sweep
 does at each place: a blocked sum of per-element terms along a row
 (`blocked_sum`) or down W columns (`column_sum`), an elementwise pass
-(`each_piece`), and the tasks that take W columns at a time for rows along
-another axis (`run_column_blocks`).
+(`each_piece`), and the tasks that run an op's rows: whole contiguous rows,
+or W columns at a time for rows along another axis (`run_rows`).
 
 A contiguous row of `count` elements goes in SIMD vectors of W, then a
 scalar tail: the op's `term[w]`/`put[w]` is called with w == W in the
@@ -12,7 +12,7 @@ body and w == 1 in the tail, so an op may compute the tail differently
 
 from std.math import ceildiv
 
-from .cpu_tasks import items_per_task, run_tasks
+from .cpu_tasks import run_in_tasks
 
 # Terms summed in one accumulator before it is folded into the total:
 # float32 lanes each add at most SUM_BLOCK / W terms, so a 1M-long row
@@ -96,13 +96,11 @@ def run_column_blocks[
 ](op: F, outer: Int, n: Int, inner: Int) raises:
     """Run `op` on every row of an `(outer, n, inner)` view along n: W
     columns a time (the last block of each `outer` one by one), whole
-    blocks grouped into tasks (`items_per_task`)."""
+    blocks grouped into tasks (`run_in_tasks`)."""
     var col_blocks = ceildiv(inner, W)
-    var items = outer * col_blocks
-    var per_task = items_per_task(n * W)
 
-    def task(t: Int) raises {imm}:
-        for item in range(t * per_task, min(items, (t + 1) * per_task)):
+    def blocks(begin: Int, end: Int) raises {imm}:
+        for item in range(begin, end):
             var o = item // col_blocks
             var i0 = (item % col_blocks) * W
             var base = o * n * inner + i0
@@ -112,4 +110,30 @@ def run_column_blocks[
                 for i in range(i0, inner):
                     op.columns[1](base + i - i0, n, inner)
 
-    run_tasks(task, ceildiv(items, per_task))
+    run_in_tasks(blocks, outer * col_blocks, n * W)
+
+
+trait RowBlocks(ColumnBlocks):
+    """An op on the rows of an `(outer, n, inner)` view: contiguous rows a
+    task's range at a time, or W columns at a time (`ColumnBlocks`)."""
+
+    def rows(self, begin: Int, end: Int, n: Int) raises:
+        """The op on contiguous rows begin ... end - 1 of n elements each
+        (one task: what it allocates, it allocates once)."""
+        ...
+
+
+def run_rows[
+    W: Int, F: RowBlocks
+](op: F, outer: Int, n: Int, inner: Int) raises:
+    """Run `op` on every row of an `(outer, n, inner)` view along n: whole
+    contiguous rows grouped into tasks (`run_in_tasks`), or W columns at a
+    time (`run_column_blocks`)."""
+    if inner != 1:
+        run_column_blocks[W](op, outer, n, inner)
+        return
+
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        op.rows(begin, end, n)
+
+    run_in_tasks(task_rows, outer, n)

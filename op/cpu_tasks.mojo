@@ -7,6 +7,8 @@ costs ~25 µs a call on a 2-core machine (benchmarks/host_cost): four times
 the work of a small batch, and more than MAX's own softmax pays per op.
 """
 
+from std.math import ceildiv
+
 from max.algorithm import sync_parallelize
 
 # Enough elements per task that thread start-up is noise, few enough tasks
@@ -38,3 +40,18 @@ def run_tasks[
             func(t)
     else:
         sync_parallelize(func, tasks)
+
+
+@always_inline
+def run_in_tasks[
+    FuncType: def(Int, Int) raises -> None
+](each_range: FuncType, items: Int, item_elements: Int) raises:
+    """Run `each_range(begin, end)` over items 0 ... items - 1 of
+    `item_elements` elements each, cut into tasks of `items_per_task` whole
+    items (`run_tasks`): the one way every CPU kernel groups its rows."""
+    var per_task = items_per_task(item_elements)
+
+    def task(t: Int) raises {imm}:
+        each_range(t * per_task, min(items, (t + 1) * per_task))
+
+    run_tasks(task, ceildiv(items, per_task))
