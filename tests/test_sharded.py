@@ -116,6 +116,66 @@ def test_cross_entropy_matches_whole_row(rng, dtype):
         np.testing.assert_array_equal(loss, last)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weighted_cross_entropy_matches_whole_row(rng, dtype):
+    """Class weights (the whole vector, given once and moved to each slice's
+    device) against the float64 reference of torch's weight=: every split x
+    reduction x smoothing in one graph."""
+    x = (rng.standard_normal((9, 14)) * 3).astype(dtype)
+    t = rng.integers(0, 14, size=9).astype(np.int64)
+    t[[1, 5]] = -100
+    t[2] = 13
+    t[3] = 0
+    w = (rng.random(14) * 2).astype(dtype)
+    w[t[4]] = 0.0
+    splits = [(5, 9), (1, 10, 3)]
+    parts = [p for s in splits for p in _split(x, s)]
+    cpu = DeviceRef.CPU()
+    types = [*_types(parts, DTYPES[dtype]), TensorType(DType.int64, [9], cpu)]
+    types.append(TensorType(DTYPES[dtype], [14], cpu))
+    firsts = {(5, 9): 0, (1, 10, 3): 2}
+
+    def build(vs):
+        outs = []
+        for s, reduction, eps in CE_CASES:
+            shards = vs[firsts[s] : firsts[s] + len(s)]
+            losses, grads = graph_ops.sharded_cross_entropy(
+                shards,
+                vs[-2],
+                None,
+                reduction=reduction,
+                label_smoothing=eps,
+                with_grad=True,
+                weight=vs[-1],
+            )
+            outs += [losses[0], losses[-1], *grads]
+        return outs
+
+    out = _run(build, [*parts, t, w], types)
+    k = 0
+    for s, reduction, eps in CE_CASES:
+        loss, last, *grads = out[k : k + 2 + len(s)]
+        k += 2 + len(s)
+        want_loss, want_grad = cross_entropy_reference(
+            x, t, reduction=reduction, label_smoothing=eps, weight=w
+        )
+        ok, loss_err, grad_err = compare_cross_entropy(
+            loss, np.concatenate(grads, axis=-1), want_loss, want_grad, dtype
+        )
+        assert ok, (s, reduction, eps, loss_err, grad_err)
+        np.testing.assert_array_equal(loss, last)
+
+
+def test_weighted_cross_entropy_checks_the_weight():
+    cpu = DeviceRef.CPU()
+    types = [TensorType(DType.float32, [4, 5], cpu)] * 2
+    types += [TensorType(DType.int64, [4], cpu), TensorType(DType.float32, [9], cpu)]
+    with Graph("bad_weight", input_types=types) as g:
+        a, b, t, w = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match=r"weight must have shape \(10,\)"):
+            graph_ops.sharded_cross_entropy([a, b], t, None, weight=w)
+
+
 def test_cross_entropy_bad_target_is_nan_and_ignore_index(rng):
     x = rng.standard_normal((3, 12)).astype(np.float32)
     t = np.array([3, 40, 7], dtype=np.int64)
