@@ -5,7 +5,7 @@ gradients against a float64 torch reference of the whole row.
 One spawn per world size runs every case (a process start and a MAX model
 load cost seconds each); a failing case raises in its worker with its name.
 On GPUs the same worker runs over NCCL, 2, 3 and 4 processes, one GPU
-each, through the launch extension: `MAX_SOFTMAX_TEST_NCCL=1`.
+each, through the launch extension: `pytest --nccl` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -246,9 +246,15 @@ def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) 
         dist.destroy_process_group()
 
 
-def _spawn(world: int, forced: str | None = "graph") -> None:
-    backend = "nccl" if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1" else "gloo"
-    if backend == "nccl":
+@pytest.fixture
+def nccl(request) -> bool:
+    """Whether this run is over NCCL on GPUs (`pytest --nccl`)."""
+    return bool(request.config.getoption("--nccl"))
+
+
+def _spawn(world: int, nccl: bool, forced: str | None = "graph") -> None:
+    backend = "nccl" if nccl else "gloo"
+    if nccl:
         forced = None
         if torch.cuda.device_count() < world:
             pytest.skip(f"needs {world} GPUs")
@@ -256,23 +262,23 @@ def _spawn(world: int, forced: str | None = "graph") -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_matches_whole_row(world):
-    if world == 4 and os.environ.get("MAX_SOFTMAX_TEST_NCCL") != "1":
+def test_matches_whole_row(world, nccl):
+    if world == 4 and not nccl:
         pytest.skip("gloo runs 2 and 3 processes; 4 runs over NCCL on 4 GPUs")
-    _spawn(world)
+    _spawn(world, nccl)
 
 
-def test_extension_matches_whole_row():
+def test_extension_matches_whole_row(nccl):
     """The launch extension's sharded entries (the path CUDA takes) on the CPU."""
-    if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1":
+    if nccl:
         pytest.skip("the NCCL run takes the extension already")
-    _spawn(2, forced="extension")
+    _spawn(2, False, forced="extension")
 
 
-def test_torch_fallback_matches_whole_row():
-    if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1":
+def test_torch_fallback_matches_whole_row(nccl):
+    if nccl:
         pytest.skip("the fallback runs on CPU here")
-    _spawn(2, forced="torch")
+    _spawn(2, False, forced="torch")
 
 
 def test_needs_an_initialised_group():
