@@ -78,80 +78,47 @@ CE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cross_entropy_matches_whole_row(rng, dtype):
-    # Every case in one graph (the slices of both splits are inputs).
+def test_cross_entropy_matches_whole_row(rng, dtype, weighted):
+    """Every split x reduction x smoothing in one graph (the slices of both
+    splits are inputs), against the float64 reference of the whole row;
+    `weighted`: with class weights (the whole vector, given once and moved
+    to each slice's device), as torch's weight=, one of them 0."""
     x = (rng.standard_normal((9, 14)) * 3).astype(dtype)
     t = rng.integers(0, 14, size=9).astype(np.int64)
     t[[1, 5]] = -100
     t[2] = 13
     t[3] = 0
-    splits = [(5, 9), (1, 10, 3)]
-    parts = [p for w in splits for p in _split(x, w)]
-    types = [*_types(parts, DTYPES[dtype]), TensorType(DType.int64, [9], DeviceRef.CPU())]
-    firsts = {(5, 9): 0, (1, 10, 3): 2}
-
-    def build(vs):
-        outs = []
-        for w, reduction, eps in CE_CASES:
-            shards = vs[firsts[w] : firsts[w] + len(w)]
-            losses, grads = graph_ops.sharded_cross_entropy(
-                shards, vs[-1], None, reduction=reduction, label_smoothing=eps, with_grad=True
-            )
-            outs += [losses[0], losses[-1], *grads]
-        return outs
-
-    out = _run(build, [*parts, t], types)
-    k = 0
-    for w, reduction, eps in CE_CASES:
-        loss, last, *grads = out[k : k + 2 + len(w)]
-        k += 2 + len(w)
-        want_loss, want_grad = cross_entropy_reference(
-            x, t, reduction=reduction, label_smoothing=eps
-        )
-        ok, loss_err, grad_err = compare_cross_entropy(
-            loss, np.concatenate(grads, axis=-1), want_loss, want_grad, dtype
-        )
-        assert ok, (w, reduction, eps, loss_err, grad_err)
-        np.testing.assert_array_equal(loss, last)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_weighted_cross_entropy_matches_whole_row(rng, dtype):
-    """Class weights (the whole vector, given once and moved to each slice's
-    device) against the float64 reference of torch's weight=: every split x
-    reduction x smoothing in one graph."""
-    x = (rng.standard_normal((9, 14)) * 3).astype(dtype)
-    t = rng.integers(0, 14, size=9).astype(np.int64)
-    t[[1, 5]] = -100
-    t[2] = 13
-    t[3] = 0
-    w = (rng.random(14) * 2).astype(dtype)
-    w[t[4]] = 0.0
+    w = None
+    if weighted:
+        w = (rng.random(14) * 2).astype(dtype)
+        w[t[4]] = 0.0
     splits = [(5, 9), (1, 10, 3)]
     parts = [p for s in splits for p in _split(x, s)]
     cpu = DeviceRef.CPU()
     types = [*_types(parts, DTYPES[dtype]), TensorType(DType.int64, [9], cpu)]
-    types.append(TensorType(DTYPES[dtype], [14], cpu))
+    if weighted:
+        types.append(TensorType(DTYPES[dtype], [14], cpu))
     firsts = {(5, 9): 0, (1, 10, 3): 2}
 
     def build(vs):
         outs = []
+        targets, weight = vs[len(parts)], vs[len(parts) + 1] if weighted else None
         for s, reduction, eps in CE_CASES:
-            shards = vs[firsts[s] : firsts[s] + len(s)]
             losses, grads = graph_ops.sharded_cross_entropy(
-                shards,
-                vs[-2],
+                vs[firsts[s] : firsts[s] + len(s)],
+                targets,
                 None,
                 reduction=reduction,
                 label_smoothing=eps,
                 with_grad=True,
-                weight=vs[-1],
+                weight=weight,
             )
             outs += [losses[0], losses[-1], *grads]
         return outs
 
-    out = _run(build, [*parts, t, w], types)
+    out = _run(build, [*parts, t] + ([w] if weighted else []), types)
     k = 0
     for s, reduction, eps in CE_CASES:
         loss, last, *grads = out[k : k + 2 + len(s)]

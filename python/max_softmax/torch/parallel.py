@@ -623,13 +623,10 @@ def vocab_parallel_cross_entropy(
     if target.dtype.is_floating_point or target.dtype == torch.bool:
         raise TypeError(f"max_softmax: target must hold integer class indices, got {target.dtype}")
     if weight is not None:
-        if (
-            not isinstance(weight, torch.Tensor)
-            or weight.is_complex()
-            or weight.dtype == torch.bool
-        ):
+        # Floating, as torch's F.cross_entropy requires of its weight.
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
             raise TypeError(
-                f"max_softmax: cross_entropy weight must be a real tensor, got {weight!r}"
+                f"max_softmax: cross_entropy weight must be a floating-point tensor, got {weight!r}"
             )
         check_same_device("cross_entropy", "the weight", weight.device, logits.device)
         weight = weight.detach()
