@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 from max_softmax.reference import CROSS_ENTROPY_TOLERANCES  # noqa: E402
 
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 1.6e-2}
-WIDTHS = {2: (5, 9), 3: (1, 16, 3), 4: (2, 7, 1, 5)}
+WIDTHS = {1: (14,), 2: (5, 9), 3: (1, 16, 3), 4: (2, 7, 1, 5)}
 
 
 def _free_port() -> int:
@@ -266,6 +266,13 @@ def test_matches_whole_row(world, nccl):
     if world == 4 and not nccl:
         pytest.skip("gloo runs 2 and 3 processes; 4 runs over NCCL on 4 GPUs")
     _spawn(world, nccl)
+
+
+def test_one_gpu_over_nccl():
+    """One rank on one GPU over NCCL (world 1: the collectives are copies),
+    through the launch extension: the CUDA kernels with every case, the
+    weighted ones included, where no second GPU is at hand."""
+    _spawn(1, True)
 
 
 def test_extension_matches_whole_row(nccl):

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import DEVICES
 from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType
 
 from max_softmax import ops as graph_ops
+from max_softmax.devices import device
 from max_softmax.dtypes import to_buffer, to_numpy
 from max_softmax.kernels import kernel_library
-from max_softmax.models import session
+from max_softmax.models import device_ref, session
 from max_softmax.reference import compare, compare_cross_entropy, cross_entropy_reference
 
 DTYPES = {"float32": DType.float32, "float64": DType.float64}
@@ -23,15 +25,17 @@ def _split(x: np.ndarray, widths: tuple[int, ...]) -> list[np.ndarray]:
     return [np.ascontiguousarray(p) for p in np.split(x, cuts, axis=-1)]
 
 
-def _run(build, inputs: list[np.ndarray], types: list[TensorType]) -> list[np.ndarray]:
+def _run(
+    build, inputs: list[np.ndarray], types: list[TensorType], kind: str = "cpu"
+) -> list[np.ndarray]:
     with Graph("sharded_test", input_types=types, custom_extensions=[kernel_library()]) as g:
         g.output(*build([v.tensor for v in g.inputs]))
-    model = session("cpu").load(g)
-    return [to_numpy(b) for b in model.execute(*[to_buffer(a) for a in inputs])]
+    model = session(kind).load(g)
+    return [to_numpy(b) for b in model.execute(*[to_buffer(a).to(device(kind)) for a in inputs])]
 
 
-def _types(parts: list[np.ndarray], dtype: DType) -> list[TensorType]:
-    return [TensorType(dtype, p.shape, DeviceRef.CPU()) for p in parts]
+def _types(parts: list[np.ndarray], dtype: DType, kind: str = "cpu") -> list[TensorType]:
+    return [TensorType(dtype, p.shape, device_ref(kind)) for p in parts]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,11 +84,13 @@ CE_CASES = [
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cross_entropy_matches_whole_row(rng, dtype, weighted):
+@pytest.mark.parametrize("kind", DEVICES)
+def test_cross_entropy_matches_whole_row(rng, kind, dtype, weighted):
     """Every split x reduction x smoothing in one graph (the slices of both
-    splits are inputs), against the float64 reference of the whole row;
-    `weighted`: with class weights (the whole vector, given once and moved
-    to each slice's device), as torch's weight=, one of them 0."""
+    splits are inputs, all on one device: the statistics joined without
+    collectives), against the float64 reference of the whole row;
+    `weighted`: with class weights (the whole vector, given once), as
+    torch's weight=, one of them 0."""
     x = (rng.standard_normal((9, 14)) * 3).astype(dtype)
     t = rng.integers(0, 14, size=9).astype(np.int64)
     t[[1, 5]] = -100
@@ -96,10 +102,10 @@ def test_cross_entropy_matches_whole_row(rng, dtype, weighted):
         w[t[4]] = 0.0
     splits = [(5, 9), (1, 10, 3)]
     parts = [p for s in splits for p in _split(x, s)]
-    cpu = DeviceRef.CPU()
-    types = [*_types(parts, DTYPES[dtype]), TensorType(DType.int64, [9], cpu)]
+    ref = device_ref(kind)
+    types = [*_types(parts, DTYPES[dtype], kind), TensorType(DType.int64, [9], ref)]
     if weighted:
-        types.append(TensorType(DTYPES[dtype], [14], cpu))
+        types.append(TensorType(DTYPES[dtype], [14], ref))
     firsts = {(5, 9): 0, (1, 10, 3): 2}
 
     def build(vs):
@@ -118,7 +124,7 @@ def test_cross_entropy_matches_whole_row(rng, dtype, weighted):
             outs += [losses[0], losses[-1], *grads]
         return outs
 
-    out = _run(build, [*parts, t] + ([w] if weighted else []), types)
+    out = _run(build, [*parts, t] + ([w] if weighted else []), types, kind)
     k = 0
     for s, reduction, eps in CE_CASES:
         loss, last, *grads = out[k : k + 2 + len(s)]
