@@ -31,6 +31,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="hypothesis examples per fuzz test, drawn anew (default: 15, the same every run)",
     )
     group.addoption("--big", action="store_true", help="run the tests marked `big` (~20 GB of RAM)")
+    group.addoption(
+        "--nccl",
+        action="store_true",
+        help="run tests/test_parallel.py over NCCL, one GPU a process (2, 3 and 4), "
+        "instead of gloo on the CPU",
+    )
 
 
 QUICK: dict[str, tuple[str, ...]] = {

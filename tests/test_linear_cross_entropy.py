@@ -413,12 +413,39 @@ def test_graph_bad_options(name, options, error, match):
             graph_lce_grad(*ins, **options(np.asarray))
 
 
-def test_chunk_rows_for_budget(monkeypatch):
-    monkeypatch.setattr(tl, "CHUNK_BYTES", 256 * 2**20)
-    assert tl.chunk_rows_for(8192, 128256, 2, 1) == 1024  # 1046, cut to whole 128s
-    assert tl.chunk_rows_for(8192, 128256, 2, 2) == 512
-    assert tl.chunk_rows_for(100, 128256, 2, 1) == 100
-    assert tl.chunk_rows_for(10, 2**40, 4, 1) == 1
+def test_chunk_rows_for_budget():
+    budget = 256 * 2**20
+    assert tl.chunk_rows_for(8192, 128256, 2, 1, budget) == 1024  # 1046, cut to whole 128s
+    assert tl.chunk_rows_for(8192, 128256, 2, 2, budget) == 512
+    assert tl.chunk_rows_for(100, 128256, 2, 1, budget) == 100
+    assert tl.chunk_rows_for(10, 2**40, 4, 1, budget) == 1
+    assert tl.chunk_rows_for(8192, 128256, 2, 1) == 2048  # CHUNK_BYTES, 512 MiB
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_torch_chunk_bytes_and_overlap_are_arguments(monkeypatch, overlap):
+    """`chunk_bytes=` sizes the chunks (here 3 rows of float32 logits with
+    their gradient buffer) and `overlap=` is taken (it acts on CUDA only):
+    the loss and gradients still those of the float64 whole."""
+    sizes = []
+    real = tl.chunk_rows_for
+    monkeypatch.setattr(
+        tl, "chunk_rows_for", lambda *a, **k: sizes.append(real(*a, **k)) or sizes[-1]
+    )
+    h, w, b, t = _inputs(torch.float32, True)
+    leaves = [a.clone().requires_grad_() for a in (h, w, b)]
+    loss = tl.linear_cross_entropy(
+        *leaves[:2], t, leaves[2], chunk_bytes=3 * CLASSES * 4 * 2, overlap=overlap
+    )
+    loss.backward()
+    assert sizes == [3]
+    ref = [a.double().requires_grad_() for a in (h, w, b)]
+    want = F.cross_entropy(F.linear(ref[0], ref[1], ref[2]), t)
+    want.backward()
+    assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
+    _close_grads([x.grad for x in leaves], [x.grad for x in ref])
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        tl.linear_cross_entropy(h, w, t, chunk_bytes=0)
 
 
 # The in-place gradient.

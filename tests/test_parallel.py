@@ -5,7 +5,7 @@ gradients against a float64 torch reference of the whole row.
 One spawn per world size runs every case (a process start and a MAX model
 load cost seconds each); a failing case raises in its worker with its name.
 On GPUs the same worker runs over NCCL, 2, 3 and 4 processes, one GPU
-each, through the launch extension: `MAX_SOFTMAX_TEST_NCCL=1`.
+each, through the launch extension: `pytest --nccl` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 from max_softmax.reference import CROSS_ENTROPY_TOLERANCES  # noqa: E402
 
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 1.6e-2}
-WIDTHS = {2: (5, 9), 3: (1, 16, 3), 4: (2, 7, 1, 5)}
+WIDTHS = {1: (14,), 2: (5, 9), 3: (1, 16, 3), 4: (2, 7, 1, 5)}
 
 
 def _free_port() -> int:
@@ -135,6 +135,7 @@ def _ce_cases(rank, widths, device, dtype):
         lr.backward(dl)
         _close(loss, lr, dtype, what)
         _close(x.grad, _slice(xr.grad, widths, rank), dtype, "d" + what)
+    _weighted_cases(rank, widths, device, dtype, g)
     # ignore_index of another value, every row ignored, and a bad target.
     full = torch.randn(4, classes, generator=g, dtype=torch.float64)
     x = _slice(full, widths, rank).to(device, dtype)
@@ -148,6 +149,63 @@ def _ce_cases(rank, widths, device, dtype):
     if device == "cpu":
         with pytest.raises(ValueError, match="out of range"):
             vocab_parallel_cross_entropy(x, torch.tensor([0, 1, classes, 2]))
+
+
+WEIGHTED = [
+    (reduction, eps, z, cap)
+    for reduction in ["mean", "sum", "none"]
+    for eps, z, cap in [(0.0, 0.0, None), (0.1, 0.0, None), (0.2, 1e-3, 3.0), (0.0, 0.05, None)]
+]
+
+
+def _weighted_cases(rank, widths, device, dtype, g):
+    """Class weights (the whole vector on every rank, one of them 0, one
+    target row ignored) against F.cross_entropy(weight=) of the whole row in
+    float64; the z-loss is unweighted and inside the mean, as the one-GPU
+    cross_entropy's."""
+    from max_softmax.torch.parallel import vocab_parallel_cross_entropy
+
+    classes = sum(widths)
+    full = torch.randn(2, 5, classes, generator=g, dtype=torch.float64) * 3
+    t = torch.randint(0, classes, (2, 5), generator=g)
+    t[0, 1] = -100
+    t[1, 2] = classes - 1
+    w = torch.rand(classes, generator=g, dtype=torch.float64) * 2
+    w[t[1, 3]] = 0.0
+    for reduction, eps, z, cap in WEIGHTED:
+        what = f"weighted ce {reduction} eps={eps} z_loss={z} softcap={cap} {dtype}"
+        x = _slice(full, widths, rank).to(device, dtype).requires_grad_()
+        loss = vocab_parallel_cross_entropy(
+            x,
+            t.to(device),
+            reduction=reduction,
+            label_smoothing=eps,
+            z_loss=z,
+            softcap=cap,
+            weight=w.to(device, dtype),
+        )
+        dl = torch.rand(loss.shape, generator=g, dtype=torch.float64) + 0.5
+        loss.backward(dl.to(device, dtype))
+        xr = full.clone().requires_grad_()
+        y = xr if cap is None else cap * torch.tanh(xr / cap)
+        kept = t != -100
+        # The weight as the kernels see it (rounded to the logits' dtype).
+        wr = w.to(dtype).to(torch.float64)
+        rows = F.cross_entropy(
+            y.movedim(-1, 1), t, weight=wr, reduction="none", label_smoothing=eps
+        )
+        rows = rows + z * torch.where(kept, torch.logsumexp(y, -1) ** 2, torch.zeros_like(rows))
+        w_t = torch.where(kept, wr[t.clamp_min(0)], torch.zeros_like(rows))
+        lr = {"none": rows, "sum": rows.sum(), "mean": rows.sum() / w_t.sum()}[reduction]
+        if reduction == "mean" and not z:
+            plain = F.cross_entropy(y.movedim(-1, 1), t, weight=wr, label_smoothing=eps)
+            assert torch.allclose(lr, plain), what  # torch's own mean, the same
+        lr.backward(dl)
+        _close(loss, lr, dtype, what)
+        _close(x.grad, _slice(xr.grad, widths, rank), dtype, "d" + what)
+    x = _slice(full, widths, rank).to(device, dtype)
+    with pytest.raises(ValueError, match="weight"):
+        vocab_parallel_cross_entropy(x, t.to(device), weight=w[:-1].to(device, dtype))
 
 
 def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) -> None:
@@ -188,9 +246,15 @@ def _worker(rank: int, world: int, port: int, backend: str, forced: str | None) 
         dist.destroy_process_group()
 
 
-def _spawn(world: int, forced: str | None = "graph") -> None:
-    backend = "nccl" if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1" else "gloo"
-    if backend == "nccl":
+@pytest.fixture
+def nccl(request) -> bool:
+    """Whether this run is over NCCL on GPUs (`pytest --nccl`)."""
+    return bool(request.config.getoption("--nccl"))
+
+
+def _spawn(world: int, nccl: bool, forced: str | None = "graph") -> None:
+    backend = "nccl" if nccl else "gloo"
+    if nccl:
         forced = None
         if torch.cuda.device_count() < world:
             pytest.skip(f"needs {world} GPUs")
@@ -198,23 +262,30 @@ def _spawn(world: int, forced: str | None = "graph") -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_matches_whole_row(world):
-    if world == 4 and os.environ.get("MAX_SOFTMAX_TEST_NCCL") != "1":
+def test_matches_whole_row(world, nccl):
+    if world == 4 and not nccl:
         pytest.skip("gloo runs 2 and 3 processes; 4 runs over NCCL on 4 GPUs")
-    _spawn(world)
+    _spawn(world, nccl)
 
 
-def test_extension_matches_whole_row():
+def test_one_gpu_over_nccl():
+    """One rank on one GPU over NCCL (world 1: the collectives are copies),
+    through the launch extension: the CUDA kernels with every case, the
+    weighted ones included, where no second GPU is at hand."""
+    _spawn(1, True)
+
+
+def test_extension_matches_whole_row(nccl):
     """The launch extension's sharded entries (the path CUDA takes) on the CPU."""
-    if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1":
+    if nccl:
         pytest.skip("the NCCL run takes the extension already")
-    _spawn(2, forced="extension")
+    _spawn(2, False, forced="extension")
 
 
-def test_torch_fallback_matches_whole_row():
-    if os.environ.get("MAX_SOFTMAX_TEST_NCCL") == "1":
+def test_torch_fallback_matches_whole_row(nccl):
+    if nccl:
         pytest.skip("the fallback runs on CPU here")
-    _spawn(2, forced="torch")
+    _spawn(2, False, forced="torch")
 
 
 def test_needs_an_initialised_group():

@@ -21,6 +21,62 @@ def test_at_most_six_settings_each_documented():
         assert f"`{name}`" in settings.table()
 
 
+SCANNED = ("python", "scripts", "tests", "benchmarks/tools", "op", ".ci", ".gpu", "README.md")
+"""Where a `MAX_SOFTMAX_*` name may be read, set or documented (the results'
+history under benchmarks/ keeps the names of its day)."""
+
+
+def _mentions() -> dict[str, set[str]]:
+    """Every `MAX_SOFTMAX_*` name in the SCANNED files, with where."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found: dict[str, set[str]] = {}
+    for top in SCANNED:
+        base = root / top
+        files = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
+        for f in files:
+            if not f.is_file() or f.suffix not in {
+                ".py",
+                ".mojo",
+                ".sh",
+                ".md",
+                ".yml",
+                ".yaml",
+                "",
+            }:
+                continue
+            text = f.read_text(errors="ignore")
+            for name in re.findall(r"MAX_SOFTMAX_[A-Z0-9_]*[A-Z0-9]", text):
+                found.setdefault(name, set()).add(str(f.relative_to(root)))
+    return found
+
+
+def test_every_variable_in_the_tree_is_in_the_table():
+    """No MAX_SOFTMAX_* name outside the settings table (or its older names,
+    or the build's -D defines): a new knob must join the table, become an
+    argument, or a pytest option."""
+    known = set(settings.SETTINGS) | set(settings.BUILD_DEFINES)
+    known |= {s.old_name for s in settings.SETTINGS.values() if s.old_name}
+    stray = {name: where for name, where in _mentions().items() if name not in known}
+    assert not stray, stray
+
+
+def test_the_package_reads_settings_only_through_settings():
+    """Read when used: no module of the package reads a MAX_SOFTMAX_*
+    variable from os.environ itself (settings.get does, at each call)."""
+    import re
+    from pathlib import Path
+
+    package = Path(settings.__file__).parent
+    for f in package.rglob("*.py"):
+        if f.name == "settings.py":
+            continue
+        for line in f.read_text().splitlines():
+            assert not re.search(r"environ.*MAX_SOFTMAX_|getenv.*MAX_SOFTMAX_", line), (f, line)
+
+
 def test_read_when_used(monkeypatch):
     monkeypatch.delenv("MAX_SOFTMAX_TORCH_REPLAY", raising=False)
     assert not settings.flag("MAX_SOFTMAX_TORCH_REPLAY")

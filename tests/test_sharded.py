@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import DEVICES
 from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType
 
 from max_softmax import ops as graph_ops
+from max_softmax.devices import device
 from max_softmax.dtypes import to_buffer, to_numpy
 from max_softmax.kernels import kernel_library
-from max_softmax.models import session
+from max_softmax.models import device_ref, session
 from max_softmax.reference import compare, compare_cross_entropy, cross_entropy_reference
 
 DTYPES = {"float32": DType.float32, "float64": DType.float64}
@@ -23,15 +25,17 @@ def _split(x: np.ndarray, widths: tuple[int, ...]) -> list[np.ndarray]:
     return [np.ascontiguousarray(p) for p in np.split(x, cuts, axis=-1)]
 
 
-def _run(build, inputs: list[np.ndarray], types: list[TensorType]) -> list[np.ndarray]:
+def _run(
+    build, inputs: list[np.ndarray], types: list[TensorType], kind: str = "cpu"
+) -> list[np.ndarray]:
     with Graph("sharded_test", input_types=types, custom_extensions=[kernel_library()]) as g:
         g.output(*build([v.tensor for v in g.inputs]))
-    model = session("cpu").load(g)
-    return [to_numpy(b) for b in model.execute(*[to_buffer(a) for a in inputs])]
+    model = session(kind).load(g)
+    return [to_numpy(b) for b in model.execute(*[to_buffer(a).to(device(kind)) for a in inputs])]
 
 
-def _types(parts: list[np.ndarray], dtype: DType) -> list[TensorType]:
-    return [TensorType(dtype, p.shape, DeviceRef.CPU()) for p in parts]
+def _types(parts: list[np.ndarray], dtype: DType, kind: str = "cpu") -> list[TensorType]:
+    return [TensorType(dtype, p.shape, device_ref(kind)) for p in parts]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -78,42 +82,71 @@ CE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cross_entropy_matches_whole_row(rng, dtype):
-    # Every case in one graph (the slices of both splits are inputs).
+@pytest.mark.parametrize("kind", DEVICES)
+def test_cross_entropy_matches_whole_row(rng, kind, dtype, weighted):
+    """Every split x reduction x smoothing in one graph (the slices of both
+    splits are inputs, all on one device: the statistics joined without
+    collectives), against the float64 reference of the whole row;
+    `weighted`: with class weights (the whole vector, given once), as
+    torch's weight=, one of them 0."""
     x = (rng.standard_normal((9, 14)) * 3).astype(dtype)
     t = rng.integers(0, 14, size=9).astype(np.int64)
     t[[1, 5]] = -100
     t[2] = 13
     t[3] = 0
+    w = None
+    if weighted:
+        w = (rng.random(14) * 2).astype(dtype)
+        w[t[4]] = 0.0
     splits = [(5, 9), (1, 10, 3)]
-    parts = [p for w in splits for p in _split(x, w)]
-    types = [*_types(parts, DTYPES[dtype]), TensorType(DType.int64, [9], DeviceRef.CPU())]
+    parts = [p for s in splits for p in _split(x, s)]
+    ref = device_ref(kind)
+    types = [*_types(parts, DTYPES[dtype], kind), TensorType(DType.int64, [9], ref)]
+    if weighted:
+        types.append(TensorType(DTYPES[dtype], [14], ref))
     firsts = {(5, 9): 0, (1, 10, 3): 2}
 
     def build(vs):
         outs = []
-        for w, reduction, eps in CE_CASES:
-            shards = vs[firsts[w] : firsts[w] + len(w)]
+        targets, weight = vs[len(parts)], vs[len(parts) + 1] if weighted else None
+        for s, reduction, eps in CE_CASES:
             losses, grads = graph_ops.sharded_cross_entropy(
-                shards, vs[-1], None, reduction=reduction, label_smoothing=eps, with_grad=True
+                vs[firsts[s] : firsts[s] + len(s)],
+                targets,
+                None,
+                reduction=reduction,
+                label_smoothing=eps,
+                with_grad=True,
+                weight=weight,
             )
             outs += [losses[0], losses[-1], *grads]
         return outs
 
-    out = _run(build, [*parts, t], types)
+    out = _run(build, [*parts, t] + ([w] if weighted else []), types, kind)
     k = 0
-    for w, reduction, eps in CE_CASES:
-        loss, last, *grads = out[k : k + 2 + len(w)]
-        k += 2 + len(w)
+    for s, reduction, eps in CE_CASES:
+        loss, last, *grads = out[k : k + 2 + len(s)]
+        k += 2 + len(s)
         want_loss, want_grad = cross_entropy_reference(
-            x, t, reduction=reduction, label_smoothing=eps
+            x, t, reduction=reduction, label_smoothing=eps, weight=w
         )
         ok, loss_err, grad_err = compare_cross_entropy(
             loss, np.concatenate(grads, axis=-1), want_loss, want_grad, dtype
         )
-        assert ok, (w, reduction, eps, loss_err, grad_err)
+        assert ok, (s, reduction, eps, loss_err, grad_err)
         np.testing.assert_array_equal(loss, last)
+
+
+def test_weighted_cross_entropy_checks_the_weight():
+    cpu = DeviceRef.CPU()
+    types = [TensorType(DType.float32, [4, 5], cpu)] * 2
+    types += [TensorType(DType.int64, [4], cpu), TensorType(DType.float32, [9], cpu)]
+    with Graph("bad_weight", input_types=types) as g:
+        a, b, t, w = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match=r"weight must have shape \(10,\)"):
+            graph_ops.sharded_cross_entropy([a, b], t, None, weight=w)
 
 
 def test_cross_entropy_bad_target_is_nan_and_ignore_index(rng):

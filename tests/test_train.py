@@ -1,5 +1,6 @@
 """The training example: gradients of the step graph match finite
-differences, the launch path computes the same step, training starts before
+differences, the launch path computes the same step (its fused output layer
+as the unfused float64 step), training starts before
 the step graph is ready and moves into it, and it reaches the README's
 accuracy."""
 
@@ -59,6 +60,46 @@ def test_the_launch_path_computes_the_graphs_step(small):
     for name in PARAMS:
         assert grads[name].shape == params[name].shape
         np.testing.assert_allclose(grads[name], g_grads[name], rtol=1e-10, atol=1e-14)
+
+
+def _unfused_step(problem, params):
+    """The step in float64 numpy, the output layer unfused: logits, their
+    log-softmax, the mean loss and every gradient by hand."""
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    x, labels, rows = problem.x.astype(np.float64), problem.labels, len(problem.labels)
+    pre = x @ p["w1"] + p["b1"]
+    hid = np.maximum(pre, 0)
+    logits = hid @ p["w2"].T + p["b2"]
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    loss = -logp[np.arange(rows), labels].mean()
+    dlogits = np.exp(logp)
+    dlogits[np.arange(rows), labels] -= 1
+    dlogits /= rows
+    dpre = (dlogits @ p["w2"]) * (pre > 0)
+    grads = {
+        "w1": x.T @ dpre,
+        "b1": dpre.sum(axis=0, keepdims=True),
+        "w2": dlogits.T @ hid,
+        "b2": dlogits.sum(axis=0),
+    }
+    return loss, grads
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-10), (np.float32, 2e-4)])
+def test_the_fused_output_layer_matches_the_unfused_reference(dtype, rtol):
+    """The launch path's step (linear_cross_entropy_with_grad for the
+    output layer and loss) against the unfused float64 step."""
+    problem = make_problem(samples=96, features=6, classes=7, hidden=10, seed=5, dtype=dtype)
+    params = init_params(problem, seed=5)
+    params["b2"] += np.linspace(-0.5, 0.5, problem.classes).astype(dtype)  # a bias that counts
+    loss, _, grads = launch_step(problem, params)
+    want_loss, want = _unfused_step(problem, params)
+    assert loss == pytest.approx(want_loss, rel=rtol)
+    for name in PARAMS:
+        assert grads[name].shape == params[name].shape, name
+        size = np.abs(want[name]).max()
+        np.testing.assert_allclose(grads[name], want[name], rtol=rtol, atol=rtol * size)
 
 
 def test_training_lowers_the_loss_and_reaches_the_readmes_accuracy():
@@ -146,7 +187,7 @@ def test_help_says_what_it_runs_and_how_often_it_logs(capsys):
         demo.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     for words in (
-        "cross_entropy_with_grad",
+        "linear_cross_entropy_with_grad",
         "every 100 steps",
         "--log-every",
         "--path",

@@ -9,7 +9,7 @@ Providers (each guarded: one that cannot be imported or runs out of memory
 is recorded as such, the rest go on):
 
 - ours: chunked, in place, chunk i's cross-entropy beside chunk i+1's GEMM
-  (MAX_SOFTMAX_LCE_OVERLAP=1);
+  (overlap=True);
 - ours_serial: the chunks one after another in one buffer (the default);
 - ours:MiB, ours_serial:MiB: with CHUNK_BYTES = MiB (default 512: the
   chunk trades memory for the dW GEMM's efficiency);
@@ -91,11 +91,13 @@ def make_step(provider: str, softcap: float | None) -> tuple[Step, bool]:
     if name in ("ours", "ours_serial"):
         from max_softmax.torch import linear as lce
 
-        lce.OVERLAP = name == "ours"
-        lce.CHUNK_BYTES = int(mib) * 2**20 if mib else DEFAULT_CHUNK_BYTES
+        overlap = name == "ours"
+        chunk_bytes = int(mib) * 2**20 if mib else DEFAULT_CHUNK_BYTES
 
         def ours(h, w, t):
-            lce.linear_cross_entropy(h, w, t, softcap=softcap).backward()
+            lce.linear_cross_entropy(
+                h, w, t, softcap=softcap, chunk_bytes=chunk_bytes, overlap=overlap
+            ).backward()
 
         return ours, True
     if provider == "eager":

@@ -31,7 +31,7 @@ PY
   ;;
 tests)
   export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=${POOL:-8}
-  MAX_SOFTMAX_TEST_NCCL=1 timeout -s INT -k 30 "${LIMIT:-500}" python -m pytest -v -rfE --tb=short tests/test_parallel.py \
+  timeout -s INT -k 30 "${LIMIT:-500}" python -m pytest -v -rfE --tb=short --nccl tests/test_parallel.py \
     > "$OUT/test_parallel_nccl.log" 2>&1 &
   timeout -s INT -k 30 "${LIMIT:-500}" python -m pytest -v -rfE --tb=short tests/test_sharded.py -k gpus \
     > "$OUT/test_sharded_gpus.log" 2>&1 &

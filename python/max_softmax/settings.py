@@ -2,8 +2,11 @@
 
 Every setting is read when it is used (`get`), never at import, so a
 process (or a test, through `monkeypatch.setenv`) that changes one sees
-the change at the next call. Test-only knobs are pytest options instead
-(`tests/conftest.py`: `--fuzz-examples`, `--big`).
+the change at the next call (`MAX_SOFTMAX_LAUNCH` aside: `max_softmax.launch`
+reads it once, at its import, to keep its per-call path at ~1 µs).
+Test-only knobs are pytest options instead (`tests/conftest.py`:
+`--fuzz-examples`, `--big`, `--nccl`); tuning knobs of one function are its
+arguments (`linear_cross_entropy(chunk_bytes=, overlap=)`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ SETTINGS: dict[str, Setting] = {
     )
 }
 """Every user setting, by name (the README's table is this one)."""
+
+BUILD_DEFINES = ("MAX_SOFTMAX_CPU_ONLY",)
+"""`MAX_SOFTMAX_*` names that are no environment variable: Mojo `-D`
+defines the launch extension's build passes (`launch._build_args`)."""
 
 
 def get(name: str) -> str:

@@ -34,7 +34,7 @@ from max.graph import BufferValue, DeviceRef, Graph, TensorType, TensorValue, op
 from max.graph.dim import Dim, StaticDim
 
 from .kernels import is_kernel_library, kernel_library
-from .validation import check_cross_entropy_options, check_dtype
+from .validation import check_class_weight, check_cross_entropy_options, check_dtype
 
 SHARDED_OPS = (
     "sharded_row_stats",
@@ -114,17 +114,20 @@ def shard_epilogue(
     return out.tensor
 
 
-def combine_stats(gathered: TensorValue, parts: int) -> tuple[TensorValue, ...]:
+def combine_stats(
+    gathered: TensorValue, parts: int, cols: int = STATS_COLS
+) -> tuple[TensorValue, ...]:
     """Each row's global (max, sum of exp(x - max), target logit, sum of
-    logits), each (rows, 1), from the (rows, 4 * parts) statistics of every
-    slice side by side, folded in slice order. A row whose max is +-inf
+    logits), each (rows, 1), from the (rows, cols * parts) statistics of
+    every slice side by side (the first 4 of each slice's `cols` read),
+    folded in slice order. A row whose max is +-inf
     (+inf, NaN, or only -inf) gets a NaN sum, as the one-device op.
 
     Maxima are taken pairwise with the elementwise `ops.max`: the reduction
     `ops.max(x, axis=...)` starts from the lowest finite value, so a column
     of -inf would come back as -3.4e38."""
     rows = gathered.shape[0]
-    g = ops.reshape(gathered, [rows, parts, STATS_COLS])
+    g = ops.reshape(gathered, [rows, parts, cols])
 
     def col(k: int, c: int) -> TensorValue:
         return ops.reshape(g[:, k, c], [rows, 1])
@@ -148,7 +151,7 @@ def combine_stats(gathered: TensorValue, parts: int) -> tuple[TensorValue, ...]:
 
 
 def _gather(stats: list[TensorValue], signal_buffers: Sequence[BufferValue] | None) -> list:
-    """Every slice's statistics side by side, (rows, 4 * parts), on each device."""
+    """Every slice's statistics side by side, (rows, cols * parts), on each device."""
     if len(stats) == 1:
         return stats
     on_cpu = all(s.device.device_type.value == "cpu" for s in stats)
@@ -252,6 +255,7 @@ def sharded_cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     with_grad: bool = False,
+    weight: TensorValue | Sequence[TensorValue] | None = None,
 ) -> list[TensorValue] | tuple[list[TensorValue], list[TensorValue]]:
     """Cross-entropy of rows whose logits are split over devices (as torch's
     `F.cross_entropy` with class-index targets, on the whole row).
@@ -265,6 +269,12 @@ def sharded_cross_entropy(
         reduction: "mean" (over rows kept), "sum" or "none".
         label_smoothing: In [0, 1].
         with_grad: Also return each device's d loss / d (its slice).
+        weight: Class weights of the whole row, (classes,), floating: one
+            tensor per device, or one that is moved to each device (as
+            torch's `weight=`, which users hold whole; the targets are
+            global, so w[t] needs no exchange). Row loss w[t] (lse - x_t);
+            with smoothing (1 - eps) of that plus eps / C sum_c w_c (lse -
+            x_c); "mean" divides by the sum of w[t] over the kept rows.
 
     Returns:
         The loss on every device (the same value; a scalar, or (...,) for
@@ -277,9 +287,7 @@ def sharded_cross_entropy(
     )
     flat, lead, widths = _flatten(shards, -1)
     classes = sum(widths)
-    if isinstance(targets, TensorValue) or not isinstance(targets, Sequence):
-        one = TensorValue(targets)
-        targets = [one if one.device == v.device else ops.transfer_to(one, v.device) for v in flat]
+    targets = _on_each_device(targets, flat)
     tgts = []
     for v, t in zip(flat, targets, strict=True):
         t = TensorValue(t)
@@ -295,6 +303,21 @@ def sharded_cross_entropy(
         for off, v in zip(_offsets(widths), flat)
     ]
     stats = [shard_row_stats(v, t, o, "cross_entropy") for v, t, o in zip(flat, tgts, opts)]
+    if weight is not None:
+        ws = _class_weights(weight, flat, classes)
+        return _weighted_cross_entropy(
+            flat,
+            lead,
+            widths,
+            tgts,
+            ws,
+            stats,
+            signal_buffers,
+            ignore_index,
+            eps,
+            reduction,
+            with_grad,
+        )
     losses, grads = [], []
     for v, t, g, o in zip(flat, tgts, _gather(stats, signal_buffers), opts):
         loss, row_in = _loss_and_rows(g, len(flat), t, classes, ignore_index, eps, reduction)
@@ -307,6 +330,130 @@ def sharded_cross_entropy(
             d = shard_epilogue(v, row_in, t, o, "cross_entropy")
             grads.append(d if len(lead) == 1 else ops.reshape(d, [*lead, d.shape[-1]]))
     return (losses, grads) if with_grad else losses
+
+
+def _on_each_device(value: TensorValue | Sequence[TensorValue], flat: list[TensorValue]) -> list:
+    """One tensor per slice's device: `value` moved to each, or the
+    sequence given."""
+    if isinstance(value, TensorValue) or not isinstance(value, Sequence):
+        one = TensorValue(value)
+        return [one if one.device == v.device else ops.transfer_to(one, v.device) for v in flat]
+    return list(value)
+
+
+def _class_weights(weight, flat: list[TensorValue], classes: int) -> list[TensorValue]:
+    """The class weights on each device, checked, in the statistics' dtype."""
+    out = []
+    for v, w in zip(flat, _on_each_device(weight, flat), strict=True):
+        w = TensorValue(w)
+        if not w.dtype.is_float():
+            raise TypeError(f"max_softmax: cross_entropy weight must be floating, got {w.dtype}")
+        check_class_weight(list(w.shape), classes)
+        acc = stats_dtype(v.dtype)
+        out.append(w if w.dtype == acc else ops.cast(w, acc))
+    return out
+
+
+def _weighted_cross_entropy(
+    flat, lead, widths, tgts, ws, stats, signal_buffers, ignore_index, eps, reduction, with_grad
+):
+    """`sharded_cross_entropy` with class weights. The kernels see no
+    weights: with smoothing each slice's sum of w_c x_c joins its statistics
+    (one more column, the same gather); the loss is graph ops on the
+    combined rows; the gradient is the epilogue (smoothing 0) with each
+    row's scale times b = (1 - eps) w[t] + eps W / C, which writes
+    scale b (p - [c == t]), plus, with smoothing, scale eps W / C at the
+    target and -scale eps w_c / C (graph ops over the slice)."""
+    classes = sum(widths)
+    cols = STATS_COLS
+    if eps != 0:
+        cols += 1
+        stats = [
+            ops.concat(
+                [s, ops.matmul(ops.cast(v, s.dtype), ops.reshape(w[off : off + n], [n, 1]))], 1
+            )
+            for s, v, w, off, n in zip(stats, flat, ws, _offsets(widths), widths)
+        ]
+    losses, grads = [], []
+    gathered = _gather(stats, signal_buffers)
+    for v, t, g, w, off in zip(flat, tgts, gathered, ws, _offsets(widths)):
+        loss, d = _weighted_slice(
+            v, t, g, w, off, len(flat), cols, classes, ignore_index, eps, reduction, with_grad
+        )
+        losses.append(ops.reshape(loss, lead) if reduction == "none" else loss)
+        if with_grad:
+            grads.append(d if len(lead) == 1 else ops.reshape(d, [*lead, d.shape[-1]]))
+    return (losses, grads) if with_grad else losses
+
+
+def _weighted_slice(
+    v: TensorValue,
+    t: TensorValue,
+    g: TensorValue,
+    w: TensorValue,
+    off: int,
+    parts: int,
+    cols: int,
+    classes: int,
+    ignore_index: int,
+    eps: float,
+    reduction: str,
+    with_grad: bool,
+) -> tuple[TensorValue, TensorValue | None]:
+    """One device's weighted loss (rows,) or scalar, and its gradient slice
+    (rows, n) with `with_grad`, from the gathered statistics `g`."""
+    acc, dev = g.dtype, g.device
+    rows, n = t.shape[0], int(v.shape[-1])
+
+    def c(value: float) -> TensorValue:
+        return ops.constant(value, acc, device=dev)
+
+    def ic(value: int) -> TensorValue:
+        return ops.constant(value, DType.int64, device=dev)
+
+    big_m, total, x_t, _ = combine_stats(g, parts, cols)
+    t2 = ops.reshape(t, [rows, 1])
+    kept = ops.not_equal(t2, ic(ignore_index))
+    valid = ops.logical_and(ops.greater_equal(t2, ic(0)), ops.greater(ic(classes), t2))
+    use = ops.logical_and(kept, valid)
+    safe = ops.reshape(ops.where(use, t2, ic(0)), [rows])
+    w_t = ops.where(use, ops.reshape(ops.gather(w, safe, axis=0), [rows, 1]), c(0.0))
+    row = c(1 - eps) * w_t * (ops.log(total) + (big_m - x_t))
+    smooth = c(0.0)
+    if eps != 0:
+        gg = ops.reshape(g, [rows, parts, cols])
+        wx = ops.reshape(gg[:, 0, STATS_COLS], [rows, 1])
+        for k in range(1, parts):
+            wx = wx + ops.reshape(gg[:, k, STATS_COLS], [rows, 1])
+        smooth = c(eps / classes) * ops.sum(w, axis=0)  # eps W / C, shape (1,)
+        row = row + smooth * (big_m + ops.log(total)) - c(eps / classes) * wx
+    row = ops.where(kept, ops.where(valid, row, c(float("nan"))), c(0.0))
+    row = ops.reshape(row, [rows])
+    scale = ops.broadcast_to(c(1.0), big_m.shape)
+    if reduction == "none":
+        loss = ops.cast(row, v.dtype)
+    else:
+        total_loss = ops.sum(row, axis=0)
+        if reduction == "mean":
+            denominator = ops.sum(ops.reshape(w_t, [rows]), axis=0)
+            total_loss = total_loss / denominator
+            scale = ops.broadcast_to(c(1.0) / denominator, big_m.shape)
+        loss = ops.cast(ops.reshape(total_loss, []), v.dtype)
+    if not with_grad:
+        return loss, None
+    b = c(1 - eps) * w_t + smooth
+    opts = shard_options(off, classes, dev, ignore_index, 0.0)
+    row_in = ops.concat([big_m, total, scale * b], axis=1)
+    d = shard_epilogue(v, row_in, t, opts, "cross_entropy")
+    if eps != 0:
+        kept_scale = ops.where(kept, scale, c(0.0))
+        cls = np.arange(off, off + n, dtype=np.int64).reshape(1, n)
+        at_target = ops.where(
+            ops.equal(ops.constant(cls, DType.int64, device=dev), t2), kept_scale * smooth, c(0.0)
+        )
+        per_class = kept_scale * c(eps / classes) * ops.reshape(w[off : off + n], [1, n])
+        d = ops.cast(ops.cast(d, acc) + at_target - per_class, v.dtype)
+    return loss, d
 
 
 def _loss_and_rows(

@@ -1,6 +1,7 @@
 """`softmax train`: a 2-layer MLP classifier trained with a MAX graph whose
-loss and its gradient come from our fused cross-entropy
-(`ops.cross_entropy_with_grad`: one pass over the logits) and whose
+output layer and loss are our fused linear + cross-entropy
+(`linear_graph.linear_cross_entropy_with_grad`: logits, loss and the output
+layer's gradients in chunks of rows, the logits never whole) and whose
 hand-written backward pass does the rest (MAX graphs have no autodiff).
 
 Data: Gaussian blobs, one per class, generated in code. A step computes the
@@ -11,8 +12,8 @@ No wait without a word: the step graph takes MAX ~140 s to compile on a
 has compiled it before (or `softmax warmup --train` did), training runs in
 the graph from step 0. Else the graph compiles on a thread while training
 starts at once on the launch path, the same step computed by numpy matmuls
-and our fused `max_softmax.cross_entropy_with_grad` on arrays (the launch
-extension, no graph); it moves into the graph when the compile ends, and a
+and our fused `max_softmax.linear_cross_entropy_with_grad` on arrays (the
+launch extension, no graph); it moves into the graph when the compile ends, and a
 run that ends first waits for it (saying so) and checks its last step in
 the graph. Every logged line names the path that computed it.
 """
@@ -33,9 +34,9 @@ import numpy as np
 from max.dtype import DType
 from max.graph import Graph, TensorType, ops
 
-from . import ops as our_ops
 from .devices import device, resolve_device
 from .dtypes import max_dtype, to_buffer, to_numpy
+from .linear_graph import linear_cross_entropy_with_grad
 from .models import build_graph, compile_marker, compiled, device_ref
 
 PARAMS = ("w1", "b1", "w2", "b2")
@@ -49,7 +50,8 @@ TARGET_ACCURACY = 0.95
 GRAPH = "MAX graph"
 LAUNCH = "launch path"
 """The two paths a step runs on, as the log names them: the compiled step
-graph, or numpy matmuls + our fused cross-entropy through the launch extension."""
+graph, or numpy matmuls + our fused linear + cross-entropy through the
+launch extension."""
 
 
 @dataclass
@@ -92,15 +94,17 @@ def make_problem(
 
 
 def init_params(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
-    """He-initialised weights, zero biases."""
+    """He-initialised weights, zero biases. The output layer's w2 is (classes,
+    hidden) and b2 (classes,), as `nn.Linear(hidden, classes)`: the layout
+    `linear_cross_entropy` takes."""
     rng = np.random.default_rng(seed + 1)
     d, k, h = problem.x.shape[1], problem.classes, problem.hidden
     dt = problem.x.dtype
     return {
         "w1": (rng.standard_normal((d, h)) * np.sqrt(2 / d)).astype(dt),
         "b1": np.zeros((1, h), dt),
-        "w2": (rng.standard_normal((h, k)) * np.sqrt(2 / h)).astype(dt),
-        "b2": np.zeros((1, k), dt),
+        "w2": (rng.standard_normal((k, h)) * np.sqrt(2 / h)).astype(dt),
+        "b2": np.zeros(k, dt),
     }
 
 
@@ -115,24 +119,22 @@ def build_step_graph(problem: Problem, kind: str) -> Graph:
         TensorType(DType.int64, [n], ref),
         TensorType(dt, [d, h], ref),
         TensorType(dt, [1, h], ref),
-        TensorType(dt, [h, k], ref),
-        TensorType(dt, [1, k], ref),
+        TensorType(dt, [k, h], ref),
+        TensorType(dt, [k], ref),
     ]
 
     def step(x, labels, w1, b1, w2, b2):
         # Forward.
         pre = ops.matmul(x, w1) + b1
         hid = ops.relu(pre)
-        logits = ops.matmul(hid, w2) + b2
-        # The mean loss and d loss / d logits, fused.
-        loss, dlogits = our_ops.cross_entropy_with_grad(logits, labels)
+        # The output layer, the mean loss and their gradients, fused.
+        loss, dhid, dw2, db2 = linear_cross_entropy_with_grad(hid, w2, labels, b2)
+        # The accuracy reads the logits again (a small matmul, outside the loss).
+        logits = ops.matmul(hid, ops.transpose(w2, 0, 1)) + b2
         predicted = ops.reshape(ops.argmax(logits, axis=-1), [n])
         hits = ops.cast(ops.equal(predicted, labels), dt)
         accuracy = ops.sum(hits, axis=0) / float(n)
-        # Backward, by hand, from dlogits.
-        dw2 = ops.matmul(ops.transpose(hid, 0, 1), dlogits)
-        db2 = ops.sum(dlogits, axis=0)
-        dhid = ops.matmul(dlogits, ops.transpose(w2, 0, 1))
+        # Backward, by hand, from dhid.
         dpre = dhid * ops.cast(ops.greater(pre, ops.constant(0, dt, ref)), dt)
         dw1 = ops.matmul(ops.transpose(x, 0, 1), dpre)
         db1 = ops.sum(dpre, axis=0)
@@ -144,7 +146,9 @@ def build_step_graph(problem: Problem, kind: str) -> Graph:
 def step_key(problem: Problem, kind: str) -> Hashable:
     """The models cache key of `problem`'s step graph on device `kind`."""
     shapes = (problem.x.shape, problem.classes, problem.hidden, str(problem.x.dtype))
-    return ("mlp_step", shapes, kind)
+    # "lce": the step with the fused output layer (a marker of the older
+    # step graph must not claim this one is in MAX's cache).
+    return ("mlp_step_lce", shapes, kind)
 
 
 def step_graph_cached(problem: Problem, kind: str) -> bool:
@@ -181,24 +185,27 @@ class Trainer:
 def launch_step(
     problem: Problem, params: dict[str, np.ndarray]
 ) -> tuple[float, float, dict[str, np.ndarray]]:
-    """The step graph's math without a graph: numpy matmuls, and the mean
-    loss with d loss / d logits from our fused `cross_entropy_with_grad` on
-    numpy arrays (on the CPU through the launch extension). Loss, accuracy
-    and gradients at `params`, as `Trainer.step`."""
-    from .arrays import cross_entropy_with_grad
+    """The step graph's math without a graph: numpy matmuls, and the output
+    layer with the mean loss and their gradients from our fused
+    `linear_cross_entropy_with_grad` on numpy arrays (its cross-entropy on
+    the CPU through the launch extension). Loss, accuracy and gradients at
+    `params`, as `Trainer.step`."""
+    from .linear import linear_cross_entropy_with_grad
 
     x, labels = problem.x, problem.labels
     pre = x @ params["w1"] + params["b1"]
     hid = np.maximum(pre, 0)
-    logits = hid @ params["w2"] + params["b2"]
-    loss, dlogits = cross_entropy_with_grad(logits, labels, device="cpu")
+    loss, dhid, dw2, db2 = linear_cross_entropy_with_grad(
+        hid, params["w2"], labels, params["b2"], device="cpu"
+    )
+    logits = hid @ params["w2"].T + params["b2"]  # for the accuracy only
     accuracy = float(np.mean(np.argmax(logits, axis=-1) == labels))
-    dpre = (dlogits @ params["w2"].T) * (pre > 0)
+    dpre = dhid * (pre > 0)
     grads = {
         "w1": x.T @ dpre,
         "b1": dpre.sum(axis=0, keepdims=True),
-        "w2": hid.T @ dlogits,
-        "b2": dlogits.sum(axis=0, keepdims=True),
+        "w2": dw2,
+        "b2": db2,
     }
     return float(loss), accuracy, grads
 
@@ -286,8 +293,9 @@ def train(
     if compile_later:
         print(
             f"the step graph is not compiled on this machine yet: training starts now on the "
-            f"{LAUNCH} (numpy matmuls + our fused cross_entropy_with_grad, no graph) while the "
-            f"graph compiles for {kind} beside it, and moves into the graph when it is ready",
+            f"{LAUNCH} (numpy matmuls + our fused linear_cross_entropy_with_grad, no graph) "
+            f"while the graph compiles for {kind} beside it, and moves into the graph when it "
+            "is ready",
             file=out,
             flush=True,
         )
@@ -352,12 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="softmax train",
         description="Train a 2-layer MLP classifier (20 features, 64 hidden units, 5 "
         "classes) on 2048 synthetic Gaussian-blob samples. A step is a MAX graph: "
-        "matmuls and ReLU forward, the mean loss and its gradient from our fused "
-        "cross_entropy_with_grad (max_softmax.ops), the rest of the backward pass by "
-        "hand (MAX graphs have no autodiff); numpy applies SGD with momentum. The first "
+        "matmul and ReLU forward, the output layer, the mean loss and their gradients "
+        "from our fused linear_cross_entropy_with_grad (max_softmax.linear_graph), the "
+        "rest of the backward pass by hand (MAX graphs have no autodiff); numpy applies "
+        "SGD with momentum. The first "
         "run on a machine compiles that graph (~140 s on 2 cores, cached after; "
         "'softmax warmup --train' builds it ahead): meanwhile training starts at once on "
-        "the launch path (numpy matmuls + our fused cross-entropy on arrays, no graph) "
+        "the launch path (numpy matmuls + our fused linear + cross-entropy on arrays, no "
+        "graph) "
         "and moves into the graph when it is ready. Logs the step, loss, train accuracy, "
         f"path and elapsed time every {LOG_EVERY} steps and at the last step; exits 0 "
         f"when the final train accuracy is >= {TARGET_ACCURACY}, else 1.",

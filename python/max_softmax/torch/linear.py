@@ -17,11 +17,12 @@ backward only scales them by the incoming gradient; for reduction "none"
 again.
 
 Memory beyond the inputs, outputs and gradients: the chunk buffer(s),
-`chunk_rows x V` logits each, sized by `CHUNK_BYTES` (see `chunk_rows_for`),
+`chunk_rows x V` logits each, sized by `chunk_bytes=` (default
+`CHUNK_BYTES`; see `chunk_rows_for`),
 plus a loss a row. On CUDA two buffers take turns so that chunk i's
 cross-entropy (on MAX's queue, reached from a side stream) runs while
-chunk i+1's logits GEMM runs on torch's stream (`OVERLAP`); the chunk is
-halved to keep the budget.
+chunk i+1's logits GEMM runs on torch's stream (`overlap=True`); the
+chunk is halved to keep the budget.
 
 z_loss, softcap and class weights (`class_weight=`: `weight=` is the
 linear layer's) run the extended cross-entropy family (op/cpu_ce_options.mojo,
@@ -43,8 +44,8 @@ first pass and each element before writing it).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -64,19 +65,18 @@ from . import _launch as torch_launch
 from ._buffers import DTYPES
 from ._options import options_tensor
 
-CHUNK_BYTES = int(os.environ.get("MAX_SOFTMAX_LCE_CHUNK_BYTES", 512 * 2**20))
-"""Bytes of logits the chunk buffers of `linear_cross_entropy` hold in all
-(both buffers together where they take turns): 512 MiB, two buffers of
+CHUNK_BYTES = 512 * 2**20
+"""The default `chunk_bytes=` of `linear_cross_entropy`: bytes of logits
+the chunk buffers hold in all (both buffers together where they take turns): 512 MiB, two buffers of
 1024 rows of a bf16 128256-class head, against 4.2 GB for the whole bf16
 logits and their gradient at 8192 x 128256. Why not less: each chunk's
 dW += dlogits_c^T h_c reads and writes all of dW (1 GB at 128256 x 4096
 bf16) for 2 x rows x H x V flops, so below ~1024 rows a chunk (bf16 on an
-H100: ~300 flops a byte) that GEMM turns memory-bound.
-`MAX_SOFTMAX_LCE_CHUNK_BYTES` overrides it."""
+H100: ~300 flops a byte) that GEMM turns memory-bound."""
 
-OVERLAP = os.environ.get("MAX_SOFTMAX_LCE_OVERLAP", "0") == "1"
-"""On CUDA, with `MAX_SOFTMAX_LCE_OVERLAP=1`, run chunk i's cross-entropy
-beside chunk i+1's logits GEMM (two buffers). Off by default: on an H100
+OVERLAP = False
+"""The default `overlap=` of `linear_cross_entropy`: on CUDA, run chunk i's
+cross-entropy beside chunk i+1's logits GEMM (two buffers). Off: on an H100
 the chunks one after another in one buffer were 1-12% faster at all three
 LM heads of benchmarks/RESULTS.md (the GEMMs already fill the GPU)."""
 
@@ -230,12 +230,15 @@ def cross_entropy_inplace(
 # Fused linear + cross-entropy.
 
 
-def chunk_rows_for(rows: int, classes: int, itemsize: int, buffers: int) -> int:
+def chunk_rows_for(
+    rows: int, classes: int, itemsize: int, buffers: int, chunk_bytes: int | None = None
+) -> int:
     """Rows a chunk of `linear_cross_entropy` takes: as many as keep
-    `buffers` chunk buffers of (rows, classes) logits within `CHUNK_BYTES`,
-    at least 1, at most `rows`, cut to a multiple of 128 above 128."""
+    `buffers` chunk buffers of (rows, classes) logits within `chunk_bytes`
+    (default `CHUNK_BYTES`), at least 1, at most `rows`, cut to a multiple
+    of 128 above 128."""
     per_row = max(1, classes * itemsize * buffers)
-    c = max(1, CHUNK_BYTES // per_row)
+    c = max(1, (CHUNK_BYTES if chunk_bytes is None else chunk_bytes) // per_row)
     if c > _ROW_ALIGN:
         c -= c % _ROW_ALIGN
     return max(1, min(c, rows))
@@ -250,6 +253,8 @@ class _Args:
     eps: float
     chunk_rows: int | None
     kept: float
+    chunk_bytes: int | None = None
+    overlap: bool = False
     """Rows whose target is not ignore_index (for "mean"); with class
     weights, the sum of their targets' weights (torch's divisor)."""
 
@@ -294,10 +299,14 @@ def _passes(
         torch.zeros((classes,), dtype=_acc(dtype), device=device) if with_grad and want[2] else None
     )
     inplace = inplace_safe(h, _extended(options))
-    overlap = with_grad and OVERLAP and h.is_cuda
+    overlap = with_grad and args.overlap and h.is_cuda
     nbuf = 2 if overlap else 1
     chunk = args.chunk_rows or chunk_rows_for(
-        rows, classes, h.element_size(), nbuf + (0 if inplace or not with_grad else 1)
+        rows,
+        classes,
+        h.element_size(),
+        nbuf + (0 if inplace or not with_grad else 1),
+        args.chunk_bytes,
     )
     chunk = max(1, min(chunk, rows))
     ranges = [(lo, min(rows, lo + chunk)) for lo in range(0, rows, chunk)]
@@ -495,6 +504,18 @@ def _check(
         check_linear_class_weight(tuple(class_weight.shape), weight.shape[0])
 
 
+def _check_chunk_bytes(chunk_bytes: Any) -> int | None:
+    """`chunk_bytes=` as an int >= 1, or None; else raise."""
+    if chunk_bytes is None:
+        return None
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        raise ValueError(
+            "max_softmax: linear_cross_entropy chunk_bytes must be an int >= 1, "
+            f"got {chunk_bytes!r}"
+        )
+    return chunk_bytes
+
+
 @torch.compiler.disable
 def linear_cross_entropy(
     input: torch.Tensor,
@@ -509,6 +530,8 @@ def linear_cross_entropy(
     softcap: float | None = None,
     class_weight: torch.Tensor | None = None,
     chunk_rows: int | None = None,
+    chunk_bytes: int | None = None,
+    overlap: bool | None = None,
 ) -> torch.Tensor:
     """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` without
     ever holding all the logits: chunks of rows go through torch's matmul
@@ -535,7 +558,13 @@ def linear_cross_entropy(
             linear layer's): row loss w[t] (lse - x_t) (with smoothing as
             torch), "mean" over the sum of w[t] of the kept rows. A
             constant: not differentiated.
-        chunk_rows: Rows a chunk; None chooses them by `CHUNK_BYTES`.
+        chunk_rows: Rows a chunk; None chooses them by `chunk_bytes`.
+        chunk_bytes: Bytes of logits the chunk buffers hold in all (None:
+            `CHUNK_BYTES`, 512 MiB; smaller chunks make each chunk's dW
+            GEMM memory-bound).
+        overlap: On CUDA, run chunk i's cross-entropy beside chunk i+1's
+            logits GEMM, two buffers in the same bytes (None: `OVERLAP`,
+            off: 1-12% slower on an H100, benchmarks/RESULTS.md).
 
     Returns:
         The loss: 0-d for "mean"/"sum", the target's shape for "none"; in
@@ -558,6 +587,8 @@ def linear_cross_entropy(
     reduction, ignore_index, eps = check_cross_entropy_options(
         reduction, ignore_index, label_smoothing
     )
+    chunk_bytes = _check_chunk_bytes(chunk_bytes)
+    overlap = OVERLAP if overlap is None else bool(overlap)
     if input.is_cuda and not torch_launch.available(cuda=True):
         torch_buffers.check_cuda_device(input)
     hidden = input.shape[-1]
@@ -578,7 +609,7 @@ def linear_cross_entropy(
             safe = torch.where(mask, targets, torch.zeros_like(targets))
             cw = class_weight.detach().to(torch.float64)
             kept = float((cw[safe] * mask).sum())
-    args = _Args(ignore_index, reduction, eps, chunk_rows, kept)
+    args = _Args(ignore_index, reduction, eps, chunk_rows, kept, chunk_bytes, overlap)
     want = tuple(
         t is not None and t.requires_grad and torch.is_grad_enabled() for t in (input, weight, bias)
     )

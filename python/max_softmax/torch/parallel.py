@@ -19,6 +19,13 @@ with the incoming gradient folded into the scale: no communication, one
 read and one write of the slice. Softmax / log-softmax backward exchange
 the per-row sum of dy * y (or of dy) with one all_reduce.
 
+Class weights (`weight=`, the whole (classes,) vector on every rank, as
+torch's `F.cross_entropy` takes it) ride on the same kernels: the forward
+gathers one more column (sum of w_c x_c over the slice, with label
+smoothing only) in the same collective, the backward scales the
+epilogue's rows by w[t] and adds the smoothing's per-class term in torch
+ops.
+
 Where the kernels run: the launch extension's `sharded_row_stats` /
 `sharded_epilogue` entries once it is built (on CUDA it builds in the
 background on first use; `MAX_SOFTMAX_LAUNCH=extension` waits for it);
@@ -37,7 +44,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..validation import check_cross_entropy_extras, check_cross_entropy_options
+from ..validation import (
+    check_class_weight,
+    check_cross_entropy_extras,
+    check_cross_entropy_options,
+    check_same_device,
+)
 
 KIND_CODES = {"softmax": 0, "log_softmax": 1, "cross_entropy": 2}
 """The `kind` argument of the launch extension's sharded entries."""
@@ -418,6 +430,7 @@ class _CrossEntropy(torch.autograd.Function):
         reduction: str,
         eps: float,
         z_loss: float,
+        weight: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
         x2 = _rows_view(logits)
         t1 = target.reshape(-1).to(torch.int64).contiguous()
@@ -432,51 +445,72 @@ class _CrossEntropy(torch.autograd.Function):
                     f"max_softmax: cross_entropy target {int(t1[row])} at row {row} is out of "
                     f"range for {classes} classes (and is not ignore_index {ignore_index})"
                 )
+        if weight is not None:
+            check_class_weight(list(weight.shape), classes)
         opts = _options_for(offset, ignore_index, eps, classes, logits.device)
         stats = _local_stats(x2, t1, opts, "cross_entropy")
-        big_m, total, x_t, sum_x = combine_stats(_gather_stats(stats, group))
-        row = torch.log(total) + (big_m - x_t)
-        if eps != 0:
-            row = torch.log(total) + (1 - eps) * (big_m - x_t) + eps * (big_m - sum_x / classes)
-        if z_loss != 0:
-            row = row + z_loss * (big_m + torch.log(total)) ** 2
         kept = t1 != ignore_index
         valid = (t1 >= 0) & (t1 < classes)
+        if weight is None:
+            big_m, total, x_t, sum_x = combine_stats(_gather_stats(stats, group))
+            row = torch.log(total) + (big_m - x_t)
+            if eps != 0:
+                row = torch.log(total) + (1 - eps) * (big_m - x_t) + eps * (big_m - sum_x / classes)
+            denominator = kept.sum().to(row.dtype)
+        else:
+            w = weight.to(stats.dtype)
+            if eps != 0:
+                # sum_c w_c x_c of the slice: one more column in the same gather.
+                local_w = w[offset : offset + x2.shape[1]]
+                stats = torch.cat([stats, (x2.to(stats.dtype) @ local_w).unsqueeze(1)], 1)
+            gathered = _gather_stats(stats, group)
+            big_m, total, x_t, _ = combine_stats(gathered[..., :STATS_COLS])
+            w_t = _target_weight(w, t1, kept & valid)
+            row = (1 - eps) * w_t * (torch.log(total) + (big_m - x_t))
+            if eps != 0:
+                lse = big_m + torch.log(total)
+                row = row + eps / classes * (w.sum() * lse - gathered[..., STATS_COLS].sum(0))
+            denominator = w_t.sum()
+        if z_loss != 0:
+            row = row + z_loss * (big_m + torch.log(total)) ** 2
         nan = torch.full_like(row, float("nan"))
         row = torch.where(kept, torch.where(valid, row, nan), torch.zeros_like(row))
-        count = kept.sum().to(row.dtype)
         if reduction == "none":
             loss = row.reshape(target.shape)
         elif reduction == "sum":
             loss = row.sum()
         else:
-            loss = row.sum() / count
-        return loss.to(logits.dtype), big_m, total, count
+            loss = row.sum() / denominator
+        return loss.to(logits.dtype), big_m, total, denominator
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        logits, target, group, ignore_index, reduction, eps, z_loss = inputs
-        _, big_m, total, count = output
-        ctx.mark_non_differentiable(big_m, total, count)
+        logits, target, group, ignore_index, reduction, eps, z_loss, weight = inputs
+        _, big_m, total, denominator = output
+        ctx.mark_non_differentiable(big_m, total, denominator)
         ctx.set_materialize_grads(False)
         ctx.reduction, ctx.shape = reduction, logits.shape
         ctx.opts = (ignore_index, eps, group, z_loss)
-        ctx.save_for_backward(logits, target, big_m, total, count)
+        ctx.save_for_backward(logits, target, big_m, total, denominator, weight)
 
     @staticmethod
     def backward(ctx: Any, dloss: torch.Tensor | None, *_: Any) -> tuple:
-        logits, target, big_m, total, count = ctx.saved_tensors
+        logits, target, big_m, total, denominator, weight = ctx.saved_tensors
         if dloss is None:
-            return (None,) * 7
+            return (None,) * 8
         ignore_index, eps, group, z_loss = ctx.opts
         x2 = _rows_view(logits)
         t1 = target.reshape(-1).to(torch.int64).contiguous()
         widths = class_widths(x2.shape[1], group, logits.device)
         offset = sum(widths[: dist.get_rank(group)])
-        opts = _options_for(offset, ignore_index, eps, sum(widths), logits.device)
+        classes = sum(widths)
         scale = dloss.to(big_m.dtype).reshape(-1).expand(big_m.shape[0])
         if ctx.reduction == "mean":
-            scale = scale / count
+            scale = scale / denominator
+        if weight is not None:
+            grad = _weighted_grad(x2, t1, big_m, total, scale, weight, offset, classes, ctx.opts)
+            return grad.reshape(ctx.shape), *(None,) * 7
+        opts = _options_for(offset, ignore_index, eps, classes, logits.device)
         if z_loss != 0:
             # d (z lse^2) = 2 z lse softmax: the epilogue's softmax term
             # exp(x - max) / sum, grown by (1 + 2 z lse), is exp(x - max)
@@ -484,7 +518,49 @@ class _CrossEntropy(torch.autograd.Function):
             total = total / (1 + 2 * z_loss * (big_m + torch.log(total)))
         row_in = torch.stack([big_m, total, scale], dim=1).contiguous()
         grad = _local_epilogue(x2, row_in, t1, opts, "cross_entropy")
-        return grad.reshape(ctx.shape), None, None, None, None, None, None
+        return grad.reshape(ctx.shape), *(None,) * 7
+
+
+def _target_weight(w: torch.Tensor, t: torch.Tensor, use: torch.Tensor) -> torch.Tensor:
+    """w[t] where `use` (kept rows with a valid target), else 0."""
+    return torch.where(
+        use, w[torch.where(use, t, torch.zeros_like(t))], torch.zeros_like(t, dtype=w.dtype)
+    )
+
+
+def _weighted_grad(x2, t1, big_m, total, scale, weight, offset, classes, options) -> torch.Tensor:
+    """d loss / d (this slice) with class weights. Per row, with b = (1 -
+    eps) w[t] + eps W / C + 2 z lse (W = sum of the weights):
+    scale (b p - (1 - eps) w[t] [c == t] - eps w_c / C). The epilogue
+    (smoothing 0) writes scale b (p - [c == t]), ignored rows 0 and bad
+    targets NaN; torch ops add the rest: scale (b - (1 - eps) w[t]) at the
+    target (rows x 1 numbers) and, with smoothing, -scale eps w_c / C (one
+    more pass over the slice)."""
+    ignore_index, eps, _, z_loss = options
+    w = weight.to(big_m.dtype)
+    kept = t1 != ignore_index
+    w_t = _target_weight(w, t1, kept & (t1 >= 0) & (t1 < classes))
+    b = (1 - eps) * w_t
+    if eps != 0:
+        b = b + eps * w.sum() / classes
+    if z_loss != 0:
+        b = b + 2 * z_loss * (big_m + torch.log(total))
+    opts = _options_for(offset, ignore_index, 0.0, classes, x2.device)
+    row_in = torch.stack([big_m, total, scale * b], dim=1).contiguous()
+    grad = _local_epilogue(x2, row_in, t1, opts, "cross_entropy")
+    n = x2.shape[1]
+    if n == 0:
+        return grad
+    kept_scale = torch.where(kept, scale, torch.zeros_like(scale))
+    if eps != 0 or z_loss != 0:
+        local = t1 - offset
+        inside = (local >= 0) & (local < n)
+        fix = torch.where(inside, kept_scale * (b - (1 - eps) * w_t), torch.zeros_like(b))
+        grad.scatter_add_(1, local.clamp(0, n - 1).unsqueeze(1), fix.unsqueeze(1).to(grad.dtype))
+    if eps != 0:
+        # In the statistics' dtype: the per-class term may be below float16's range.
+        grad.sub_(torch.outer(kept_scale * (eps / classes), w[offset : offset + n]))
+    return grad
 
 
 @torch.compiler.disable
@@ -498,6 +574,7 @@ def vocab_parallel_cross_entropy(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of rows whose classes are split over the ranks of
     `group`, as `F.cross_entropy(whole_logits, target, ...)`, with the
@@ -516,6 +593,13 @@ def vocab_parallel_cross_entropy(
         softcap: c > 0 (None or 0: off): the logits become c * tanh(x / c)
             first (Gemma 2), by torch ops on this rank's slice: one more
             read and write of it each way.
+        weight: Class weights of the whole row, (classes,), the same
+            vector on every rank and on the logits' device (as torch's
+            `weight=`; the targets are global too, so w[t] needs no
+            exchange). Row loss w[t] (lse - x_t); with smoothing (1 - eps)
+            of that plus eps / C sum_c w_c (lse - x_c); "mean" divides by
+            the sum of w[t] over the kept rows; the z-loss stays
+            unweighted. Not differentiated.
 
     Returns:
         The loss, the same on every rank, in the logits' dtype. Its gradient
@@ -538,7 +622,17 @@ def vocab_parallel_cross_entropy(
         )
     if target.dtype.is_floating_point or target.dtype == torch.bool:
         raise TypeError(f"max_softmax: target must hold integer class indices, got {target.dtype}")
+    if weight is not None:
+        # Floating, as torch's F.cross_entropy requires of its weight.
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            raise TypeError(
+                f"max_softmax: cross_entropy weight must be a floating-point tensor, got {weight!r}"
+            )
+        check_same_device("cross_entropy", "the weight", weight.device, logits.device)
+        weight = weight.detach()
     if cap != 0:
         logits = torch.tanh(logits / cap) * cap
-    loss, *_ = _CrossEntropy.apply(logits, target, group, ignore_index, reduction, eps, z_loss)
+    loss, *_ = _CrossEntropy.apply(
+        logits, target, group, ignore_index, reduction, eps, z_loss, weight
+    )
     return loss
