@@ -371,7 +371,9 @@ def _launched_on_cuda(x, t, w, ignore_index, eps, z_loss, softcap, reduction, in
     from max_softmax.torch._options import options_tensor
 
     dtype = TORCH_DTYPES[x.dtype.name]
-    logits = torch.tensor(x.astype(np.float32)).to("cuda", dtype)
+    # float64 holds every input dtype's values exactly (numpy's bfloat16 does
+    # not convert to torch directly).
+    logits = torch.tensor(x.astype(np.float64)).to("cuda", dtype)
     targets = torch.tensor(t, device="cuda")
     weight = None if w is None else torch.tensor(w, device="cuda")
     options = options_tensor(logits.device, ignore_index, eps, (weight, z_loss, softcap or 0.0))
@@ -379,7 +381,8 @@ def _launched_on_cuda(x, t, w, ignore_index, eps, z_loss, softcap, reduction, in
     loss = torch.empty((rows,) if reduction == "none" else (1,), dtype=dtype, device="cuda")
     dlogits = logits if in_place else torch.empty_like(logits)
     torch_launch.cross_entropy(loss, dlogits, logits, targets, options, reduction)
-    return loss.double().cpu().numpy(), dlogits.double().cpu().numpy()
+    got = loss.double().cpu().numpy()
+    return got if reduction == "none" else got.reshape(()), dlogits.double().cpu().numpy()
 
 
 @GPU_SKIP
