@@ -17,23 +17,28 @@ def options_tensor(
 ) -> torch.Tensor:
     """The options (`validation.cross_entropy_options`' layout) for
     (ignore_index, label smoothing) and `extras` = (class weights or None,
-    z_loss, softcap): made once per (device, values), since on CUDA a fresh
-    one costs a host copy; except with class weights (their values may
-    change between calls)."""
+    z_loss, softcap). The values around the weights are made once per
+    (device, values), since on CUDA a fresh tensor costs a copy from the
+    host, which waits for the device; the weights are joined to them on the
+    device every call (their values may change between calls)."""
     weight, z_loss, cap = extras
+    values = [ignore_index, eps]
+    if z_loss or cap or weight is not None:
+        values += [z_loss, cap]
     if weight is None:
         # Plain Python values (torch.compile traces this).
-        values = [ignore_index, eps]
-        if z_loss or cap:
-            values += [z_loss, cap] + [0.0] * cross_entropy_hints(eps, cap, weighted=False)
+        values += [0.0] * (cross_entropy_hints(eps, cap, weighted=False) if len(values) > 2 else 0)
         return cached(
             ("cross_entropy", device, *values),
             lambda: torch.tensor(values, dtype=torch.float64, device=device),
         )
-    head = torch.tensor([ignore_index, eps, z_loss, cap], dtype=torch.float64, device=device)
-    tail = torch.zeros(
-        WEIGHTS_MARK + cross_entropy_hints(eps, cap, weighted=True),
-        dtype=torch.float64,
-        device=device,
+    marks = WEIGHTS_MARK + cross_entropy_hints(eps, cap, weighted=True)
+    head = cached(
+        ("cross_entropy", device, *values),
+        lambda: torch.tensor(values, dtype=torch.float64, device=device),
+    )
+    tail = cached(
+        ("cross_entropy marks", device, marks),
+        lambda: torch.zeros(marks, dtype=torch.float64, device=device),
     )
     return torch.cat([head, weight.detach().to(device=device, dtype=torch.float64), tail])
