@@ -24,8 +24,8 @@ recorded as such, the rest go on):
 Options (`--options`, each a set of records): none; z_loss (1e-4: each
 row adds z lse^2); softcap (30: logits c tanh(x / c) first); weight (class
 weights); all (the three together). Ours takes them as arguments (the
-extended kernel family; the launch extension takes plain options only, so
-ours_launch and ours_graph both run the op's model under them); eager and
+extended options, through the launch extension or the op's model as
+without them); eager and
 compile write softcap and z-loss in torch ops around F.cross_entropy
 (weight= is torch's); liger passes them as LigerCrossEntropyLoss's
 softcap, lse_square_scale and weight; quack where its cross_entropy takes
