@@ -460,11 +460,16 @@ def test_masked_launch_entry_errors():
 
 @pytest.mark.parametrize(
     ("n_options", "message"),
-    [(1, "at least 2 values, got 1"), (5, "4 values, or 4 and a weight per class")],
+    [
+        (1, "at least 2 values, got 1"),
+        (3, "options must hold 4 values"),
+        (9, "options must hold 4 values"),
+    ],
 )
 def test_cross_entropy_entry_refuses_bad_options(n_options, message):
     """The cross-entropy entry refuses options of a length that is neither
-    the plain (2) nor the extended (4, or 4 and a weight a class) one."""
+    the plain (2) nor an extended one (4-7 with hints; 3 classes weighted:
+    11-14, op/cross_entropy_math.mojo `extended_layout`)."""
     ext = tl.extension()
     logits = torch.zeros(2, 3)
     loss = torch.empty(1)
