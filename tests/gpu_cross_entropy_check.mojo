@@ -17,7 +17,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var g = ctx.enqueue_create_buffer[dtype](1 << 20)
     var l = ctx.enqueue_create_buffer[dtype](1024)
     var t = ctx.enqueue_create_buffer[DType.int64](1024)
-    var o = ctx.enqueue_create_buffer[DType.float64](1004)
+    var o = ctx.enqueue_create_buffer[DType.float64](1008)
     var logits = ptr(x)
     var dlogits = ptr(g)
     var loss = ptr(l)
