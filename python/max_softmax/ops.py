@@ -27,7 +27,6 @@ from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
 from .validation import (
     BASELINE_VARIANTS,
-    WEIGHTS_MARK,
     check_class_weight,
     check_class_weight_array,
     check_cross_entropy_extras,
@@ -41,8 +40,8 @@ from .validation import (
     check_same_device,
     check_scale,
     check_variant,
-    cross_entropy_hints,
     cross_entropy_options,
+    extended_tail,
     is_masked_call,
     mask_suffix,
     masked_flags,
@@ -509,7 +508,7 @@ def _cross_entropy_options(
         ops.constant(np.array(values, dtype=np.float64), DType.float64, device=logits.device)
         for values in (
             [ignore_index, eps, z_loss, cap],
-            [0.0] * (WEIGHTS_MARK + cross_entropy_hints(eps, cap, weighted=True)),
+            [0.0] * extended_tail(eps, cap, weighted=True),
         )
     )
     return ops.concat([head, ops.cast(weight, DType.float64), tail], axis=0)

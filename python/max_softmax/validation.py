@@ -224,6 +224,13 @@ def cross_entropy_hints(eps: float, softcap: float, weighted: bool) -> int:
     return hints
 
 
+def extended_tail(eps: float, softcap: float, weighted: bool) -> int:
+    """The zeros that follow extended options' values (and their weights):
+    the weights' mark where there are weights, then the hints. The one
+    count every options builder (numpy, graph, torch) appends."""
+    return (WEIGHTS_MARK if weighted else 0) + cross_entropy_hints(eps, softcap, weighted)
+
+
 def cross_entropy_options(
     ignore_index: int,
     eps: float,
@@ -239,12 +246,10 @@ def cross_entropy_options(
     head = [ignore_index, eps]
     if z_loss == 0.0 and softcap == 0.0 and weight is None:
         return np.array(head, dtype=np.float64)
-    hints = np.zeros(cross_entropy_hints(eps, softcap, weight is not None))
     extended = np.array(head + [z_loss, softcap], dtype=np.float64)
-    if weight is None:
-        return np.concatenate([extended, hints])
-    weights = np.asarray(weight, dtype=np.float64).reshape(-1)
-    return np.concatenate([extended, weights, np.zeros(WEIGHTS_MARK), hints])
+    weights = np.zeros(0) if weight is None else np.asarray(weight, np.float64).reshape(-1)
+    tail = np.zeros(extended_tail(eps, softcap, weight is not None))
+    return np.concatenate([extended, weights, tail])
 
 
 def check_linear_cross_entropy_options(

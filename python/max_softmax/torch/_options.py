@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import WEIGHTS_MARK, cross_entropy_hints
+from ..validation import extended_tail
 from ._graph_path import cached
 
 NO_EXTRAS: tuple = (None, 0.0, 0.0)
@@ -23,16 +23,17 @@ def options_tensor(
     device every call (their values may change between calls)."""
     weight, z_loss, cap = extras
     values = [ignore_index, eps]
-    if z_loss or cap or weight is not None:
+    extended = bool(z_loss or cap or weight is not None)
+    if extended:
         values += [z_loss, cap]
     if weight is None:
         # Plain Python values (torch.compile traces this).
-        values += [0.0] * (cross_entropy_hints(eps, cap, weighted=False) if len(values) > 2 else 0)
+        values += [0.0] * (extended_tail(eps, cap, weighted=False) if extended else 0)
         return cached(
             ("cross_entropy", device, *values),
             lambda: torch.tensor(values, dtype=torch.float64, device=device),
         )
-    marks = WEIGHTS_MARK + cross_entropy_hints(eps, cap, weighted=True)
+    marks = extended_tail(eps, cap, weighted=True)
     head = cached(
         ("cross_entropy", device, *values),
         lambda: torch.tensor(values, dtype=torch.float64, device=device),
