@@ -143,6 +143,15 @@ REDUCTIONS: tuple[str, ...] = ("mean", "sum", "none")
 """What `reduction=` of the cross-entropy functions accepts (as torch)."""
 
 
+def _is_real(value: Any) -> bool:
+    """Whether `value` is a real number and not a bool. A float is answered
+    first: `numbers.Real` is an ABC whose check costs a host call's worth of
+    time. numbers.Real, not np.isscalar: torch.compile traces this check."""
+    if type(value) is float:
+        return True
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
 def check_cross_entropy_options(
     reduction: str, ignore_index: int, label_smoothing: float
 ) -> tuple[str, int, float]:
@@ -155,8 +164,7 @@ def check_cross_entropy_options(
         raise TypeError(f"max_softmax: ignore_index must be an int, got {ignore_index!r}")
     if not -(2**53) <= int(ignore_index) <= 2**53:
         raise ValueError(f"max_softmax: ignore_index {ignore_index} is out of range (|i| <= 2^53)")
-    # numbers.Real, not np.isscalar: torch.compile traces this check.
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+    if not _is_real(label_smoothing):
         raise TypeError(f"max_softmax: label_smoothing must be a float, got {label_smoothing!r}")
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:
@@ -167,10 +175,11 @@ def check_cross_entropy_options(
 def check_cross_entropy_extras(z_loss: float, softcap: float | None) -> tuple[float, float]:
     """Return (z_loss, softcap) as the kernels take them (softcap None -> 0,
     off), or raise: both finite numbers >= 0."""
+    if softcap is None and type(z_loss) is float and z_loss == 0.0:
+        return 0.0, 0.0  # the defaults: every cross-entropy call asks this
     values = []
     for name, value in (("z_loss", z_loss), ("softcap", 0.0 if softcap is None else softcap)):
-        # numbers.Real, not np.isscalar: torch.compile traces this check.
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if not _is_real(value):
             raise TypeError(f"max_softmax: {name} must be a float, got {value!r}")
         number = float(value)
         if not (math.isfinite(number) and number >= 0.0):

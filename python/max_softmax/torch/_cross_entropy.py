@@ -82,7 +82,8 @@ def _cross_entropy_rows(
     extras: tuple = NO_EXTRAS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits or None) of contiguous (rows, classes) `logits` and
-    (rows,) int64 `targets`: the loss (1,) for "mean"/"sum", (rows,) for
+    (rows,) int64 `targets` (every caller passes them contiguous: saved
+    from `cross_entropy`'s): the loss (1,) for "mean"/"sum", (rows,) for
     "none"."""
     rows, classes = logits.shape
     loss = torch.empty(
@@ -94,8 +95,6 @@ def _cross_entropy_rows(
         if dlogits is not None:
             dlogits.zero_()
         return loss, dlogits
-    logits = logits.contiguous()
-    targets = targets.contiguous()
     options = options_tensor(logits.device, ignore_index, eps, extras)
     # Without the gradient the op ignores `dlogits`: any tensor will do.
     grad_out = dlogits if dlogits is not None else loss
@@ -212,18 +211,19 @@ class CrossEntropyFn(torch.autograd.Function):
             dlogits = _cross_entropy_rows(
                 logits, targets, ignore_index, reduction, eps, True, extras
             )[1]
+        compiling = torch.compiler.is_compiling()
         # A loss backpropagated as is (grad 1) passes dlogits on untouched;
         # the check reads a CPU scalar only (on CUDA it would sync the host;
         # under torch.compile it would break the graph).
         if (
             not grad_loss.is_cuda
             and reduction != "none"
-            and not torch.compiler.is_compiling()
+            and not compiling
             and float(grad_loss) == 1.0
         ):
             return (dlogits, *none)
         # "none": a gradient a row; "mean"/"sum": one scalar (shape (1,)).
-        if not torch.compiler.is_compiling():
+        if not compiling:
             # Rows whose factor is 1 (loss.backward()) are left unread.
             _scale_rows(dlogits, grad_loss.to(dlogits.dtype).contiguous())
             return (dlogits, *none)
@@ -248,7 +248,13 @@ class CrossEntropyFn(torch.autograd.Function):
         (logits, targets), _ = leading(info, in_dims[:2], logits, targets)
         batch, rows, classes = logits.shape
         loss = CrossEntropyFn.apply(
-            logits.reshape(-1, classes), targets.reshape(-1), ignore_index, "none", eps, extras, []
+            logits.reshape(-1, classes).contiguous(),
+            targets.reshape(-1).contiguous(),
+            ignore_index,
+            "none",
+            eps,
+            extras,
+            [],
         ).reshape(batch, rows)
         if reduction == "none":
             return loss, 0
