@@ -4,7 +4,9 @@ Every build that makes a caller wait more than ~2 s (the kernel library's
 precompile, the launch extension's build, a MAX model's compile) is run
 inside `announced`, which prints one line on stderr before it starts, with
 an estimate, and one after, with the time it took (MAX_SOFTMAX_QUIET=1
-silences both). The estimates come from one table, `BUILDS`: seconds
+silences both). A user's graph that holds our ops is compiled by MAX inside
+`InferenceSession.load`: `user_graph` announces it, and the first load of
+that graph says when it is done. The estimates come from one table, `BUILDS`: seconds
 measured on an idle machine (named in each entry), scaled by how many
 other tasks compete for the CPU right now (`busy_factor`), since every
 build here keeps about one core busy and a shared machine stretches it.
@@ -12,6 +14,7 @@ build here keeps about one core busy and a shared machine stretches it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -134,7 +137,9 @@ def announced(kind: str, doing: str, done: str) -> Iterator[None]:
 
 _ours = threading.local()
 _users: weakref.WeakSet[Any] = weakref.WeakSet()
+_unloaded: weakref.WeakSet[Any] = weakref.WeakSet()
 _users_lock = threading.Lock()
+_load_timed = False
 
 
 @contextmanager
@@ -151,14 +156,16 @@ def our_graph() -> Iterator[None]:
 
 def user_graph(graph: Any) -> None:
     """Say, once per graph, that a user's graph now holds our ops, so its
-    first `InferenceSession.load` compiles them: MAX does that compile, and
-    max-softmax does not see it end, so only the start is announced."""
+    first `InferenceSession.load` compiles them; that load then says how
+    long it took (`_time_first_loads`)."""
     if getattr(_ours, "depth", 0):
         return
     with _users_lock:
         if graph in _users:
             return
         _users.add(graph)
+        _unloaded.add(graph)
+    _time_first_loads()
     device = "gpu" if any(_on_gpu(v) for v in getattr(graph, "inputs", ())) else "cpu"
     name = getattr(graph, "name", None) or "?"
     example = f"attention_example:{device}"
@@ -176,3 +183,36 @@ def _on_gpu(value: Any) -> bool:
     """Whether graph input `value` lives on a GPU (a DeviceRef prints as "gpu:0")."""
     device = getattr(getattr(value, "type", None), "device", None)
     return device is not None and str(device).lower().startswith("gpu")
+
+
+def _time_first_loads() -> None:
+    """Have `InferenceSession.load` say, after the first load of a graph
+    `user_graph` announced, how long it took (MAX compiles inside it, where
+    nothing else can see the compile end). Installed once a process, on
+    the first user graph that holds our ops; every other load, and every
+    later load of that graph, passes straight through."""
+    global _load_timed
+    with _users_lock:
+        if _load_timed:
+            return
+        _load_timed = True
+    from max.engine import InferenceSession
+
+    original = InferenceSession.load
+
+    @functools.wraps(original)
+    def load(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        with _users_lock:
+            first = model in _unloaded if not isinstance(model, (str, os.PathLike)) else False
+            if first:
+                _unloaded.discard(model)
+        if not first:
+            return original(self, model, *args, **kwargs)
+        start = time.perf_counter()
+        loaded = original(self, model, *args, **kwargs)
+        name = getattr(model, "name", None) or "?"
+        took = time.perf_counter() - start
+        announce(f"graph {name!r} loaded in {took:.1f} s (compiled, or from MAX's cache)")
+        return loaded
+
+    InferenceSession.load = load
