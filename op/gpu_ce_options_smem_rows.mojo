@@ -20,6 +20,7 @@ gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -36,15 +37,17 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .dispatch import SPLIT_BELOW_ROWS
-from .gpu_ce_common import fill_part, grad_scale
+from .gpu_ce_common import fill_part, grad_scale, target_owner
 from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
+    HELD_EXP_SHIFT,
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     OnchipLaunch,
     cluster_exchange,
+    held_exp,
     load_part_max,
     onchip_rows,
     pair_capacity,
@@ -187,6 +190,141 @@ struct Softcap[acc: DType](ImplicitlyCopyable):
             return SIMD[Self.acc, w](1)
         var r = y * self.inv_cap
         return 1 - r * r
+
+    @always_inline
+    def exp_chain[
+        w: Int, shifted: Bool
+    ](self, x: SIMD[Self.acc, w], row_max: Scalar[Self.acc]) -> Tuple[
+        SIMD[Self.acc, w], SIMD[Self.acc, w]
+    ]:
+        """exp(y - row_max) (`held_exp`, 2^HELD_EXP_SHIFT times it, with
+        `shifted`) and the chain factor 1 - tanh^2 at y, the capped x: one
+        tanh for both, and y - row_max in one FMA."""
+        var d: SIMD[Self.acc, w]
+        var chain: SIMD[Self.acc, w]
+        comptime if Self.acc == DType.float64:
+            var y = self.apply[w](x)
+            d = y - row_max
+            chain = self.chain[w](y)
+        else:
+            if self.cap == 0:
+                d = x - row_max
+                chain = SIMD[Self.acc, w](1)
+            else:
+                var t = exact_tanh[Self.acc, w](x * self.inv_cap)
+                d = t.fma(self.cap, -row_max)
+                chain = 1 - t * t
+        comptime if shifted:
+            return (held_exp[Self.acc, w](d), chain)
+        return (exp_nan[Self.acc, w](d), chain)
+
+
+# Without label smoothing a kept row's gradient is p_c * factor * scale *
+# chain_c for every class but the target, so sweep 2 keeps h_c = exp(y_c -
+# max) * chain_c on chip in place of the logit (`hold_capped_exp`) and
+# sweep 3 is one multiply an element (`write_capped_held`): the softcap
+# and the exp once a logit, where recomputing them from the held logits
+# made the sweeps compute-bound (16-bit rows at ~42% of the plain kernel's
+# speed). 16-bit rows hold 2^HELD_EXP_SHIFT h in their own type, as the
+# plain kernel holds its exps (gpu_ce_smem_rows says why, and what the
+# rounding costs: within one ulp of the output); the target's entry comes
+# from its exact terms.
+
+
+@always_inline
+def _holds_shifted[dtype: DType]() -> Bool:
+    """Whether held values carry 2^HELD_EXP_SHIFT: 16-bit rows."""
+    return size_of[dtype]() == 2
+
+
+@always_inline
+def hold_capped_exp[
+    V: Int, T: Int, dtype: DType
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: RowPart,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+    cap: Softcap[accum_dtype[dtype]()],
+    row_max: Scalar[accum_dtype[dtype]()],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 2 without label smoothing: thread `p.t`'s sum of exp(y -
+    max) over its part held on chip (`load_part_max`; 2^HELD_EXP_SHIFT
+    times it for 16-bit rows), each held value replaced by its h (the
+    vectors in `dtype`, the edge pair in the accumulator type); a long head
+    re-read from `x` is only summed."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    comptime shifted = _holds_shifted[dtype]()
+    var s = Scalar[acc](0)
+    comptime for k in range(R):
+        if k * T + p.t < p.nvec:
+            var ec = cap.exp_chain[V, shifted](
+                regs.slice[V, offset=k * V]().cast[acc](), row_max
+            )
+            s += ec[0].reduce_add()
+            regs = regs.insert[offset=k * V]((ec[0] * ec[1]).cast[dtype]())
+    for i in range(R * T + p.t, p.nvec, T):
+        var at = smem.unsafe_offset((i - R * T) * V)
+        var ec = cap.exp_chain[V, shifted](
+            at.unsafe_load[width=V, alignment=16]().cast[acc](), row_max
+        )
+        s += ec[0].reduce_add()
+        at.unsafe_store[alignment=16]((ec[0] * ec[1]).cast[dtype]())
+    comptime for j in range(2):
+        if p.has_head if j == 0 else p.has_tail:
+            var ec = cap.exp_chain[1, shifted](SIMD[acc, 1](edge[j]), row_max)
+            s += ec[0][0]
+            edge[j] = ec[0][0] * ec[1][0]
+    for e in range(p.lead, p.head, T):
+        s += cap.exp_chain[1, shifted](
+            SIMD[acc, 1](x[unsafe_offset=e].cast[acc]()), row_max
+        )[0][0]
+    return s
+
+
+@always_inline
+def write_capped_held[
+    V: Int, T: Int, dtype: DType
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: RowPart,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    per_held: Scalar[accum_dtype[dtype]()],
+    mut grad: OptionGrad[dtype],
+):
+    """Sweep 3 after `hold_capped_exp`: thread `p.t`'s gradient of its
+    part, a held h times `per_held` (factor / sum * scale, over
+    2^HELD_EXP_SHIFT for 16-bit rows), a long head recomputed from `x` by
+    `grad`. The target's entry is left to the caller."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            var h = regs.slice[V, offset=k * V]().cast[acc]()
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                (h * per_held).cast[dtype]()
+            )
+    for i in range(R * T + p.t, p.nvec, T):
+        var h = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            (h.cast[acc]() * per_held).cast[dtype]()
+        )
+    if p.has_head:
+        y[unsafe_offset=p.t] = (edge[0] * per_held).cast[dtype]()
+    if p.has_tail:
+        y[unsafe_offset=p.tail_begin + p.t] = (edge[1] * per_held).cast[dtype]()
+    for e in range(p.lead, p.head, T):
+        y[unsafe_offset=e] = grad.visit[1](
+            e, SIMD[acc, 1](x[unsafe_offset=e].cast[acc]())
+        )[0]
 
 
 struct OptionSums[dtype_: DType](HeldVisit):
@@ -380,6 +518,11 @@ struct CrossEntropyOptionsRow[
     """The softcap (0: none)."""
     var w_t: Scalar[accum_dtype[Self.dtype_]()]
     """The target's class weight (1 without weights)."""
+    var y_t: Scalar[accum_dtype[Self.dtype_]()]
+    """The target's capped logit."""
+    var holds: Bool
+    """No label smoothing: sweep 2 leaves each value's h on chip
+    (`hold_capped_exp`)."""
     var row_max: Scalar[accum_dtype[Self.dtype_]()]
     """The row's capped max."""
     var p_factor: Scalar[accum_dtype[Self.dtype_]()]
@@ -424,6 +567,8 @@ struct CrossEntropyOptionsRow[
         self.z_loss = 0
         self.cap = 0
         self.w_t = 1
+        self.y_t = 0
+        self.holds = False
         self.row_max = 0
         self.p_factor = 0
         self.value = 0
@@ -454,6 +599,7 @@ struct CrossEntropyOptionsRow[
         self.eps = options[unsafe_offset=1].cast[acc]()
         self.z_loss = options[unsafe_offset=2].cast[acc]()
         self.cap = options[unsafe_offset=3].cast[acc]()
+        self.holds = self.eps == 0
         self.tgt = self.targets[unsafe_offset=row]
         self.kind = target_kind(
             self.tgt, Int64(options[unsafe_offset=0]), len_row
@@ -480,7 +626,7 @@ struct CrossEntropyOptionsRow[
         comptime assert acc.is_floating_point()
         var row = kernel_arg(self.logits).unsafe_offset(self.start - self.first)
         var options = self._options()
-        var y_t = softcap_of[acc, 1](
+        self.y_t = softcap_of[acc, 1](
             row[unsafe_offset=Int(self.tgt)].cast[acc](), self.cap
         )[0]
         if self.has_weight:
@@ -498,23 +644,49 @@ struct CrossEntropyOptionsRow[
         self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
         var smoothing = self.eps != 0
         var weighted = smoothing and self.has_weight
-        var sums = OptionSums[Self.dtype](
-            Softcap[acc].of_cap(self.cap),
-            self.row_max,
-            smoothing,
-            weighted,
-            self._weights(),
-        )
-        visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
-            kernel_arg(self.dlogits), xp, smem, p, self.regs, self.edge, sums
-        )
-        var s = block_sum[acc, Self.T](sums.s)
+        var part_s: Scalar[acc]
+        var part_su = Scalar[acc](0)
+        var part_suy = Scalar[acc](0)
+        if self.holds:
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype](
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+            )
+        else:
+            var sums = OptionSums[Self.dtype](
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+                smoothing,
+                weighted,
+                self._weights(),
+            )
+            visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
+                kernel_arg(self.dlogits),
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                sums,
+            )
+            part_s = sums.s
+            part_su = sums.su
+            part_suy = sums.suy
+        var s = block_sum[acc, Self.T](part_s)
+        comptime if _holds_shifted[Self.dtype]():
+            if self.holds:
+                s *= Scalar[acc](2.0**-HELD_EXP_SHIFT)
         var suy = Scalar[acc](0)
         var su = Scalar[acc](self.len_row)
         if smoothing:
-            suy = block_sum[acc, Self.T](sums.suy)
+            suy = block_sum[acc, Self.T](part_suy)
             if weighted:
-                su = block_sum[acc, Self.T](sums.su)
+                su = block_sum[acc, Self.T](part_su)
         comptime if C > 1:
             var both = cluster_exchange[acc, C](
                 slots.unsafe_offset(CE_OPTIONS_CLUSTER_SLOTS // 4),
@@ -536,7 +708,7 @@ struct CrossEntropyOptionsRow[
         self.value = extended_row_loss[acc](
             self.row_max,
             s,
-            y_t,
+            self.y_t,
             self.w_t,
             su,
             suy,
@@ -580,28 +752,48 @@ struct CrossEntropyOptionsRow[
             )
             fill_part[Self.dtype, Self.V, Self.T](y, p, fill)
             return
+        var cap = Softcap[acc].of_cap(self.cap)
+        var scale = grad_scale[acc, Self.mean](
+            rebind[Pointer[Float64, MutAnyOrigin]](self.count)
+        )
+        var target_term = (1 - self.eps) * self.w_t
+        var tgt = Int(self.tgt) - self.first
+        var x = kernel_arg(self.logits).unsafe_offset(self.start)
         var grad = OptionGrad[Self.dtype](
-            Softcap[acc].of_cap(self.cap),
+            cap,
             self.row_max,
             self.p_factor,
             smoothing_of[acc](self.eps, self.len_row),
-            (1 - self.eps) * self.w_t,
-            grad_scale[acc, Self.mean](
-                rebind[Pointer[Float64, MutAnyOrigin]](self.count)
-            ),
-            Int(self.tgt) - self.first,
+            target_term,
+            scale,
+            -1 if self.holds else tgt,
             self.has_weight,
             self._weights(),
         )
-        visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
-            y,
-            kernel_arg(self.logits).unsafe_offset(self.start),
-            smem,
-            p,
-            self.regs,
-            self.edge,
-            grad,
+        if not self.holds:
+            visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
+                y, x, smem, p, self.regs, self.edge, grad
+            )
+            return
+        var per_held = self.p_factor * scale
+        comptime if _holds_shifted[Self.dtype]():
+            per_held *= Scalar[acc](2.0**-HELD_EXP_SHIFT)
+        write_capped_held[Self.V, Self.T, Self.dtype](
+            y, x, smem, p, self.regs, self.edge, per_held, grad
         )
+        # The target's entry from its exact terms, by the thread that
+        # wrote it (its store came first in program order); with C > 1 it
+        # may lie outside the part.
+        comptime if C > 1:
+            if tgt < 0 or tgt >= p.len:
+                return
+        if p.t == target_owner[Self.V, Self.T](tgt, p.head, p.tail_begin):
+            var e_t = exp_nan[acc, 1](self.y_t - self.row_max)[0]
+            y[unsafe_offset=tgt] = (
+                (e_t * self.p_factor - target_term)
+                * scale
+                * cap.chain[1](self.y_t)[0]
+            ).cast[Self.dtype]()
 
 
 @__llvm_metadata(
