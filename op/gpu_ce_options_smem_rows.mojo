@@ -7,11 +7,11 @@ The block kernel of gpu_ce_options_rows reads a row twice: a row of an LM
 head (32K-256K classes) is too long for the L2 to keep it between the
 passes of every resident block, so its gradient cost three passes over
 HBM. Here the raw logits stay on chip (registers, then shared memory:
-`load_part_max`) and every capped value is recomputed from them: the
-softcap is monotonic, so the row's capped max is the cap of its max, and
-the gradient needs the capped value itself for the softcap's chain factor
-(which is why 16-bit rows do not keep exp(y - max) in place of the logits,
-as the plain cross-entropy's do).
+`load_part_max`); the softcap is monotonic, so the row's capped max is the
+cap of its max. Without label smoothing sweep 2 then replaces each logit by
+exp(y - max) times the softcap's chain factor (`hold_capped_exp`), so
+sweep 3 is a multiply an element; with it, where the gradient needs the
+chain factor apart, sweep 3 recomputes the capped values from the logits.
 
 `launch_cross_entropy_options` (gpu_ce_options_rows) sends rows with a
 gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
@@ -20,6 +20,7 @@ gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
+from std.math import exp2
 from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
@@ -47,7 +48,7 @@ from .gpu_smem_rows import (
     SMEM_THREADS,
     OnchipLaunch,
     cluster_exchange,
-    held_exp,
+    LOG2E,
     load_part_max,
     onchip_rows,
     pair_capacity,
@@ -191,41 +192,14 @@ struct Softcap[acc: DType](ImplicitlyCopyable):
         var r = y * self.inv_cap
         return 1 - r * r
 
-    @always_inline
-    def exp_chain[
-        w: Int, shifted: Bool
-    ](self, x: SIMD[Self.acc, w], row_max: Scalar[Self.acc]) -> Tuple[
-        SIMD[Self.acc, w], SIMD[Self.acc, w]
-    ]:
-        """exp(y - row_max) (`held_exp`, 2^HELD_EXP_SHIFT times it, with
-        `shifted`) and the chain factor 1 - tanh^2 at y, the capped x: one
-        tanh for both, and y - row_max in one FMA."""
-        var d: SIMD[Self.acc, w]
-        var chain: SIMD[Self.acc, w]
-        comptime if Self.acc == DType.float64:
-            var y = self.apply[w](x)
-            d = y - row_max
-            chain = self.chain[w](y)
-        else:
-            if self.cap == 0:
-                d = x - row_max
-                chain = SIMD[Self.acc, w](1)
-            else:
-                var t = exact_tanh[Self.acc, w](x * self.inv_cap)
-                d = t.fma(self.cap, -row_max)
-                chain = 1 - t * t
-        comptime if shifted:
-            return (held_exp[Self.acc, w](d), chain)
-        return (exp_nan[Self.acc, w](d), chain)
-
 
 # Without label smoothing a kept row's gradient is p_c * factor * scale *
-# chain_c for every class but the target, so sweep 2 keeps h_c = exp(y_c -
-# max) * chain_c on chip in place of the logit (`hold_capped_exp`) and
-# sweep 3 is one multiply an element (`write_capped_held`): the softcap
-# and the exp once a logit, where recomputing them from the held logits
-# made the sweeps compute-bound (16-bit rows at ~42% of the plain kernel's
-# speed). 16-bit rows hold 2^HELD_EXP_SHIFT h in their own type, as the
+# chain_c for every class but the target, so with a softcap sweep 2 keeps
+# h_c = exp(y_c - max) * chain_c on chip in place of the logit
+# (`hold_capped_exp`) and sweep 3 is one multiply an element
+# (`write_capped_held`): the softcap and the exp once a logit, where
+# recomputing them from the held logits made the sweeps compute-bound
+# (16-bit rows at ~42% of the plain kernel's speed). 16-bit rows hold 2^HELD_EXP_SHIFT h in their own type, as the
 # plain kernel holds its exps (gpu_ce_smem_rows says why, and what the
 # rounding costs: within one ulp of the output); the target's entry comes
 # from its exact terms.
@@ -235,6 +209,55 @@ struct Softcap[acc: DType](ImplicitlyCopyable):
 def _holds_shifted[dtype: DType]() -> Bool:
     """Whether held values carry 2^HELD_EXP_SHIFT: 16-bit rows."""
     return size_of[dtype]() == 2
+
+
+@fieldwise_init
+struct CappedExp[acc: DType, shifted: Bool](ImplicitlyCopyable):
+    """exp(y - max) (2^HELD_EXP_SHIFT times it with `shifted`) and the
+    chain factor 1 - tanh^2 at y = cap * tanh(x / cap) of a row with a
+    softcap: one tanh for both, and in float32 the exponent in one FMA,
+    tanh * cap log2(e) + (shift - max log2(e)). Its rounded constant moves
+    every exp of the row by the same factor (|log error| <= 2^-24 x (shift
+    + |max| log2(e)), ~1e-6 at cap 30), which p = e / sum cancels; the
+    loss keeps it, ~100 times below float32's tolerance."""
+
+    var cap: Softcap[Self.acc]
+    """The softcap (not 0)."""
+    var row_max: Scalar[Self.acc]
+    """The row's capped max."""
+    var scale: Scalar[Self.acc]
+    """cap * log2(e)."""
+    var bias: Scalar[Self.acc]
+    """shift - max * log2(e) (shift: HELD_EXP_SHIFT with `shifted`)."""
+
+    @staticmethod
+    @always_inline
+    def of(cap: Softcap[Self.acc], row_max: Scalar[Self.acc]) -> Self:
+        """The map of a row with softcap `cap` and capped max `row_max`."""
+        var shift = Scalar[Self.acc](HELD_EXP_SHIFT if Self.shifted else 0)
+        return Self(
+            cap,
+            row_max,
+            cap.cap * Scalar[Self.acc](LOG2E),
+            shift - row_max * Scalar[Self.acc](LOG2E),
+        )
+
+    @always_inline
+    def at[
+        w: Int
+    ](self, x: SIMD[Self.acc, w]) -> Tuple[
+        SIMD[Self.acc, w], SIMD[Self.acc, w]
+    ]:
+        """(exp(y - max), 1 - tanh^2) at the raw logits `x`."""
+        comptime assert Self.acc.is_floating_point()
+        comptime if Self.acc == DType.float64:
+            var y = self.cap.apply[w](x)
+            return (
+                exp_nan[Self.acc, w](y - self.row_max),
+                self.cap.chain[w](y),
+            )
+        var t = exact_tanh[Self.acc, w](x * self.cap.inv_cap)
+        return (exp2(t.fma(self.scale, self.bias)), 1 - t * t)
 
 
 @always_inline
@@ -256,31 +279,25 @@ def hold_capped_exp[
     re-read from `x` is only summed."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
-    comptime shifted = _holds_shifted[dtype]()
+    var f = CappedExp[acc, _holds_shifted[dtype]()].of(cap, row_max)
     var s = Scalar[acc](0)
     comptime for k in range(R):
         if k * T + p.t < p.nvec:
-            var ec = cap.exp_chain[V, shifted](
-                regs.slice[V, offset=k * V]().cast[acc](), row_max
-            )
+            var ec = f.at[V](regs.slice[V, offset=k * V]().cast[acc]())
             s += ec[0].reduce_add()
             regs = regs.insert[offset=k * V]((ec[0] * ec[1]).cast[dtype]())
     for i in range(R * T + p.t, p.nvec, T):
         var at = smem.unsafe_offset((i - R * T) * V)
-        var ec = cap.exp_chain[V, shifted](
-            at.unsafe_load[width=V, alignment=16]().cast[acc](), row_max
-        )
+        var ec = f.at[V](at.unsafe_load[width=V, alignment=16]().cast[acc]())
         s += ec[0].reduce_add()
         at.unsafe_store[alignment=16]((ec[0] * ec[1]).cast[dtype]())
     comptime for j in range(2):
         if p.has_head if j == 0 else p.has_tail:
-            var ec = cap.exp_chain[1, shifted](SIMD[acc, 1](edge[j]), row_max)
+            var ec = f.at[1](SIMD[acc, 1](edge[j]))
             s += ec[0][0]
             edge[j] = ec[0][0] * ec[1][0]
     for e in range(p.lead, p.head, T):
-        s += cap.exp_chain[1, shifted](
-            SIMD[acc, 1](x[unsafe_offset=e].cast[acc]()), row_max
-        )[0][0]
+        s += f.at[1](SIMD[acc, 1](x[unsafe_offset=e].cast[acc]()))[0][0]
     return s
 
 
@@ -521,8 +538,8 @@ struct CrossEntropyOptionsRow[
     var y_t: Scalar[accum_dtype[Self.dtype_]()]
     """The target's capped logit."""
     var holds: Bool
-    """No label smoothing: sweep 2 leaves each value's h on chip
-    (`hold_capped_exp`)."""
+    """A softcap and no label smoothing: sweep 2 leaves each value's h
+    on chip (`hold_capped_exp`)."""
     var row_max: Scalar[accum_dtype[Self.dtype_]()]
     """The row's capped max."""
     var p_factor: Scalar[accum_dtype[Self.dtype_]()]
@@ -599,7 +616,7 @@ struct CrossEntropyOptionsRow[
         self.eps = options[unsafe_offset=1].cast[acc]()
         self.z_loss = options[unsafe_offset=2].cast[acc]()
         self.cap = options[unsafe_offset=3].cast[acc]()
-        self.holds = self.eps == 0
+        self.holds = self.eps == 0 and self.cap != 0
         self.tgt = self.targets[unsafe_offset=row]
         self.kind = target_kind(
             self.tgt, Int64(options[unsafe_offset=0]), len_row
