@@ -199,10 +199,10 @@ struct Softcap[acc: DType](ImplicitlyCopyable):
 # (`hold_capped_exp`) and sweep 3 is one multiply an element
 # (`write_capped_held`): the softcap and the exp once a logit, where
 # recomputing them from the held logits made the sweeps compute-bound
-# (16-bit rows at ~42% of the plain kernel's speed). 16-bit rows hold 2^HELD_EXP_SHIFT h in their own type, as the
-# plain kernel holds its exps (gpu_ce_smem_rows says why, and what the
-# rounding costs: within one ulp of the output); the target's entry comes
-# from its exact terms.
+# (16-bit rows at ~42% of the plain kernel's speed). 16-bit rows hold
+# 2^HELD_EXP_SHIFT h in their own type, as the plain kernel holds its exps
+# (gpu_ce_smem_rows says why, and what the rounding costs: within one ulp
+# of the output); the target's entry comes from its exact terms.
 
 
 @always_inline
