@@ -20,6 +20,7 @@ gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
+from max.gpu.memory import async_copy_wait_all
 from std.math import exp2
 from std.sys import size_of
 from std.utils import StaticTuple
@@ -50,6 +51,7 @@ from .gpu_smem_rows import (
     cluster_exchange,
     LOG2E,
     load_part_max,
+    start_row_copy,
     onchip_rows,
     pair_capacity,
     smem_capacity,
@@ -260,9 +262,19 @@ struct CappedExp[acc: DType, shifted: Bool](ImplicitlyCopyable):
         return (exp2(t.fma(self.scale, self.bias)), 1 - t * t)
 
 
+# A softcap bounds every capped logit by |cap|, so exp(y - cap) may stand
+# in for exp(y - max) (`hold_capped_exp` with `loads`): sweep 1 then loads
+# and computes at once, with no max to wait for, while its copies into
+# shared memory are in flight. Up to cap = SOFTCAP_AS_MAX, exp(y - cap) >=
+# exp(-2 cap) stays a normal float32 (ex2.approx flushes below 2^-126);
+# float16's range is too short for it (float16 rows, and longer caps, fold
+# the max first).
+comptime SOFTCAP_AS_MAX = 40.0
+
+
 @always_inline
 def hold_capped_exp[
-    V: Int, T: Int, dtype: DType
+    V: Int, T: Int, dtype: DType, loads: Bool
 ](
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     smem: SharedBuffer[dtype],
@@ -273,19 +285,31 @@ def hold_capped_exp[
     row_max: Scalar[accum_dtype[dtype]()],
 ) -> Scalar[accum_dtype[dtype]()]:
     """Sweep 2 without label smoothing: thread `p.t`'s sum of exp(y -
-    max) over its part held on chip (`load_part_max`; 2^HELD_EXP_SHIFT
-    times it for 16-bit rows), each held value replaced by its h (the
-    vectors in `dtype`, the edge pair in the accumulator type); a long head
-    re-read from `x` is only summed."""
+    `row_max`) over its part (2^HELD_EXP_SHIFT times it for 16-bit rows),
+    each value held on chip replaced by its h (the vectors in `dtype`, the
+    edge pair in the accumulator type); a long head re-read from `x` is
+    only summed. The part is held by `load_part_max`, or with `loads` this
+    sweep loads it (as `load_row`), `row_max` then a bound of the capped
+    logits rather than their max."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
     var f = CappedExp[acc, _holds_shifted[dtype]()].of(cap, row_max)
     var s = Scalar[acc](0)
+    comptime if loads:
+        start_row_copy[dtype, V, T, R](x, smem, p.t, p.head, p.nvec)
     comptime for k in range(R):
-        if k * T + p.t < p.nvec:
-            var ec = f.at[V](regs.slice[V, offset=k * V]().cast[acc]())
+        var i = k * T + p.t
+        if i < p.nvec:
+            var v = regs.slice[V, offset=k * V]()
+            comptime if loads:
+                v = x.unsafe_offset(p.head + i * V).unsafe_load[
+                    width=V, alignment=16
+                ]()
+            var ec = f.at[V](v.cast[acc]())
             s += ec[0].reduce_add()
             regs = regs.insert[offset=k * V]((ec[0] * ec[1]).cast[dtype]())
+    comptime if loads:
+        async_copy_wait_all()
     for i in range(R * T + p.t, p.nvec, T):
         var at = smem.unsafe_offset((i - R * T) * V)
         var ec = f.at[V](at.unsafe_load[width=V, alignment=16]().cast[acc]())
@@ -293,7 +317,12 @@ def hold_capped_exp[
         at.unsafe_store[alignment=16]((ec[0] * ec[1]).cast[dtype]())
     comptime for j in range(2):
         if p.has_head if j == 0 else p.has_tail:
-            var ec = f.at[1](SIMD[acc, 1](edge[j]))
+            var v = edge[j]
+            comptime if loads:
+                v = x[unsafe_offset=p.t if j == 0 else p.tail_begin + p.t].cast[
+                    acc
+                ]()
+            var ec = f.at[1](SIMD[acc, 1](v))
             s += ec[0][0]
             edge[j] = ec[0][0] * ec[1][0]
     for e in range(p.lead, p.head, T):
@@ -540,6 +569,9 @@ struct CrossEntropyOptionsRow[
     var holds: Bool
     """A softcap and no label smoothing: sweep 2 leaves each value's h
     on chip (`hold_capped_exp`)."""
+    var cap_as_max: Bool
+    """`holds`, and the cap stands in for the row's max: sweeps 1 and
+    2 in one (`SOFTCAP_AS_MAX`)."""
     var row_max: Scalar[accum_dtype[Self.dtype_]()]
     """The row's capped max."""
     var p_factor: Scalar[accum_dtype[Self.dtype_]()]
@@ -586,6 +618,7 @@ struct CrossEntropyOptionsRow[
         self.w_t = 1
         self.y_t = 0
         self.holds = False
+        self.cap_as_max = False
         self.row_max = 0
         self.p_factor = 0
         self.value = 0
@@ -617,6 +650,12 @@ struct CrossEntropyOptionsRow[
         self.z_loss = options[unsafe_offset=2].cast[acc]()
         self.cap = options[unsafe_offset=3].cast[acc]()
         self.holds = self.eps == 0 and self.cap != 0
+        comptime if Self.dtype == DType.float32 or Self.dtype == DType.bfloat16:
+            self.cap_as_max = (
+                self.holds
+                and self.cap > 0
+                and self.cap <= Scalar[acc](SOFTCAP_AS_MAX)
+            )
         self.tgt = self.targets[unsafe_offset=row]
         self.kind = target_kind(
             self.tgt, Int64(options[unsafe_offset=0]), len_row
@@ -637,8 +676,9 @@ struct CrossEntropyOptionsRow[
     ):
         """Sweep 1 loads the part and its max (capped once the row's is
         known: the softcap is monotonic); sweep 2 sums over the capped
-        values on chip (`OptionSums`); then the row's loss and the
-        gradient's factor."""
+        values on chip (`OptionSums`; without smoothing
+        `hold_capped_exp`, which also loads the part where the cap stands
+        in for the max); then the row's loss and the gradient's factor."""
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
         var row = kernel_arg(self.logits).unsafe_offset(self.start - self.first)
@@ -651,21 +691,14 @@ struct CrossEntropyOptionsRow[
                 unsafe_offset=EXTENDED_OPTIONS + Int(self.tgt)
             ].cast[acc]()
         var xp = row.unsafe_offset(self.first)
-        var raw_max = load_part_max[Self.dtype, Self.V, Self.T](
-            xp, smem, p, self.regs, self.edge
-        )
-        comptime if C > 1:
-            raw_max = cluster_exchange[acc, C](slots, rank, p.t, raw_max, 0)[
-                0
-            ].reduce_max()
-        self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
         var smoothing = self.eps != 0
         var weighted = smoothing and self.has_weight
-        var part_s: Scalar[acc]
+        var part_s = Scalar[acc](0)
         var part_su = Scalar[acc](0)
         var part_suy = Scalar[acc](0)
-        if self.holds:
-            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype](
+        if self.cap_as_max:
+            self.row_max = self.cap
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, True](
                 xp,
                 smem,
                 p,
@@ -675,6 +708,25 @@ struct CrossEntropyOptionsRow[
                 self.row_max,
             )
         else:
+            var raw_max = load_part_max[Self.dtype, Self.V, Self.T](
+                xp, smem, p, self.regs, self.edge
+            )
+            comptime if C > 1:
+                raw_max = cluster_exchange[acc, C](
+                    slots, rank, p.t, raw_max, 0
+                )[0].reduce_max()
+            self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
+        if self.holds and not self.cap_as_max:
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, False](
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+            )
+        elif not self.holds:
             var sums = OptionSums[Self.dtype](
                 Softcap[acc].of_cap(self.cap),
                 self.row_max,

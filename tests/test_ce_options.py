@@ -434,11 +434,13 @@ def test_gpu_on_chip_rows(
 # (logit scale, softcap): every |x / softcap| under 0.25, where the tanh
 # takes its polynomial alone (Gemma's cap on normal logits); around 0.5,
 # where vectors mix it with the exp form; saturated, tanh = +-1 and the
-# chain factor ~0.
+# chain factor ~0; a cap past SOFTCAP_AS_MAX, which folds the row's max
+# first.
 SOFTCAP_RANGES = [
     pytest.param(1.0, 30.0, id="tiny"),
     pytest.param(15.0, 30.0, id="mixed"),
     pytest.param(100.0, 3.0, id="saturated"),
+    pytest.param(25.0, 50.0, id="long-cap"),
 ]
 
 
