@@ -7,11 +7,11 @@ The block kernel of gpu_ce_options_rows reads a row twice: a row of an LM
 head (32K-256K classes) is too long for the L2 to keep it between the
 passes of every resident block, so its gradient cost three passes over
 HBM. Here the raw logits stay on chip (registers, then shared memory:
-`load_part_max`) and every capped value is recomputed from them: the
-softcap is monotonic, so the row's capped max is the cap of its max, and
-the gradient needs the capped value itself for the softcap's chain factor
-(which is why 16-bit rows do not keep exp(y - max) in place of the logits,
-as the plain cross-entropy's do).
+`load_part_max`); the softcap is monotonic, so the row's capped max is the
+cap of its max. Without label smoothing sweep 2 then replaces each logit by
+exp(y - max) times the softcap's chain factor (`hold_capped_exp`), so
+sweep 3 is a multiply an element; with it, where the gradient needs the
+chain factor apart, sweep 3 recomputes the capped values from the logits.
 
 `launch_cross_entropy_options` (gpu_ce_options_rows) sends rows with a
 gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
@@ -20,6 +20,9 @@ gradient here when there are at least SPLIT_BELOW_ROWS of them, up to
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
+from max.gpu.memory import async_copy_wait_all
+from std.math import exp2
+from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -36,16 +39,19 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .dispatch import SPLIT_BELOW_ROWS
-from .gpu_ce_common import fill_part, grad_scale
+from .gpu_ce_common import fill_part, grad_scale, target_owner
 from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
+    HELD_EXP_SHIFT,
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     OnchipLaunch,
     cluster_exchange,
+    LOG2E,
     load_part_max,
+    start_row_copy,
     onchip_rows,
     pair_capacity,
     smem_capacity,
@@ -187,6 +193,184 @@ struct Softcap[acc: DType](ImplicitlyCopyable):
             return SIMD[Self.acc, w](1)
         var r = y * self.inv_cap
         return 1 - r * r
+
+
+# Without label smoothing a kept row's gradient is p_c * factor * scale *
+# chain_c for every class but the target, so with a softcap sweep 2 keeps
+# h_c = exp(y_c - max) * chain_c on chip in place of the logit
+# (`hold_capped_exp`) and sweep 3 is one multiply an element
+# (`write_capped_held`): the softcap and the exp once a logit, where
+# recomputing them from the held logits made the sweeps compute-bound
+# (16-bit rows at ~42% of the plain kernel's speed). 16-bit rows hold
+# 2^HELD_EXP_SHIFT h in their own type, as the plain kernel holds its exps
+# (gpu_ce_smem_rows says why, and what the rounding costs: within one ulp
+# of the output); the target's entry comes from its exact terms.
+
+
+@always_inline
+def _holds_shifted[dtype: DType]() -> Bool:
+    """Whether held values carry 2^HELD_EXP_SHIFT: 16-bit rows."""
+    return size_of[dtype]() == 2
+
+
+@fieldwise_init
+struct CappedExp[acc: DType, shifted: Bool](ImplicitlyCopyable):
+    """exp(y - max) (2^HELD_EXP_SHIFT times it with `shifted`) and the
+    chain factor 1 - tanh^2 at y = cap * tanh(x / cap) of a row with a
+    softcap: one tanh for both, and in float32 the exponent in one FMA,
+    tanh * cap log2(e) + (shift - max log2(e)). Its rounded constant moves
+    every exp of the row by the same factor (|log error| <= 2^-24 x (shift
+    + |max| log2(e)), ~1e-6 at cap 30), which p = e / sum cancels; the
+    loss keeps it, ~100 times below float32's tolerance."""
+
+    var cap: Softcap[Self.acc]
+    """The softcap (not 0)."""
+    var row_max: Scalar[Self.acc]
+    """The row's capped max."""
+    var scale: Scalar[Self.acc]
+    """cap * log2(e)."""
+    var bias: Scalar[Self.acc]
+    """shift - max * log2(e) (shift: HELD_EXP_SHIFT with `shifted`)."""
+
+    @staticmethod
+    @always_inline
+    def of(cap: Softcap[Self.acc], row_max: Scalar[Self.acc]) -> Self:
+        """The map of a row with softcap `cap` and capped max `row_max`."""
+        var shift = Scalar[Self.acc](HELD_EXP_SHIFT if Self.shifted else 0)
+        return Self(
+            cap,
+            row_max,
+            cap.cap * Scalar[Self.acc](LOG2E),
+            shift - row_max * Scalar[Self.acc](LOG2E),
+        )
+
+    @always_inline
+    def at[
+        w: Int
+    ](self, x: SIMD[Self.acc, w]) -> Tuple[
+        SIMD[Self.acc, w], SIMD[Self.acc, w]
+    ]:
+        """(exp(y - max), 1 - tanh^2) at the raw logits `x`."""
+        comptime assert Self.acc.is_floating_point()
+        comptime if Self.acc == DType.float64:
+            var y = self.cap.apply[w](x)
+            return (
+                exp_nan[Self.acc, w](y - self.row_max),
+                self.cap.chain[w](y),
+            )
+        var t = exact_tanh[Self.acc, w](x * self.cap.inv_cap)
+        return (exp2(t.fma(self.scale, self.bias)), 1 - t * t)
+
+
+# A softcap bounds every capped logit by |cap|, so exp(y - cap) may stand
+# in for exp(y - max) (`hold_capped_exp` with `loads`): sweep 1 then loads
+# and computes at once, with no max to wait for, while its copies into
+# shared memory are in flight. Up to cap = SOFTCAP_AS_MAX, exp(y - cap) >=
+# exp(-2 cap) stays a normal float32 (ex2.approx flushes below 2^-126);
+# float16's range is too short for it (float16 rows, and longer caps, fold
+# the max first).
+comptime SOFTCAP_AS_MAX = 40.0
+
+
+@always_inline
+def hold_capped_exp[
+    V: Int, T: Int, dtype: DType, loads: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: RowPart,
+    mut regs: SIMD[dtype, V * REG_CHUNKS],
+    mut edge: SIMD[accum_dtype[dtype](), 2],
+    cap: Softcap[accum_dtype[dtype]()],
+    row_max: Scalar[accum_dtype[dtype]()],
+) -> Scalar[accum_dtype[dtype]()]:
+    """Sweep 2 without label smoothing: thread `p.t`'s sum of exp(y -
+    `row_max`) over its part (2^HELD_EXP_SHIFT times it for 16-bit rows),
+    each value held on chip replaced by its h (the vectors in `dtype`, the
+    edge pair in the accumulator type); a long head re-read from `x` is
+    only summed. The part is held by `load_part_max`, or with `loads` this
+    sweep loads it (as `load_row`), `row_max` then a bound of the capped
+    logits rather than their max."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    var f = CappedExp[acc, _holds_shifted[dtype]()].of(cap, row_max)
+    var s = Scalar[acc](0)
+    comptime if loads:
+        start_row_copy[dtype, V, T, R](x, smem, p.t, p.head, p.nvec)
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            var v = regs.slice[V, offset=k * V]()
+            comptime if loads:
+                v = x.unsafe_offset(p.head + i * V).unsafe_load[
+                    width=V, alignment=16
+                ]()
+            var ec = f.at[V](v.cast[acc]())
+            s += ec[0].reduce_add()
+            regs = regs.insert[offset=k * V]((ec[0] * ec[1]).cast[dtype]())
+    comptime if loads:
+        async_copy_wait_all()
+    for i in range(R * T + p.t, p.nvec, T):
+        var at = smem.unsafe_offset((i - R * T) * V)
+        var ec = f.at[V](at.unsafe_load[width=V, alignment=16]().cast[acc]())
+        s += ec[0].reduce_add()
+        at.unsafe_store[alignment=16]((ec[0] * ec[1]).cast[dtype]())
+    comptime for j in range(2):
+        if p.has_head if j == 0 else p.has_tail:
+            var v = edge[j]
+            comptime if loads:
+                v = x[unsafe_offset=p.t if j == 0 else p.tail_begin + p.t].cast[
+                    acc
+                ]()
+            var ec = f.at[1](SIMD[acc, 1](v))
+            s += ec[0][0]
+            edge[j] = ec[0][0] * ec[1][0]
+    for e in range(p.lead, p.head, T):
+        s += f.at[1](SIMD[acc, 1](x[unsafe_offset=e].cast[acc]()))[0][0]
+    return s
+
+
+@always_inline
+def write_capped_held[
+    V: Int, T: Int, dtype: DType
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: SharedBuffer[dtype],
+    p: RowPart,
+    regs: SIMD[dtype, V * REG_CHUNKS],
+    edge: SIMD[accum_dtype[dtype](), 2],
+    per_held: Scalar[accum_dtype[dtype]()],
+    mut grad: OptionGrad[dtype],
+):
+    """Sweep 3 after `hold_capped_exp`: thread `p.t`'s gradient of its
+    part, a held h times `per_held` (factor / sum * scale, over
+    2^HELD_EXP_SHIFT for 16-bit rows), a long head recomputed from `x` by
+    `grad`. The target's entry is left to the caller."""
+    comptime acc = accum_dtype[dtype]()
+    comptime R = REG_CHUNKS
+    comptime for k in range(R):
+        var i = k * T + p.t
+        if i < p.nvec:
+            var h = regs.slice[V, offset=k * V]().cast[acc]()
+            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+                (h * per_held).cast[dtype]()
+            )
+    for i in range(R * T + p.t, p.nvec, T):
+        var h = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            (h.cast[acc]() * per_held).cast[dtype]()
+        )
+    if p.has_head:
+        y[unsafe_offset=p.t] = (edge[0] * per_held).cast[dtype]()
+    if p.has_tail:
+        y[unsafe_offset=p.tail_begin + p.t] = (edge[1] * per_held).cast[dtype]()
+    for e in range(p.lead, p.head, T):
+        y[unsafe_offset=e] = grad.visit[1](
+            e, SIMD[acc, 1](x[unsafe_offset=e].cast[acc]())
+        )[0]
 
 
 struct OptionSums[dtype_: DType](HeldVisit):
@@ -380,6 +564,14 @@ struct CrossEntropyOptionsRow[
     """The softcap (0: none)."""
     var w_t: Scalar[accum_dtype[Self.dtype_]()]
     """The target's class weight (1 without weights)."""
+    var y_t: Scalar[accum_dtype[Self.dtype_]()]
+    """The target's capped logit."""
+    var holds: Bool
+    """A softcap and no label smoothing: sweep 2 leaves each value's h
+    on chip (`hold_capped_exp`)."""
+    var cap_as_max: Bool
+    """`holds`, and the cap stands in for the row's max: sweeps 1 and
+    2 in one (`SOFTCAP_AS_MAX`)."""
     var row_max: Scalar[accum_dtype[Self.dtype_]()]
     """The row's capped max."""
     var p_factor: Scalar[accum_dtype[Self.dtype_]()]
@@ -424,6 +616,9 @@ struct CrossEntropyOptionsRow[
         self.z_loss = 0
         self.cap = 0
         self.w_t = 1
+        self.y_t = 0
+        self.holds = False
+        self.cap_as_max = False
         self.row_max = 0
         self.p_factor = 0
         self.value = 0
@@ -454,6 +649,13 @@ struct CrossEntropyOptionsRow[
         self.eps = options[unsafe_offset=1].cast[acc]()
         self.z_loss = options[unsafe_offset=2].cast[acc]()
         self.cap = options[unsafe_offset=3].cast[acc]()
+        self.holds = self.eps == 0 and self.cap != 0
+        comptime if Self.dtype == DType.float32 or Self.dtype == DType.bfloat16:
+            self.cap_as_max = (
+                self.holds
+                and self.cap > 0
+                and self.cap <= Scalar[acc](SOFTCAP_AS_MAX)
+            )
         self.tgt = self.targets[unsafe_offset=row]
         self.kind = target_kind(
             self.tgt, Int64(options[unsafe_offset=0]), len_row
@@ -474,13 +676,14 @@ struct CrossEntropyOptionsRow[
     ):
         """Sweep 1 loads the part and its max (capped once the row's is
         known: the softcap is monotonic); sweep 2 sums over the capped
-        values on chip (`OptionSums`); then the row's loss and the
-        gradient's factor."""
+        values on chip (`OptionSums`; without smoothing
+        `hold_capped_exp`, which also loads the part where the cap stands
+        in for the max); then the row's loss and the gradient's factor."""
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
         var row = kernel_arg(self.logits).unsafe_offset(self.start - self.first)
         var options = self._options()
-        var y_t = softcap_of[acc, 1](
+        self.y_t = softcap_of[acc, 1](
             row[unsafe_offset=Int(self.tgt)].cast[acc](), self.cap
         )[0]
         if self.has_weight:
@@ -488,33 +691,71 @@ struct CrossEntropyOptionsRow[
                 unsafe_offset=EXTENDED_OPTIONS + Int(self.tgt)
             ].cast[acc]()
         var xp = row.unsafe_offset(self.first)
-        var raw_max = load_part_max[Self.dtype, Self.V, Self.T](
-            xp, smem, p, self.regs, self.edge
-        )
-        comptime if C > 1:
-            raw_max = cluster_exchange[acc, C](slots, rank, p.t, raw_max, 0)[
-                0
-            ].reduce_max()
-        self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
         var smoothing = self.eps != 0
         var weighted = smoothing and self.has_weight
-        var sums = OptionSums[Self.dtype](
-            Softcap[acc].of_cap(self.cap),
-            self.row_max,
-            smoothing,
-            weighted,
-            self._weights(),
-        )
-        visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
-            kernel_arg(self.dlogits), xp, smem, p, self.regs, self.edge, sums
-        )
-        var s = block_sum[acc, Self.T](sums.s)
+        var part_s = Scalar[acc](0)
+        var part_su = Scalar[acc](0)
+        var part_suy = Scalar[acc](0)
+        if self.cap_as_max:
+            self.row_max = self.cap
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, True](
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+            )
+        else:
+            var raw_max = load_part_max[Self.dtype, Self.V, Self.T](
+                xp, smem, p, self.regs, self.edge
+            )
+            comptime if C > 1:
+                raw_max = cluster_exchange[acc, C](
+                    slots, rank, p.t, raw_max, 0
+                )[0].reduce_max()
+            self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
+        if self.holds and not self.cap_as_max:
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, False](
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+            )
+        elif not self.holds:
+            var sums = OptionSums[Self.dtype](
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+                smoothing,
+                weighted,
+                self._weights(),
+            )
+            visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
+                kernel_arg(self.dlogits),
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                sums,
+            )
+            part_s = sums.s
+            part_su = sums.su
+            part_suy = sums.suy
+        var s = block_sum[acc, Self.T](part_s)
+        comptime if _holds_shifted[Self.dtype]():
+            if self.holds:
+                s *= Scalar[acc](2.0**-HELD_EXP_SHIFT)
         var suy = Scalar[acc](0)
         var su = Scalar[acc](self.len_row)
         if smoothing:
-            suy = block_sum[acc, Self.T](sums.suy)
+            suy = block_sum[acc, Self.T](part_suy)
             if weighted:
-                su = block_sum[acc, Self.T](sums.su)
+                su = block_sum[acc, Self.T](part_su)
         comptime if C > 1:
             var both = cluster_exchange[acc, C](
                 slots.unsafe_offset(CE_OPTIONS_CLUSTER_SLOTS // 4),
@@ -536,7 +777,7 @@ struct CrossEntropyOptionsRow[
         self.value = extended_row_loss[acc](
             self.row_max,
             s,
-            y_t,
+            self.y_t,
             self.w_t,
             su,
             suy,
@@ -580,28 +821,48 @@ struct CrossEntropyOptionsRow[
             )
             fill_part[Self.dtype, Self.V, Self.T](y, p, fill)
             return
+        var cap = Softcap[acc].of_cap(self.cap)
+        var scale = grad_scale[acc, Self.mean](
+            rebind[Pointer[Float64, MutAnyOrigin]](self.count)
+        )
+        var target_term = (1 - self.eps) * self.w_t
+        var tgt = Int(self.tgt) - self.first
+        var x = kernel_arg(self.logits).unsafe_offset(self.start)
         var grad = OptionGrad[Self.dtype](
-            Softcap[acc].of_cap(self.cap),
+            cap,
             self.row_max,
             self.p_factor,
             smoothing_of[acc](self.eps, self.len_row),
-            (1 - self.eps) * self.w_t,
-            grad_scale[acc, Self.mean](
-                rebind[Pointer[Float64, MutAnyOrigin]](self.count)
-            ),
-            Int(self.tgt) - self.first,
+            target_term,
+            scale,
+            -1 if self.holds else tgt,
             self.has_weight,
             self._weights(),
         )
-        visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
-            y,
-            kernel_arg(self.logits).unsafe_offset(self.start),
-            smem,
-            p,
-            self.regs,
-            self.edge,
-            grad,
+        if not self.holds:
+            visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
+                y, x, smem, p, self.regs, self.edge, grad
+            )
+            return
+        var per_held = self.p_factor * scale
+        comptime if _holds_shifted[Self.dtype]():
+            per_held *= Scalar[acc](2.0**-HELD_EXP_SHIFT)
+        write_capped_held[Self.V, Self.T, Self.dtype](
+            y, x, smem, p, self.regs, self.edge, per_held, grad
         )
+        # The target's entry from its exact terms, by the thread that
+        # wrote it (its store came first in program order); with C > 1 it
+        # may lie outside the part.
+        comptime if C > 1:
+            if tgt < 0 or tgt >= p.len:
+                return
+        if p.t == target_owner[Self.V, Self.T](tgt, p.head, p.tail_begin):
+            var e_t = exp_nan[acc, 1](self.y_t - self.row_max)[0]
+            y[unsafe_offset=tgt] = (
+                (e_t * self.p_factor - target_term)
+                * scale
+                * cap.chain[1](self.y_t)[0]
+            ).cast[Self.dtype]()
 
 
 @__llvm_metadata(

@@ -431,6 +431,39 @@ def test_gpu_on_chip_rows(
     _check(loss, grad, x, t, w, ignore_index, eps, z_loss, softcap, reduction, dtype)
 
 
+# (logit scale, softcap): every |x / softcap| under 0.25, where the tanh
+# takes its polynomial alone (Gemma's cap on normal logits); around 0.5,
+# where vectors mix it with the exp form; saturated, tanh = +-1 and the
+# chain factor ~0; a cap past SOFTCAP_AS_MAX, which folds the row's max
+# first.
+SOFTCAP_RANGES = [
+    pytest.param(1.0, 30.0, id="tiny"),
+    pytest.param(15.0, 30.0, id="mixed"),
+    pytest.param(100.0, 3.0, id="saturated"),
+    pytest.param(25.0, 50.0, id="long-cap"),
+]
+
+
+@GPU_SKIP
+@pytest.mark.parametrize("dtype,rows,classes", ONCHIP)
+@pytest.mark.parametrize("scale,softcap", SOFTCAP_RANGES)
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("has_weight", [False, True])
+def test_gpu_on_chip_softcap_ranges(dtype, rows, classes, scale, softcap, eps, has_weight):
+    """The on-chip options kernel's softcap over the tanh's ranges: without
+    label smoothing sweep 2 holds exp(y - max) * (1 - tanh^2) (one tanh a
+    logit), with it sweep 3 recomputes; the target's entry apart."""
+    from max_softmax.dtypes import DTYPE_NAMES
+
+    rng = np.random.default_rng(classes + int(scale))
+    x = (rng.standard_normal((rows, classes)) * scale).astype(DTYPE_NAMES[dtype])
+    t = rng.integers(0, classes, rows)
+    t[5] = -100
+    w = rng.uniform(0.2, 2.0, classes) if has_weight else None
+    loss, grad = _launched_on_cuda(x, t, w, -100, eps, 1e-4, softcap, "mean", False)
+    _check(loss, grad, x, t, w, -100, eps, 1e-4, softcap, "mean", dtype)
+
+
 def test_inplace_backward_refuses_options():
     """The torch bridge's in-place backward takes the plain options only."""
     import max_softmax.torch as mst
