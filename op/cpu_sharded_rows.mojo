@@ -11,6 +11,8 @@ and writes the output.
 from std.sys import simd_width_of
 from std.utils.numerics import inf, nan
 
+from .cpu_cross_entropy import _sum_of
+from .cpu_rows import ExpTerms, _max_of
 from .cpu_sweeps import RowPieces, each_piece
 from .cpu_tasks import run_in_tasks
 from .cross_entropy_math import grad_of, smoothing_of, target_grad
@@ -37,39 +39,22 @@ def row_stats_cpu[
     n: Int,
 ) raises:
     """Each row's (max, sum of exp(x - sum_shift(max)), target logit or
-    -inf, sum of x or 0) into `stats` (rows, STATS_COLS)."""
+    -inf, sum of x or 0) into `stats` (rows, STATS_COLS), by the sweeps of
+    cpu_rows and cpu_cross_entropy."""
     comptime acc = accum_dtype[dtype]()
-    comptime W = simd_width_of[acc]()
     var offset = Int64(options[unsafe_offset=0])
     var smoothing = with_target and options[unsafe_offset=2] != 0
 
     def task_rows(begin: Int, end: Int) raises {imm}:
         for r in range(begin, end):
             var x = logits.unsafe_offset(r * n)
-            var n_vec = n - n % W
-            var mv = SIMD[acc, W](-inf[acc]())
-            for j in range(0, n_vec, W):
-                mv = max(
-                    mv, x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-                )
-            var m = mv.reduce_max()
-            for j in range(n_vec, n):
-                m = max(m, x[unsafe_offset=j].cast[acc]())
-            var shift = sum_shift[acc](m)
-            var sv = SIMD[acc, W](0)
-            var xv = SIMD[acc, W](0)
-            for j in range(0, n_vec, W):
-                var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
-                sv += exp_nan[acc, W](v - shift)
-                if smoothing:
-                    xv += v
-            var s = sv.reduce_add()
-            var sx = xv.reduce_add()
-            for j in range(n_vec, n):
-                var v = x[unsafe_offset=j].cast[acc]()
-                s += exp_nan[acc, 1](v - shift)
-                if smoothing:
-                    sx += v
+            var m = _max_of[dtype](x, n)
+            # The exps are summed, not parked: the output and scratch rows
+            # ExpTerms takes are never touched (x and stats stand in).
+            var s = ExpTerms[dtype, False, False, False](
+                held(x), held(stats), held(x), sum_shift[acc](m)
+            ).sum(n)
+            var sx = _sum_of[dtype](x, n) if smoothing else Scalar[acc](0)
             var x_t = -inf[acc]()
             comptime if with_target:
                 var local = targets[unsafe_offset=r] - offset

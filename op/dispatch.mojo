@@ -57,11 +57,13 @@ from .gpu_backward_stream_rows import (
 from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_register_rows import (
     MAX_PLAN_THREADS,
+    MAX_ROW_REGISTERS,
     WARP_THREADS,
     RegisterPlanKernel,
     launch_register_plan,
     launch_register_rows,
     plan_threads,
+    register_capacity,
     register_plan,
     wide_warp_rows,
 )
@@ -152,6 +154,34 @@ def backward_register_fits(n: Int, V: Int) -> Bool:
     """Whether a register plan holds rows of `n` of both tensors at
     `BACKWARD_ROW_REGISTERS` registers each, as held."""
     return register_plan(n, V, 0, backward_plan_registers(V)) >= 0
+
+
+def launch_register_strategy[
+    V: Int, max_registers: Int, L: RegisterPlanKernel
+](ctx: DeviceContext, kernel: L, rows: Int, n: Int, op_name: String) raises:
+    """An op's "register" strategy: enqueue `kernel` on `rows` rows of `n`
+    under the first register plan that holds them at `max_registers`
+    32-bit registers of row values a thread (`register_plan`,
+    `launch_register_plan`). Raises, naming `op_name`, where none does."""
+    var plan = register_plan(n, V, 1, max_registers)
+    if plan < 0:
+        var limit = String("cannot hold rows of ")
+        comptime if max_registers == MAX_ROW_REGISTERS:
+            limit = (
+                "handles rows up to "
+                + String(register_capacity(V, 1, MAX_PLAN_THREADS))
+                + " elements, got "
+            )
+        raise Error(
+            "max_softmax: the "
+            + op_name
+            + " 'register' kernel "
+            + limit
+            + String(n)
+        )
+    launch_register_plan[V, max_registers, 1, MAX_PLAN_THREADS](
+        ctx, kernel, plan, rows
+    )
 
 
 @fieldwise_init
@@ -358,16 +388,9 @@ struct BackwardRows[dtype: DType, log_in: Bool](
         var dy = kernel_arg(self.dy)
         comptime if s == Strategy.REGISTER:
             comptime V = vector_width[Self.dtype]()
-            var plan = register_plan(self.n, V, 0, backward_plan_registers(V))
-            if plan < 0:
-                raise Error(
-                    "max_softmax: the backward's register kernel cannot hold"
-                    " rows of "
-                    + String(self.n)
-                )
-            launch_register_plan[
-                V, backward_plan_registers(V), 0, MAX_PLAN_THREADS
-            ](ctx, self, plan, self.rows)
+            launch_register_strategy[V, backward_plan_registers(V)](
+                ctx, self, self.rows, self.n, Self.op_name()
+            )
         elif s == Strategy.SMEM:
             launch_backward_smem[Self.dtype, Self.log_in](
                 ctx, dx, a, dy, self.rows, self.n, self.aligned

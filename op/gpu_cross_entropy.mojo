@@ -42,7 +42,7 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
-from .dispatch import SPLIT_BELOW_ROWS
+from .dispatch import SPLIT_BELOW_ROWS, launch_register_strategy
 from .gpu_ce_block_rows import (
     CE_BLOCK_LOSS_UNROLL,
     CE_BLOCK_THREADS,
@@ -56,12 +56,9 @@ from .gpu_ce_smem_rows import launch_ce_smem
 from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
-    MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
     RegisterPlanKernel,
-    launch_register_plan,
     plan_threads,
-    register_capacity,
     register_plan,
 )
 from .gpu_smem_rows import pair_capacity, smem_capacity
@@ -251,7 +248,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     """The cross-entropy rows with every buffer the row kernels take: its
     strategies "register", "smem", "pair" (`Strategy.CLUSTER2`) and
     "block"; for "register" also the plan kernel with its arguments
-    (`launch_register_plan`). Each row's loss goes to `row_losses` if
+    (`launch_register_strategy`). Each row's loss goes to `row_losses` if
     `reduce`, else to `loss`; `with_grad`, its gradient to `dlogits`."""
 
     var dlogits: HeldRows[Self.dtype]
@@ -300,17 +297,8 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         """Enqueue the row kernel of `s`."""
         comptime V = vector_width[Self.dtype]()
         comptime if s == Strategy.REGISTER:
-            var plan = register_plan(self.n, V, 0)
-            if plan < 0:
-                raise Error(
-                    "max_softmax: the cross-entropy 'register' kernel handles"
-                    " rows up to "
-                    + String(register_capacity(V, 1, MAX_PLAN_THREADS))
-                    + " classes, got "
-                    + String(self.n)
-                )
-            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
-                ctx, self, plan, self.rows
+            launch_register_strategy[V, MAX_ROW_REGISTERS](
+                ctx, self, self.rows, self.n, Self.op_name()
             )
         elif s == Strategy.SMEM:
             self.call[

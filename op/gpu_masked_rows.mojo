@@ -37,10 +37,10 @@ from max.gpu.primitives.grid_controls import pdl_launch_attributes
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
+from .dispatch import launch_register_strategy
 from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_max_sum, block_sum
 from .gpu_register_rows import (
-    MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
     PDL,
     PDL_LEVEL,
@@ -48,9 +48,7 @@ from .gpu_register_rows import (
     RegisterPlanKernel,
     block_threads,
     enqueue_split_aligned,
-    launch_register_plan,
     pdl_start,
-    register_capacity,
     register_plan,
     vector_path,
 )
@@ -322,7 +320,7 @@ struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
     """Masked rows with their buffers: the strategies "register"
     (`masked_register_kernel`, rows to 32K elements) and "block"
     (`masked_block_kernel`, any length); for "register" also the plan
-    kernel with its arguments (`launch_register_plan`)."""
+    kernel with its arguments (`launch_register_strategy`)."""
 
     var dst: HeldRows[Self.dtype]
     """Output rows."""
@@ -363,17 +361,8 @@ struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
         """Enqueue the rows under `s`."""
         comptime V = vector_width[Self.dtype]()
         comptime if s == Strategy.REGISTER:
-            var plan = register_plan(self.n, V, 1)
-            if plan < 0:
-                raise Error(
-                    "max_softmax: the masked 'register' kernel handles rows up"
-                    " to "
-                    + String(register_capacity(V, 1, MAX_PLAN_THREADS))
-                    + " elements, got "
-                    + String(self.n)
-                )
-            launch_register_plan[V, MAX_ROW_REGISTERS, 1, MAX_PLAN_THREADS](
-                ctx, self, plan, self.rows
+            launch_register_strategy[V, MAX_ROW_REGISTERS](
+                ctx, self, self.rows, self.n, Self.op_name()
             )
         elif s == Strategy.BLOCK:
             comptime kernel = masked_block_kernel[
