@@ -9,6 +9,7 @@ hints the CPU does not need, on the host; see cross_entropy_math for the
 layout and the row math.
 """
 
+from .cpu_cross_entropy import reduce_row_losses
 from .cpu_tasks import run_in_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
@@ -73,12 +74,7 @@ def cross_entropy_options_cpu[
 
     run_in_tasks(task_rows, rows, n)
     comptime if reduce:
-        var total = Scalar[acc](0)
-        for r in range(rows):
-            total += losses[unsafe_offset=r]
-        comptime if mean:
-            total = total / Scalar[acc](kept)
-        loss[unsafe_offset=0] = total.cast[dtype]()
+        reduce_row_losses[mean](loss, row_losses, kept)
     _ = row_losses^
 
 

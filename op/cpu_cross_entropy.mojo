@@ -102,16 +102,28 @@ def cross_entropy_cpu[
 
     run_in_tasks(task_rows, rows, n)
     comptime if reduce:
-        # Summed in row order (repeatable bits) in float64 for every dtype:
-        # a float32 running total of 8192 rows loses ~20 bits' worth of
-        # the last row's precision, 100x torch's error (issue 37).
-        var total = Float64(0)
-        for r in range(rows):
-            total += losses[unsafe_offset=r].cast[DType.float64]()
-        comptime if mean:
-            total = total / Float64(kept)
-        loss[unsafe_offset=0] = total.cast[dtype]()
+        reduce_row_losses[mean](loss, row_losses, Float64(kept))
     _ = row_losses^
+
+
+@always_inline
+def reduce_row_losses[
+    mean: Bool, dtype: DType, acc: DType
+](
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    row_losses: List[Scalar[acc]],
+    kept: Float64,
+):
+    """`loss[0]` = the sum of the row losses, divided by `kept` where
+    `mean`. Summed in row order (repeatable bits) in float64 for every
+    dtype: a float32 running total of 8192 rows loses ~20 bits' worth of
+    the last row's precision, 100x torch's error."""
+    var total = Float64(0)
+    for r in range(len(row_losses)):
+        total += row_losses[r].cast[DType.float64]()
+    comptime if mean:
+        total = total / kept
+    loss[unsafe_offset=0] = total.cast[dtype]()
 
 
 @always_inline

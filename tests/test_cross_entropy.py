@@ -118,36 +118,43 @@ def test_gpt2_vocabulary(rng, device, eps):
     check(device, "float32", x, t, label_smoothing=eps)
 
 
-def mean_loss_float64(x, t, block=1024):
-    """The mean cross-entropy of float32 logits `x` against `t`, in float64,
-    a block of rows at a time (the whole float64 copy would take 2 GB)."""
+def mean_loss_float64(x, t, z_loss=0.0, block=1024):
+    """The mean cross-entropy (plus z_loss lse^2 a row) of float32 logits
+    `x` against `t`, in float64, a block of rows at a time (the whole
+    float64 copy would take 2 GB)."""
     total = 0.0
     for b in range(0, x.shape[0], block):
         xb = x[b : b + block].astype(np.float64)
         m = xb.max(axis=1)
         lse = m + np.log(np.exp(xb - m[:, None]).sum(axis=1))
-        total += float(np.sum(lse - xb[np.arange(xb.shape[0]), t[b : b + block]]))
+        rows = lse - xb[np.arange(xb.shape[0]), t[b : b + block]] + z_loss * lse**2
+        total += float(np.sum(rows))
     return total / x.shape[0]
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(1024, 32000), (8192, 32000), (65536, 1000), (1 << 20, 16)])
-def test_float32_mean_loss_as_accurate_as_torch(device, shape):
+@pytest.mark.parametrize("z_loss", [0.0, 1e-4])
+def test_float32_mean_loss_as_accurate_as_torch(device, shape, z_loss):
     """Issue 37: the float32 mean loss of 1K-1M rows is within 2x torch's
     relative error against float64 (or 2e-7): the row losses are summed in
-    float64, not in a float32 running total. Torch runs on CUDA beside our
-    GPU run where it can."""
+    float64, not in a float32 running total; with z-loss too (the extended
+    options' kernels). Torch runs on CUDA beside our GPU run where it can."""
     import torch
 
     rng = np.random.default_rng(37)
     x = rng.standard_normal(shape, dtype=np.float32) * np.float32(4)
     t = rng.integers(0, shape[1], size=shape[0])
-    want = mean_loss_float64(x, t)
-    got = float(max_softmax.cross_entropy(x, t, device=device))
+    want = mean_loss_float64(x, t, z_loss)
+    got = float(max_softmax.cross_entropy(x, t, device=device, z_loss=z_loss))
     where = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
     xt, tt = torch.from_numpy(x).to(where), torch.from_numpy(t).to(where)
-    theirs = float(torch.nn.functional.cross_entropy(xt, tt))
+    if z_loss:
+        rows = torch.nn.functional.cross_entropy(xt, tt, reduction="none")
+        theirs = float((rows + z_loss * torch.logsumexp(xt, -1) ** 2).mean())
+    else:
+        theirs = float(torch.nn.functional.cross_entropy(xt, tt))
     ours_err = abs(got - want) / abs(want)
     torch_err = abs(theirs - want) / abs(want)
     assert ours_err <= max(2 * torch_err, 2e-7), (ours_err, torch_err)
