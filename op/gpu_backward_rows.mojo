@@ -129,9 +129,9 @@ def backward_resident_register_kernel[
     register_rows[pdl=False, aligned=False](op, rows, n, vector_flag)
 
 
-struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
-    RegisterRowOp
-):
+struct BackwardRegisterRow[
+    dtype: DType, log_in: Bool, T_: Int, V_: Int, K_: Int
+](RegisterRowOp):
     """The backward (of log-softmax with `log_in`) as a `RegisterRowOp`: K
     chunks of V of each of `a` and `dy` a thread, held as loaded (float32,
     float64: summed and written as whole vectors) or raw (16-bit: half the
@@ -139,7 +139,7 @@ struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
     one chunk at a time in each pass); it folds the sum of dy * y (or of
     dy). Padding 0 adds 0 to either sum."""
 
-    comptime threads = Self.T
+    comptime threads = Self.T_
 
     var dx: HeldRows[Self.dtype]
     """Output gradient rows."""
@@ -156,9 +156,9 @@ struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
     input rows, before the loads)."""
     var len: Int
     """Elements of the row read (0 past the last row)."""
-    var av: SIMD[Self.dtype, Self.V * Self.K]
+    var av: SIMD[Self.dtype, Self.V_ * Self.K_]
     """The thread's chunks of `a`."""
-    var gv: SIMD[Self.dtype, Self.V * Self.K]
+    var gv: SIMD[Self.dtype, Self.V_ * Self.K_]
     """The thread's chunks of `dy`."""
     var total: Scalar[accum_dtype[Self.dtype]()]
     """The row's sum."""
@@ -173,8 +173,8 @@ struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
     ):
         """The op on these tensors, rows of `n`."""
         comptime assert accum_dtype[Self.dtype]().is_floating_point()
-        comptime assert chunk_registers(Self.V) * Self.K <= (
-            backward_plan_registers(Self.V)
+        comptime assert chunk_registers(Self.V_) * Self.K_ <= (
+            backward_plan_registers(Self.V_)
         )
         self.dx = held(dx)
         self.a = held(a)
@@ -183,8 +183,8 @@ struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
         self.base = 0
         self.dx_row = self.dx
         self.len = 0
-        self.av = SIMD[Self.dtype, Self.V * Self.K](0)
-        self.gv = SIMD[Self.dtype, Self.V * Self.K](0)
+        self.av = SIMD[Self.dtype, Self.V_ * Self.K_](0)
+        self.gv = SIMD[Self.dtype, Self.V_ * Self.K_](0)
         self.total = 0
 
     @always_inline
@@ -197,19 +197,19 @@ struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
     def fold(mut self, t: Int, vector_loads: Bool):
         """Load both tensors' chunks, then the row's sum."""
         comptime acc = accum_dtype[Self.dtype]()
-        comptime T = Self.T
-        comptime V = Self.V
-        comptime K = Self.K
+        comptime T = Self.T_
+        comptime V = Self.V_
+        comptime K = Self.K_
         comptime block = block_threads[T]()
         comptime if Self.dtype == acc:
-            self.av = load_row_chunks[Self.dtype, T, V, K, acc](
+            self.av = load_row_chunks[Self.dtype, T, V, K, Self.dtype](
                 kernel_arg(self.a).unsafe_offset(self.base),
                 self.len,
                 t,
                 vector_loads,
                 0,
             )
-            self.gv = load_row_chunks[Self.dtype, T, V, K, acc](
+            self.gv = load_row_chunks[Self.dtype, T, V, K, Self.dtype](
                 kernel_arg(self.dy).unsafe_offset(self.base),
                 self.len,
                 t,
@@ -248,9 +248,9 @@ struct BackwardRegisterRow[dtype: DType, log_in: Bool, T: Int, V: Int, K: Int](
     def write(self, t: Int, vector_loads: Bool):
         """The chunks' gradient, where they were read."""
         comptime acc = accum_dtype[Self.dtype]()
-        comptime T = Self.T
-        comptime V = Self.V
-        comptime K = Self.K
+        comptime T = Self.T_
+        comptime V = Self.V_
+        comptime K = Self.K_
         comptime if Self.dtype == acc:
             store_row_chunks[Self.dtype, T, V, K, acc](
                 kernel_arg(self.dx).unsafe_offset(self.base),

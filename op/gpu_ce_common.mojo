@@ -1,12 +1,13 @@
 """What the cross-entropy kernel families share: the device's options
-(ignore_index, label smoothing), the gradient's scale, and the pieces of a
+(ignore_index, label smoothing), the gradient's scale, where a row's loss
+goes, the target's gradient entry, and the pieces of a
 row laid out as a scalar head, an aligned vector body and a scalar tail
 (gpu_ce_block_rows, gpu_ce_smem_rows): the gradient of an
 element outside the body, the fill of a row not kept, and the thread that
 writes the target's entry.
 """
 
-from .cross_entropy_math import KEPT, grad_of
+from .cross_entropy_math import KEPT, grad_of, target_grad
 from .row_math import accum_dtype, exp_nan
 from .row_part import RowPart
 
@@ -30,6 +31,43 @@ def grad_scale[
     comptime if mean:
         return Scalar[acc](1 / count[unsafe_offset=0])
     return Scalar[acc](1)
+
+
+@always_inline
+def store_row_loss[
+    dtype: DType, reduce: Bool
+](
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: Int,
+    value: Scalar[accum_dtype[dtype]()],
+):
+    """Row `row`'s loss: into `row_losses` in the accumulator type where the
+    losses are reduced after the kernel (`reduce`), else into `loss` in
+    dtype."""
+    comptime if reduce:
+        row_losses[unsafe_offset=row] = value
+    else:
+        loss[unsafe_offset=row] = value.cast[dtype]()
+
+
+@always_inline
+def target_entry[
+    dtype: DType
+](
+    x_t: Scalar[accum_dtype[dtype]()],
+    row_max: Scalar[accum_dtype[dtype]()],
+    inv_s: Scalar[accum_dtype[dtype]()],
+    smooth: Scalar[accum_dtype[dtype]()],
+    eps: Scalar[accum_dtype[dtype]()],
+    scale: Scalar[accum_dtype[dtype]()],
+) -> Scalar[dtype]:
+    """The gradient at a kept row's target (logit `x_t`): its softmax minus
+    the target's share of the smoothed label, scaled."""
+    comptime acc = accum_dtype[dtype]()
+    return target_grad[acc](
+        exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+    ).cast[dtype]()
 
 
 @always_inline

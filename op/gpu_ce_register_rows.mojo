@@ -19,10 +19,9 @@ from .cross_entropy_math import (
     grad_of,
     row_loss,
     smoothing_of,
-    target_grad,
     target_kind,
 )
-from .gpu_ce_common import ce_options, grad_scale
+from .gpu_ce_common import ce_options, grad_scale, store_row_loss, target_entry
 from .gpu_reductions import block_sum
 from .gpu_launch import HeldRows, held, kernel_arg
 from .gpu_register_rows import (
@@ -161,9 +160,7 @@ def _held_grad_row[
     var smooth = smoothing_of[acc](eps, n)
     var inv_s = 1 / row_sum
     if kind == KEPT:
-        var g_t = target_grad[acc](
-            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-        ).cast[dtype]()
+        var g_t = target_entry[dtype](x_t, row_max, inv_s, smooth, eps, scale)
         return _held_grad[dtype, threads, V, K](
             raw, row_max, inv_s, smooth, scale, g_t, tgt, t, vector_loads
         )
@@ -368,12 +365,12 @@ struct CERegisterRow[
     def finish(self, live: Bool, row: Int, t: Int):
         """The row's loss, once (thread 0 of a live row)."""
         if live and t == 0:
-            comptime if Self.reduce:
-                kernel_arg(self.row_losses)[unsafe_offset=row] = self.value
-            else:
-                kernel_arg(self.loss)[unsafe_offset=row] = self.value.cast[
-                    Self.dtype
-                ]()
+            store_row_loss[Self.dtype, Self.reduce](
+                kernel_arg(self.row_losses),
+                kernel_arg(self.loss),
+                row,
+                self.value,
+            )
 
     @always_inline
     def write(self, t: Int, vector_loads: Bool):
