@@ -1,7 +1,7 @@
 """Cross-entropy rows that a register plan holds: `ce_register_kernel`,
-8 to 512 threads a row, the row loaded once into registers with the
-softmax kernels' chunk loaders and plan launcher (gpu_register_rows),
-reduced with warp shuffles, the gradient written once.
+8 to 512 threads a row, the register strategy (`register_rows`,
+gpu_register_rows) over `CERegisterRow`: the row loaded once into
+registers, reduced with warp shuffles, the gradient written once.
 
 `ce_kernel_for` (gpu_cross_entropy) gives it rows to 32K values, and where
 the smem kernel can take the rows, only those of up to `CE_PLAN_THREADS`
