@@ -102,73 +102,6 @@ def _held_grad[
     return out
 
 
-@always_inline
-def _held_loss[
-    dtype: DType, threads: Int, block: Int, V: Int, K: Int
-](
-    raw: SIMD[dtype, V * K],
-    t: Int,
-    vector_loads: Bool,
-    load_len: Int,
-    kind: Int,
-    x_t: Scalar[accum_dtype[dtype]()],
-    eps: Scalar[accum_dtype[dtype]()],
-    n: Int,
-) -> Tuple[
-    Scalar[accum_dtype[dtype]()],
-    Scalar[accum_dtype[dtype]()],
-    Scalar[accum_dtype[dtype]()],
-]:
-    """The row's (max, sum of exp, loss) from the chunks its threads hold,
-    reduced over the row's threads; the loss is NaN for a bad target and 0
-    for an ignored row."""
-    comptime acc = accum_dtype[dtype]()
-    var (row_max, row_sum) = held_max_sum[dtype, threads, V, K](raw)
-    var sum_x = Scalar[acc](0)
-    if eps != 0:  # the same for every thread: the reduction stays uniform
-        sum_x = block_sum[acc, threads, block](
-            _held_sum[dtype, threads, V, K](raw, t, vector_loads, load_len)
-        )
-    var value = Scalar[acc](0)
-    if kind == KEPT:
-        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, n)
-    elif kind != IGNORED:
-        value = nan[acc]()
-    return (row_max, row_sum, value)
-
-
-@always_inline
-def _held_grad_row[
-    dtype: DType, mean: Bool, threads: Int, V: Int, K: Int
-](
-    raw: SIMD[dtype, V * K],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_max: Scalar[accum_dtype[dtype]()],
-    row_sum: Scalar[accum_dtype[dtype]()],
-    x_t: Scalar[accum_dtype[dtype]()],
-    eps: Scalar[accum_dtype[dtype]()],
-    n: Int,
-    kind: Int,
-    tgt: Int,
-    t: Int,
-    vector_loads: Bool,
-) -> SIMD[dtype, V * K]:
-    """The gradient of the row values this thread holds: `_held_grad` for a
-    kept row, zeros for an ignored one, NaN for a bad target."""
-    comptime acc = accum_dtype[dtype]()
-    var scale = grad_scale[acc, mean](count)
-    var smooth = smoothing_of[acc](eps, n)
-    var inv_s = 1 / row_sum
-    if kind == KEPT:
-        var g_t = target_entry[dtype](x_t, row_max, inv_s, smooth, eps, scale)
-        return _held_grad[dtype, threads, V, K](
-            raw, row_max, inv_s, smooth, scale, g_t, tgt, t, vector_loads
-        )
-    if kind != IGNORED:
-        return SIMD[dtype, V * K](nan[dtype]())
-    return SIMD[dtype, V * K](0)
-
-
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
         Int32(block_threads[threads]())
@@ -345,21 +278,26 @@ struct CERegisterRow[
         self.x_t = x[unsafe_offset=Int(self.tgt)].cast[
             acc
         ]() if self.kind == KEPT else Scalar[acc](0)
-        var (row_max, row_sum, value) = _held_loss[
-            Self.dtype, Self.T, block_threads[Self.T](), Self.V, Self.K
-        ](
-            self.raw,
-            t,
-            vector_loads,
-            self.load_len,
-            self.kind,
-            self.x_t,
-            self.eps,
-            self.n,
-        )
+        var (row_max, row_sum) = held_max_sum[
+            Self.dtype, Self.T, Self.V, Self.K
+        ](self.raw)
         self.row_max = row_max
         self.row_sum = row_sum
-        self.value = value
+        var sum_x = Scalar[acc](0)
+        # eps is the same for every thread: the reduction stays uniform.
+        if self.eps != 0:
+            sum_x = block_sum[acc, Self.T, block_threads[Self.T]()](
+                _held_sum[Self.dtype, Self.T, Self.V, Self.K](
+                    self.raw, t, vector_loads, self.load_len
+                )
+            )
+        self.value = 0
+        if self.kind == KEPT:
+            self.value = row_loss[acc](
+                row_max, row_sum, self.x_t, sum_x, self.eps, self.n
+            )
+        elif self.kind != IGNORED:
+            self.value = nan[acc]()
 
     @always_inline
     def finish(self, live: Bool, row: Int, t: Int):
@@ -376,21 +314,7 @@ struct CERegisterRow[
     def write(self, t: Int, vector_loads: Bool):
         """The chunks' gradient, with `with_grad`."""
         comptime if Self.with_grad:
-            var out = _held_grad_row[
-                Self.dtype, Self.mean, Self.T, Self.V, Self.K
-            ](
-                self.raw,
-                kernel_arg(self.count),
-                self.row_max,
-                self.row_sum,
-                self.x_t,
-                self.eps,
-                self.n,
-                self.kind,
-                Int(self.tgt),
-                t,
-                vector_loads,
-            )
+            var out = self.held_grad(t, vector_loads)
             store_row_chunks[Self.dtype, Self.T, Self.V, Self.K, Self.dtype](
                 kernel_arg(self.dlogits).unsafe_offset(self.row * self.n),
                 out,
@@ -398,3 +322,32 @@ struct CERegisterRow[
                 t,
                 vector_loads,
             )
+
+    @always_inline
+    def held_grad(
+        self, t: Int, vector_loads: Bool
+    ) -> SIMD[Self.dtype, Self.V * Self.K]:
+        """The gradient of the row values thread t holds: `_held_grad` for
+        a kept row, zeros for an ignored one, NaN for a bad target."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var scale = grad_scale[acc, Self.mean](kernel_arg(self.count))
+        var smooth = smoothing_of[acc](self.eps, self.n)
+        var inv_s = 1 / self.row_sum
+        if self.kind == KEPT:
+            var g_t = target_entry[Self.dtype](
+                self.x_t, self.row_max, inv_s, smooth, self.eps, scale
+            )
+            return _held_grad[Self.dtype, Self.T, Self.V, Self.K](
+                self.raw,
+                self.row_max,
+                inv_s,
+                smooth,
+                scale,
+                g_t,
+                Int(self.tgt),
+                t,
+                vector_loads,
+            )
+        if self.kind != IGNORED:
+            return SIMD[Self.dtype, Self.V * Self.K](nan[Self.dtype]())
+        return SIMD[Self.dtype, Self.V * Self.K](0)
