@@ -241,11 +241,6 @@ struct BackwardRegisterRow[
             self.total = block_sum[acc, T, block](s)
 
     @always_inline
-    def finish(self, live: Bool, row: Int, t: Int):
-        """Nothing a row."""
-        pass
-
-    @always_inline
     def write(self, t: Int, vector_loads: Bool):
         """The chunks' gradient, where they were read."""
         comptime acc = accum_dtype[Self.dtype]()
