@@ -21,7 +21,7 @@ from .cross_entropy_math import (
     smoothing_of,
     target_kind,
 )
-from .gpu_ce_common import ce_options, grad_scale, store_row_loss, target_entry
+from .gpu_ce_common import CETensors, ce_options, grad_scale, target_entry
 from .gpu_reductions import block_sum
 from .gpu_launch import HeldRows, held, kernel_arg
 from .gpu_register_rows import (
@@ -152,9 +152,10 @@ def ce_register_kernel[
         vector_flag: Nonzero when row starts are 16-byte aligned.
     """
     comptime assert chunk_registers(V) * K <= MAX_ROW_REGISTERS
-    var op = CERegisterRow[dtype, with_grad, mean, reduce, threads, V, K](
-        dlogits, logits, targets, options, count, row_losses, loss, n
+    var io = CETensors[dtype](
+        dlogits, logits, targets, options, count, row_losses, loss
     )
+    var op = CERegisterRow[dtype, with_grad, mean, reduce, threads, V, K](io, n)
     register_rows[pdl=False, aligned=False](op, rows, n, vector_flag)
 
 
@@ -175,20 +176,8 @@ struct CERegisterRow[
 
     comptime threads = Self.T
 
-    var dlogits: HeldRows[Self.dtype]
-    """Gradient rows (written only `with_grad`)."""
-    var logits: HeldRows[Self.dtype]
-    """Logit rows."""
-    var targets: HeldRows[DType.int64]
-    """A class index a row."""
-    var options: HeldRows[DType.float64]
-    """(ignore_index, label smoothing), float64."""
-    var count: HeldRows[DType.float64]
-    """Rows kept (read only for `mean`)."""
-    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
-    """A loss a row, accumulator type (written if `reduce`)."""
-    var loss: HeldRows[Self.dtype]
-    """A loss a row in dtype (written unless `reduce`)."""
+    var io: CETensors[Self.dtype]
+    """The tensors."""
     var n: Int
     """Row length (classes)."""
     var row: Int
@@ -217,26 +206,10 @@ struct CERegisterRow[
     """The row's loss."""
 
     @always_inline
-    def __init__(
-        out self,
-        dlogits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        targets: Pointer[Int64, MutAnyOrigin],
-        options: Pointer[Float64, MutAnyOrigin],
-        count: Pointer[Float64, MutAnyOrigin],
-        row_losses: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        n: Int64,
-    ):
+    def __init__(out self, io: CETensors[Self.dtype], n: Int64):
         """The op on these tensors, rows of `n`."""
         comptime assert accum_dtype[Self.dtype]().is_floating_point()
-        self.dlogits = held(dlogits)
-        self.logits = held(logits)
-        self.targets = held(targets)
-        self.options = held(options)
-        self.count = held(count)
-        self.row_losses = held(row_losses)
-        self.loss = held(loss)
+        self.io = io
         self.n = Int(n)
         self.row = 0
         self.len = 0
@@ -244,7 +217,7 @@ struct CERegisterRow[
         self.eps = 0
         self.tgt = 0
         self.kind = 0
-        self.x = self.logits
+        self.x = io.logits
         self.raw = SIMD[Self.dtype, Self.V * Self.K](0)
         self.x_t = 0
         self.row_max = 0
@@ -259,11 +232,11 @@ struct CERegisterRow[
         comptime acc = accum_dtype[Self.dtype]()
         self.row = row
         self.len = len
-        var opts = ce_options[acc](kernel_arg(self.options))
+        var opts = ce_options[acc](kernel_arg(self.io.options))
         self.eps = opts[1]
-        self.tgt = kernel_arg(self.targets)[unsafe_offset=row]
+        self.tgt = kernel_arg(self.io.targets)[unsafe_offset=row]
         self.kind = target_kind(self.tgt, opts[0], self.n)
-        self.x = held(kernel_arg(self.logits).unsafe_offset(row * self.n))
+        self.x = held(kernel_arg(self.io.logits).unsafe_offset(row * self.n))
         self.load_len = len if self.kind == KEPT else 0
 
     @always_inline
@@ -303,12 +276,7 @@ struct CERegisterRow[
     def finish(self, live: Bool, row: Int, t: Int):
         """The row's loss, once (thread 0 of a live row)."""
         if live and t == 0:
-            store_row_loss[Self.dtype, Self.reduce](
-                kernel_arg(self.row_losses),
-                kernel_arg(self.loss),
-                row,
-                self.value,
-            )
+            self.io.store_loss[Self.reduce](row, self.value)
 
     @always_inline
     def write(self, t: Int, vector_loads: Bool):
@@ -316,7 +284,7 @@ struct CERegisterRow[
         comptime if Self.with_grad:
             var out = self.held_grad(t, vector_loads)
             store_row_chunks[Self.dtype, Self.T, Self.V, Self.K, Self.dtype](
-                kernel_arg(self.dlogits).unsafe_offset(self.row * self.n),
+                kernel_arg(self.io.dlogits).unsafe_offset(self.row * self.n),
                 out,
                 self.len,
                 t,
@@ -330,7 +298,7 @@ struct CERegisterRow[
         """The gradient of the row values thread t holds: `_held_grad` for
         a kept row, zeros for an ignored one, NaN for a bad target."""
         comptime acc = accum_dtype[Self.dtype]()
-        var scale = grad_scale[acc, Self.mean](kernel_arg(self.count))
+        var scale = grad_scale[acc, Self.mean](kernel_arg(self.io.count))
         var smooth = smoothing_of[acc](self.eps, self.n)
         var inv_s = 1 / self.row_sum
         if self.kind == KEPT:
