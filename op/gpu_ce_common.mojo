@@ -1,7 +1,6 @@
 """What the cross-entropy kernel families share: the device's options
-(ignore_index, label smoothing), the gradient's scale, the tensors an op
-holds (`CETensors`), where a row's loss goes, the target's gradient entry,
-and the pieces of a
+(ignore_index, label smoothing), the gradient's scale, where a row's loss
+goes, the target's gradient entry, and the pieces of a
 row laid out as a scalar head, an aligned vector body and a scalar tail
 (gpu_ce_block_rows, gpu_ce_smem_rows): the gradient of an
 element outside the body, the fill of a row not kept, and the thread that
@@ -9,59 +8,8 @@ writes the target's entry.
 """
 
 from .cross_entropy_math import KEPT, grad_of, target_grad
-from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import accum_dtype, exp_nan
 from .row_part import RowPart
-
-
-struct CETensors[dtype: DType](ImplicitlyCopyable):
-    """The cross-entropy's tensors as an op on the GPU holds them, in the
-    order its kernels take them."""
-
-    var dlogits: HeldRows[Self.dtype]
-    """Gradient rows (written only with the gradient)."""
-    var logits: HeldRows[Self.dtype]
-    """Logit rows."""
-    var targets: HeldRows[DType.int64]
-    """A class index a row."""
-    var options: HeldRows[DType.float64]
-    """(ignore_index, label smoothing, ...), float64 (`ce_options`)."""
-    var count: HeldRows[DType.float64]
-    """Rows kept (read only for "mean")."""
-    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
-    """A loss a row, accumulator type (written where the kernel's losses
-    are reduced after it)."""
-    var loss: HeldRows[Self.dtype]
-    """A loss a row in dtype (written otherwise)."""
-
-    @always_inline
-    def __init__(
-        out self,
-        dlogits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        targets: Pointer[Int64, MutAnyOrigin],
-        options: Pointer[Float64, MutAnyOrigin],
-        count: Pointer[Float64, MutAnyOrigin],
-        row_losses: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-    ):
-        """The kernel's tensors."""
-        self.dlogits = held(dlogits)
-        self.logits = held(logits)
-        self.targets = held(targets)
-        self.options = held(options)
-        self.count = held(count)
-        self.row_losses = held(row_losses)
-        self.loss = held(loss)
-
-    @always_inline
-    def store_loss[
-        reduce: Bool
-    ](self, row: Int, value: Scalar[accum_dtype[Self.dtype]()]):
-        """Row `row`'s loss (`store_row_loss`)."""
-        store_row_loss[Self.dtype, reduce](
-            kernel_arg(self.row_losses), kernel_arg(self.loss), row, value
-        )
 
 
 @always_inline

@@ -27,13 +27,13 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_common import (
-    CETensors,
     ce_options,
     fill_part,
     grad_scale,
+    store_row_loss,
     target_owner,
 )
-from .gpu_launch import HeldRows, aligned_flag_of, kernel_arg
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
     REG_CHUNKS,
@@ -225,8 +225,22 @@ struct CrossEntropyRow[
     comptime threads = Self.T
     comptime cluster_slots = CE_CLUSTER_SLOTS
 
-    var io: CETensors[Self.dtype]
-    """The tensors."""
+    var dlogits: HeldRows[Self.dtype]
+    """Gradient rows (`with_grad`)."""
+    var logits: HeldRows[Self.dtype]
+    """Logit rows."""
+    var targets: Pointer[Int64, MutUntrackedOrigin]
+    """A target class a row."""
+    var options: Pointer[Float64, MutUntrackedOrigin]
+    """(ignore_index, label smoothing) (`ce_options`)."""
+    var count: Pointer[Float64, MutUntrackedOrigin]
+    """Rows kept, for "mean"."""
+    var row_losses: Pointer[
+        Scalar[accum_dtype[Self.dtype_]()], MutUntrackedOrigin
+    ]
+    """Per-row losses in the accumulator type (`reduce`)."""
+    var loss: HeldRows[Self.dtype]
+    """Per-row losses (not `reduce`)."""
     var x: HeldRows[Self.dtype]
     """The row's logits."""
     var start: Int
@@ -260,11 +274,28 @@ struct CrossEntropyRow[
     """The thread's head and tail elements (-inf where it has none)."""
 
     @always_inline
-    def __init__(out self, io: CETensors[Self.dtype]):
+    def __init__(
+        out self,
+        dlogits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        targets: Pointer[Int64, MutAnyOrigin],
+        options: Pointer[Float64, MutAnyOrigin],
+        count: Pointer[Float64, MutAnyOrigin],
+        row_losses: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ):
         """The op on these tensors."""
         comptime acc = accum_dtype[Self.dtype]()
-        self.io = io
-        self.x = io.logits
+        self.dlogits = held(dlogits)
+        self.logits = held(logits)
+        self.targets = rebind[Pointer[Int64, MutUntrackedOrigin]](targets)
+        self.options = rebind[Pointer[Float64, MutUntrackedOrigin]](options)
+        self.count = rebind[Pointer[Float64, MutUntrackedOrigin]](count)
+        self.row_losses = rebind[Pointer[Scalar[acc], MutUntrackedOrigin]](
+            row_losses
+        )
+        self.loss = held(loss)
+        self.x = self.logits
         self.start = 0
         self.first = 0
         self.len_row = 0
@@ -290,11 +321,11 @@ struct CrossEntropyRow[
         self.start = start
         self.first = first
         self.len_row = len_row
-        self.x = self.io.logits.unsafe_offset(start - first)
-        var options = kernel_arg(self.io.options)
+        self.x = self.logits.unsafe_offset(start - first)
+        var options = rebind[Pointer[Float64, MutAnyOrigin]](self.options)
         var opts = ce_options[acc](options)
         self.eps = opts[1]
-        self.tgt = self.io.targets[unsafe_offset=row]
+        self.tgt = self.targets[unsafe_offset=row]
         self.kind = target_kind(self.tgt, opts[0], len_row)
         if self.kind != KEPT and self.kind != IGNORED:
             self.value = nan[acc]()
@@ -380,7 +411,12 @@ struct CrossEntropyRow[
     def finish(self, p: RowPart, row: Int, rank: Int):
         """The row's loss, by thread 0 of rank 0."""
         if p.t == 0 and rank == 0:
-            self.io.store_loss[Self.reduce](row, self.value)
+            store_row_loss[Self.dtype, Self.reduce](
+                kernel_arg(self.row_losses),
+                kernel_arg(self.loss),
+                row,
+                self.value,
+            )
 
     @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
@@ -391,7 +427,7 @@ struct CrossEntropyRow[
         comptime acc = accum_dtype[Self.dtype]()
         comptime if not Self.with_grad:
             return
-        var y = kernel_arg(self.io.dlogits).unsafe_offset(self.start)
+        var y = kernel_arg(self.dlogits).unsafe_offset(self.start)
         if self.kind != KEPT:
             var fill = (
                 Scalar[Self.dtype](0) if self.kind
@@ -399,7 +435,9 @@ struct CrossEntropyRow[
             )
             fill_part[Self.dtype, Self.V, Self.T](y, p, fill)
             return
-        var scale = grad_scale[acc, Self.mean](kernel_arg(self.io.count))
+        var scale = grad_scale[acc, Self.mean](
+            rebind[Pointer[Float64, MutAnyOrigin]](self.count)
+        )
         var smooth = smoothing_of[acc](self.eps, self.len_row)
         write_held[
             Self.V,
@@ -466,9 +504,7 @@ def ce_smem_kernel[
     `T` threads. Arguments as `ce_block_kernel`; `partials`:
     `CE_CLUSTER_SLOTS` a row (C > 1); `terms`: `CrossEntropyRow`'s."""
     var op = CrossEntropyRow[dtype, with_grad, mean, reduce, V, T, terms](
-        CETensors[dtype](
-            dlogits, logits, targets, options, count, row_losses, loss
-        )
+        dlogits, logits, targets, options, count, row_losses, loss
     )
     onchip_rows[C=C](op, partials, n, aligned_flag)
 
