@@ -3,9 +3,8 @@ for short rows, the fallback, and rows along another axis.
 
 They read two tensors and write one, with one row reduction in between.
 Rows that fit the forward's register plans at 32 registers of each
-tensor's values are held in registers, both tensors: the register
-strategy (`register_rows`, gpu_register_rows) over `BackwardRegisterRow`,
-launched by the forward's plan launcher, so each is read once.
+tensor's values are held in registers, both tensors, with the forward's
+chunk loaders and plan launcher (gpu_register_rows), so each is read once.
 16-bit rows are held in their own dtype, as the forward holds them, and
 widened a chunk at a time: a 16-byte chunk is 4 registers in any dtype.
 Longer rows go on chip (gpu_backward_smem_rows, gpu_backward_stream_rows;

@@ -7,7 +7,7 @@ do not take (rows longer than theirs, or fewer) and, for the loss alone,
 every row past the register plans: a loss needs no row held on chip.
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceContext
 from std.sys import size_of
 from std.utils import StaticTuple
@@ -32,7 +32,7 @@ from .gpu_ce_common import (
 )
 from .gpu_launch import aligned_flag_of
 from .row_math import accum_dtype, exp_nan, vector_width
-from .row_part import RowPart, block_row
+from .row_part import RowPart, row_part
 
 # Rows longer than the register plans: a block of this many threads a row.
 comptime CE_BLOCK_THREADS = 512
@@ -126,9 +126,12 @@ def ce_block_kernel[
     first pass loads U vectors a thread at a time (`block_stats`)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var (row, start, x, p) = block_row[dtype, V, T](logits, n, aligned_flag)
-    var t = p.t
-    var len = p.len
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    var p = row_part[V, T](t, start, len, aligned_flag)
     var opts = ce_options[acc](options)
     var eps = opts[1]
     var tgt = targets[unsafe_offset=row]

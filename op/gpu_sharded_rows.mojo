@@ -38,7 +38,7 @@ from .row_math import (
     row_scale,
     vector_width,
 )
-from .row_part import block_row
+from .row_part import row_part
 
 comptime STATS_COLS = 4
 """Per-row statistics of a slice: max, sum of exp, target logit, sum of x."""
@@ -83,9 +83,12 @@ def row_stats_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var (row, _, x, p) = block_row[dtype, V, T](logits, n, aligned_flag)
-    var t = p.t
-    var len = p.len
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    var p = row_part[V, T](t, start, len, aligned_flag)
     var x_t = -inf[acc]()
     var smoothing = False
     comptime if with_target:

@@ -9,8 +9,6 @@ element. A row a cluster of C blocks shares is cut by `cluster_split`, so
 every part but the first starts aligned.
 """
 
-from max.gpu import block_idx, thread_idx
-
 
 @fieldwise_init
 struct RowPart(ImplicitlyCopyable):
@@ -69,23 +67,6 @@ def row_part[
         tail_begin + t < len,
         t + (T if head < V else 0),
     )
-
-
-@always_inline
-def block_row[
-    dtype: DType, V: Int, T: Int
-](
-    rows: Pointer[Scalar[dtype], MutAnyOrigin], n: Int64, aligned_flag: Int32
-) -> Tuple[Int, Int, Pointer[Scalar[dtype], MutAnyOrigin], RowPart]:
-    """The block strategy's row, a block of T threads a row of `n`: (the
-    block's row, its first element, the row in `rows`, this thread's
-    `RowPart` of it)."""
-    var t = Int(thread_idx.x)
-    var row = Int(block_idx.x)
-    var len = Int(n)
-    var start = row * len
-    var x = rows.unsafe_offset(start)
-    return (row, start, x, row_part[V, T](t, start, len, aligned_flag))
 
 
 @always_inline
