@@ -19,6 +19,7 @@ from .cross_entropy_math import (
     grad_of,
     row_loss,
     smoothing_of,
+    target_grad,
     target_kind,
 )
 from .gpu_ce_block_strategy import block_stats
@@ -27,7 +28,6 @@ from .gpu_ce_common import (
     grad_scale,
     scalar_grad,
     store_row_loss,
-    target_entry,
     target_owner,
 )
 from .gpu_launch import aligned_flag_of
@@ -171,9 +171,9 @@ def ce_block_kernel[
         # scalar store above came first in program order).
         if kind == KEPT:
             if t == target_owner[V, T](Int(tgt), p.head, p.tail_begin):
-                y[unsafe_offset=Int(tgt)] = target_entry[dtype](
-                    x_t, row_max, inv_s, smooth, eps, scale
-                )
+                y[unsafe_offset=Int(tgt)] = target_grad[acc](
+                    exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+                ).cast[dtype]()
 
 
 def launch_ce_block[

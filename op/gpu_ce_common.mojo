@@ -1,13 +1,12 @@
 """What the cross-entropy kernel families share: the device's options
 (ignore_index, label smoothing), the gradient's scale, where a row's loss
-goes, the target's gradient entry, and the pieces of a
-row laid out as a scalar head, an aligned vector body and a scalar tail
-(gpu_ce_block_rows, gpu_ce_smem_rows): the gradient of an
-element outside the body, the fill of a row not kept, and the thread that
-writes the target's entry.
+goes (`store_row_loss`), and the pieces of a row laid out as a scalar head,
+an aligned vector body and a scalar tail (gpu_ce_block_rows,
+gpu_ce_smem_rows): the gradient of an element outside the body, the fill of
+a row not kept, and the thread that writes the target's entry.
 """
 
-from .cross_entropy_math import KEPT, grad_of, target_grad
+from .cross_entropy_math import KEPT, grad_of
 from .row_math import accum_dtype, exp_nan
 from .row_part import RowPart
 
@@ -49,25 +48,6 @@ def store_row_loss[
         row_losses[unsafe_offset=row] = value
     else:
         loss[unsafe_offset=row] = value.cast[dtype]()
-
-
-@always_inline
-def target_entry[
-    dtype: DType
-](
-    x_t: Scalar[accum_dtype[dtype]()],
-    row_max: Scalar[accum_dtype[dtype]()],
-    inv_s: Scalar[accum_dtype[dtype]()],
-    smooth: Scalar[accum_dtype[dtype]()],
-    eps: Scalar[accum_dtype[dtype]()],
-    scale: Scalar[accum_dtype[dtype]()],
-) -> Scalar[dtype]:
-    """The gradient at a kept row's target (logit `x_t`): its softmax minus
-    the target's share of the smoothed label, scaled."""
-    comptime acc = accum_dtype[dtype]()
-    return target_grad[acc](
-        exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-    ).cast[dtype]()
 
 
 @always_inline

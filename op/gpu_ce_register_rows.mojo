@@ -24,9 +24,10 @@ from .cross_entropy_math import (
     grad_of,
     row_loss,
     smoothing_of,
+    target_grad,
     target_kind,
 )
-from .gpu_ce_common import ce_options, grad_scale, store_row_loss, target_entry
+from .gpu_ce_common import ce_options, grad_scale, store_row_loss
 from .gpu_reductions import block_max, block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -170,7 +171,9 @@ def _held_grad_row[
     var smooth = smoothing_of[acc](eps, n)
     var inv_s = 1 / row_sum
     if kind == KEPT:
-        var g_t = target_entry[dtype](x_t, row_max, inv_s, smooth, eps, scale)
+        var g_t = target_grad[acc](
+            exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
+        ).cast[dtype]()
         return _held_grad[dtype, threads, V, K](
             raw, row_max, inv_s, smooth, scale, g_t, tgt, t, vector_loads
         )
