@@ -22,13 +22,14 @@ from std.memory import bitcast
 from std.sys import inlined_assembly, size_of
 from std.utils import StaticTuple
 
-from .gpu_launch import vector_flag_of
+from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
     WARP_THREADS,
     block_threads,
     chunk_registers,
     load_row_chunks,
+    register_rows,
     store_row_chunks,
 )
 from .row_math import (
@@ -38,6 +39,7 @@ from .row_math import (
     load_widened,
     vector_width,
 )
+from .row_op import RegisterRowOp
 
 comptime BACKWARD_STRIDED_THREADS = 256
 # 32-bit registers of each tensor's row values a thread holds, as loaded:
@@ -98,9 +100,8 @@ def backward_register_kernel[
     Parameters and arguments as for `backward_rows_kernel`, plus K, the
     16-byte chunks of each tensor per thread.
     """
-    backward_register_rows[dtype, log_in, threads, V, K](
-        dx, a, dy, rows, n, vector_flag
-    )
+    var op = BackwardRegisterRow[dtype, log_in, threads, V, K](dx, a, dy, n)
+    register_rows[pdl=False, aligned=False](op, rows, n, vector_flag)
 
 
 @__llvm_metadata(
@@ -124,112 +125,155 @@ def backward_resident_register_kernel[
     bounds change the compiled code even where they ask for nothing (a
     minimum of 1 block gave float32 other instructions).
     """
-    backward_register_rows[dtype, log_in, threads, V, K](
-        dx, a, dy, rows, n, vector_flag
-    )
+    var op = BackwardRegisterRow[dtype, log_in, threads, V, K](dx, a, dy, n)
+    register_rows[pdl=False, aligned=False](op, rows, n, vector_flag)
 
 
-@always_inline
-def backward_register_rows[
-    dtype: DType, log_in: Bool, threads: Int, V: Int, K: Int
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
-    n: Int64,
-    vector_flag: Int32,
-):
-    """The body of both register kernels: this thread's row and its chunks
-    of it, held as loaded (float32, float64) or raw
-    (`backward_raw_row_chunks`, 16-bit)."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime assert chunk_registers(V) * K <= backward_plan_registers(V)
-    comptime block = block_threads[threads]()
-    var vector_loads = vector_flag != 0
-    var t = Int(thread_idx.x) % threads
-    var row = (
-        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
-    )
-    var len = Int(n)
-    if row >= Int(rows):
-        comptime if threads == 32:
-            return
-        len = 0  # stay for the block's barriers; touch nothing
-        row = 0
-    var base = row * Int(n)
-    comptime if dtype == acc:
-        # float32, float64: held as loaded, summed and written as whole
-        # vectors. Padding 0 adds 0 to either row sum (dy * y, or dy).
-        var av = load_row_chunks[dtype, threads, V, K, acc](
-            a.unsafe_offset(base), len, t, vector_loads, 0
-        )
-        var gv = load_row_chunks[dtype, threads, V, K, acc](
-            dy.unsafe_offset(base), len, t, vector_loads, 0
-        )
-        var total = block_sum[acc, threads, block](
-            backward_term[log_in, acc, V * K](av, gv).reduce_add()
-        )
-        store_row_chunks[dtype, threads, V, K, acc](
-            dx.unsafe_offset(base),
-            backward_out[log_in, acc, V * K](av, gv, total),
-            len,
-            t,
-            vector_loads,
-        )
-    else:
-        backward_raw_row_chunks[dtype, log_in, threads, V, K](
-            dx.unsafe_offset(base),
-            a.unsafe_offset(base),
-            dy.unsafe_offset(base),
-            len,
-            t,
-            vector_loads,
-        )
+struct BackwardRegisterRow[
+    dtype: DType, log_in: Bool, T_: Int, V_: Int, K_: Int
+](RegisterRowOp):
+    """The backward (of log-softmax with `log_in`) as a `RegisterRowOp`: K
+    chunks of V of each of `a` and `dy` a thread, held as loaded (float32,
+    float64: summed and written as whole vectors) or raw (16-bit: half the
+    registers widened values take, so an SM holds twice the rows, widened
+    one chunk at a time in each pass); it folds the sum of dy * y (or of
+    dy). Padding 0 adds 0 to either sum."""
 
+    comptime threads = Self.T_
 
-@always_inline
-def backward_raw_row_chunks[
-    dtype: DType, log_in: Bool, threads: Int, V: Int, K: Int
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    len: Int,
-    t: Int,
-    vector_loads: Bool,
-):
-    """Thread t's K chunks of a 16-bit row of `len`, held in their own
-    dtype (half the registers widened values take, so an SM holds twice
-    the rows) and widened one chunk at a time in each pass."""
-    comptime acc = accum_dtype[dtype]()
-    comptime block = block_threads[threads]()
-    # Padding 0 adds 0 to either row sum (dy * y, or dy).
-    var av = load_thread_chunks[dtype, threads, V, K](a, len, t, vector_loads)
-    var gv = load_thread_chunks[dtype, threads, V, K](dy, len, t, vector_loads)
-    var s = Scalar[acc](0)
-    comptime for k in range(K):
-        s += backward_term[log_in, acc, V](
-            av.slice[V, offset=k * V]().cast[acc](),
-            gv.slice[V, offset=k * V]().cast[acc](),
-        ).reduce_add()
-    var total = block_sum[acc, threads, block](s)
-    # Without the copies the output pass would reuse the sum's widened
-    # chunks, keeping all of them (twice the raw registers) alive across
-    # the reduction.
-    av = opaque_copy(av)
-    gv = opaque_copy(gv)
-    var out = SIMD[dtype, V * K](0)
-    comptime for k in range(K):
-        out = out.insert[offset=k * V](
-            backward_out[log_in, acc, V](
-                av.slice[V, offset=k * V]().cast[acc](),
-                gv.slice[V, offset=k * V]().cast[acc](),
-                total,
-            ).cast[dtype]()
+    var dx: HeldRows[Self.dtype]
+    """Output gradient rows."""
+    var a: HeldRows[Self.dtype]
+    """Forward output rows (y or log p)."""
+    var dy: HeldRows[Self.dtype]
+    """Incoming gradient rows."""
+    var n: Int
+    """Row length."""
+    var base: Int
+    """Offset of this group's row."""
+    var dx_row: HeldRows[Self.dtype]
+    """This group's output row, for 16-bit rows (taken in `fold`, with the
+    input rows, before the loads)."""
+    var len: Int
+    """Elements of the row read (0 past the last row)."""
+    var av: SIMD[Self.dtype, Self.V_ * Self.K_]
+    """The thread's chunks of `a`."""
+    var gv: SIMD[Self.dtype, Self.V_ * Self.K_]
+    """The thread's chunks of `dy`."""
+    var total: Scalar[accum_dtype[Self.dtype]()]
+    """The row's sum."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dx: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        a: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        dy: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        n: Int64,
+    ):
+        """The op on these tensors, rows of `n`."""
+        comptime assert accum_dtype[Self.dtype]().is_floating_point()
+        comptime assert chunk_registers(Self.V_) * Self.K_ <= (
+            backward_plan_registers(Self.V_)
         )
-    store_thread_chunks[dtype, threads, V, K](dx, out, len, t, vector_loads)
+        self.dx = held(dx)
+        self.a = held(a)
+        self.dy = held(dy)
+        self.n = Int(n)
+        self.base = 0
+        self.dx_row = self.dx
+        self.len = 0
+        self.av = SIMD[Self.dtype, Self.V_ * Self.K_](0)
+        self.gv = SIMD[Self.dtype, Self.V_ * Self.K_](0)
+        self.total = 0
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int):
+        """The row's offset."""
+        self.base = row * self.n
+        self.len = len
+
+    @always_inline
+    def fold(mut self, t: Int, vector_loads: Bool):
+        """Load both tensors' chunks, then the row's sum."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime T = Self.T_
+        comptime V = Self.V_
+        comptime K = Self.K_
+        comptime block = block_threads[T]()
+        comptime if Self.dtype == acc:
+            self.av = load_row_chunks[Self.dtype, T, V, K, Self.dtype](
+                kernel_arg(self.a).unsafe_offset(self.base),
+                self.len,
+                t,
+                vector_loads,
+                0,
+            )
+            self.gv = load_row_chunks[Self.dtype, T, V, K, Self.dtype](
+                kernel_arg(self.dy).unsafe_offset(self.base),
+                self.len,
+                t,
+                vector_loads,
+                0,
+            )
+            self.total = block_sum[acc, T, block](
+                backward_term[Self.log_in, acc, V * K](
+                    self.av.cast[acc](), self.gv.cast[acc]()
+                ).reduce_add()
+            )
+        else:
+            self.dx_row = held(kernel_arg(self.dx).unsafe_offset(self.base))
+            var a = kernel_arg(self.a).unsafe_offset(self.base)
+            var dy = kernel_arg(self.dy).unsafe_offset(self.base)
+            self.av = load_thread_chunks[Self.dtype, T, V, K](
+                a, self.len, t, vector_loads
+            )
+            self.gv = load_thread_chunks[Self.dtype, T, V, K](
+                dy, self.len, t, vector_loads
+            )
+            var s = Scalar[acc](0)
+            comptime for k in range(K):
+                s += backward_term[Self.log_in, acc, V](
+                    self.av.slice[V, offset=k * V]().cast[acc](),
+                    self.gv.slice[V, offset=k * V]().cast[acc](),
+                ).reduce_add()
+            self.total = block_sum[acc, T, block](s)
+
+    @always_inline
+    def write(self, t: Int, vector_loads: Bool):
+        """The chunks' gradient, where they were read."""
+        comptime acc = accum_dtype[Self.dtype]()
+        comptime T = Self.T_
+        comptime V = Self.V_
+        comptime K = Self.K_
+        comptime if Self.dtype == acc:
+            store_row_chunks[Self.dtype, T, V, K, acc](
+                kernel_arg(self.dx).unsafe_offset(self.base),
+                backward_out[Self.log_in, acc, V * K](
+                    self.av.cast[acc](), self.gv.cast[acc](), self.total
+                ),
+                self.len,
+                t,
+                vector_loads,
+            )
+        else:
+            # Without the copies the output pass would reuse the sum's
+            # widened chunks, keeping all of them (twice the raw registers)
+            # alive across the reduction.
+            var av = opaque_copy(self.av)
+            var gv = opaque_copy(self.gv)
+            var out = SIMD[Self.dtype, V * K](0)
+            comptime for k in range(K):
+                out = out.insert[offset=k * V](
+                    backward_out[Self.log_in, acc, V](
+                        av.slice[V, offset=k * V]().cast[acc](),
+                        gv.slice[V, offset=k * V]().cast[acc](),
+                        self.total,
+                    ).cast[Self.dtype]()
+                )
+            store_thread_chunks[Self.dtype, T, V, K](
+                kernel_arg(self.dx_row), out, self.len, t, vector_loads
+            )
 
 
 @always_inline

@@ -308,11 +308,6 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
             self.total = cluster_total[acc, C](slots, rank, p.t, self.total)
 
     @always_inline
-    def finish(self, p: RowPart, row: Int, rank: Int):
-        """Nothing a row."""
-        pass
-
-    @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """Sweep 2: the part's dx from chip, with the whole row's sum."""
         var rdx = kernel_arg(self.dx).unsafe_offset(self.start)

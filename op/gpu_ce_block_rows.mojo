@@ -23,7 +23,13 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_block_strategy import block_stats
-from .gpu_ce_common import ce_options, grad_scale, scalar_grad, target_owner
+from .gpu_ce_common import (
+    ce_options,
+    grad_scale,
+    scalar_grad,
+    store_row_loss,
+    target_owner,
+)
 from .gpu_launch import aligned_flag_of
 from .row_math import accum_dtype, exp_nan, vector_width
 from .row_part import RowPart, row_part
@@ -154,10 +160,7 @@ def ce_block_kernel[
     elif kind != IGNORED:
         value = nan[acc]()
     if t == 0:
-        comptime if reduce:
-            row_losses[unsafe_offset=row] = value
-        else:
-            loss[unsafe_offset=row] = value.cast[dtype]()
+        store_row_loss[dtype, reduce](row_losses, loss, row, value)
     comptime if with_grad:
         var y = dlogits.unsafe_offset(start)
         var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()

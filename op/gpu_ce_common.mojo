@@ -1,9 +1,9 @@
 """What the cross-entropy kernel families share: the device's options
-(ignore_index, label smoothing), the gradient's scale, and the pieces of a
-row laid out as a scalar head, an aligned vector body and a scalar tail
-(gpu_ce_block_rows, gpu_ce_smem_rows): the gradient of an
-element outside the body, the fill of a row not kept, and the thread that
-writes the target's entry.
+(ignore_index, label smoothing), the gradient's scale, where a row's loss
+goes (`store_row_loss`), and the pieces of a row laid out as a scalar head,
+an aligned vector body and a scalar tail (gpu_ce_block_rows,
+gpu_ce_smem_rows): the gradient of an element outside the body, the fill of
+a row not kept, and the thread that writes the target's entry.
 """
 
 from .cross_entropy_math import KEPT, grad_of
@@ -30,6 +30,24 @@ def grad_scale[
     comptime if mean:
         return Scalar[acc](1 / count[unsafe_offset=0])
     return Scalar[acc](1)
+
+
+@always_inline
+def store_row_loss[
+    dtype: DType, reduce: Bool
+](
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: Int,
+    value: Scalar[accum_dtype[dtype]()],
+):
+    """Row `row`'s loss: into `row_losses` in the accumulator type where the
+    losses are reduced after the kernel (`reduce`), else into `loss` in
+    dtype."""
+    comptime if reduce:
+        row_losses[unsafe_offset=row] = value
+    else:
+        loss[unsafe_offset=row] = value.cast[dtype]()
 
 
 @always_inline

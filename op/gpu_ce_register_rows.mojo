@@ -27,7 +27,7 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_ce_common import ce_options, grad_scale
+from .gpu_ce_common import ce_options, grad_scale, store_row_loss
 from .gpu_reductions import block_max, block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -267,10 +267,7 @@ def ce_register_kernel[
         raw, t, vector_loads, load_len, kind, x_t, eps, Int(n)
     )
     if live and t == 0:
-        comptime if reduce:
-            row_losses[unsafe_offset=row] = value
-        else:
-            loss[unsafe_offset=row] = value.cast[dtype]()
+        store_row_loss[dtype, reduce](row_losses, loss, row, value)
     comptime if with_grad:
         var out = _held_grad_row[dtype, mean, threads, V, K](
             raw,

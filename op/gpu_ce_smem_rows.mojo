@@ -26,7 +26,13 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_ce_common import ce_options, fill_part, grad_scale, target_owner
+from .gpu_ce_common import (
+    ce_options,
+    fill_part,
+    grad_scale,
+    store_row_loss,
+    target_owner,
+)
 from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
@@ -405,10 +411,12 @@ struct CrossEntropyRow[
     def finish(self, p: RowPart, row: Int, rank: Int):
         """The row's loss, by thread 0 of rank 0."""
         if p.t == 0 and rank == 0:
-            comptime if Self.reduce:
-                self.row_losses[unsafe_offset=row] = self.value
-            else:
-                self.loss[unsafe_offset=row] = self.value.cast[Self.dtype]()
+            store_row_loss[Self.dtype, Self.reduce](
+                kernel_arg(self.row_losses),
+                kernel_arg(self.loss),
+                row,
+                self.value,
+            )
 
     @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):

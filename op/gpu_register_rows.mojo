@@ -414,11 +414,6 @@ struct SoftmaxRegisterRow[dtype: DType, log_out: Bool, T: Int, V: Int, K: Int](
         self.scale = row_scale[Self.log_out, acc](pair[1])
 
     @always_inline
-    def finish(self, live: Bool, row: Int, t: Int):
-        """Nothing a row."""
-        pass
-
-    @always_inline
     def write(self, t: Int, vector_loads: Bool):
         """The chunks' softmax, where they were read."""
         comptime acc = accum_dtype[Self.dtype]()

@@ -712,11 +712,6 @@ struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
             self.scale = row_scale[Self.log_out, acc](block_sum[acc, T](s))
 
     @always_inline
-    def finish(self, p: RowPart, row: Int, rank: Int):
-        """Nothing a row."""
-        pass
-
-    @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """Sweep 3: the part's softmax from chip."""
         write_held[Self.V, Self.T, SoftmaxWrite[Self.dtype, Self.log_out]](

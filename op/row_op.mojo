@@ -70,9 +70,11 @@ trait RowOp:
         blocks of the cluster (this one is `rank`) through `slots`."""
         ...
 
+    @always_inline
     def finish(self, p: RowPart, row: Int, rank: Int):
-        """Write what the op writes once a row (thread 0 of rank 0)."""
-        ...
+        """Write what the op writes once a row (thread 0 of rank 0): by
+        default nothing."""
+        pass
 
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """The epilogue: write the part's elements from chip."""
@@ -103,10 +105,11 @@ trait RegisterRowOp:
         statistics over the row's threads."""
         ...
 
+    @always_inline
     def finish(self, live: Bool, row: Int, t: Int):
         """Write what the op writes once a row (where `live`: the row
-        exists)."""
-        ...
+        exists): by default nothing."""
+        pass
 
     def write(self, t: Int, vector_loads: Bool):
         """The epilogue: write thread t's chunks of the output row."""

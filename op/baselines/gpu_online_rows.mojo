@@ -27,19 +27,10 @@ def online_rows_kernel[
     n: Int64,
     vector_flag: Int32,
 ):
-    """One block of `ONLINE_THREADS` per row, rows of any length.
-
-    Parameters:
-        dtype: Element type.
-        log_out: Write log-softmax instead of softmax.
-        V: Elements per 16-byte vector of `dtype`.
-
-    Args:
-        dst: Output rows.
-        src: Input rows, `grid_dim.x` rows of `n` elements.
-        n: Row length.
-        vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
-    """
+    """One block of `ONLINE_THREADS` per row, rows of any length: softmax
+    (log-softmax with `log_out`) of `src`'s `grid_dim.x` rows of `n` into
+    `dst`, V elements a 16-byte vector of `dtype`, read as vectors where
+    `vector_flag` says the rows are 16-byte aligned (n % V == 0)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var vector_loads = vector_flag != 0
