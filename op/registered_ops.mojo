@@ -12,13 +12,17 @@ one more read and write of the whole tensor, which doubles the traffic of a
 memory-bound softmax. Used by python/max_softmax/torch.py through
 `ops.inplace_custom`.
 
-Each struct names its op and its flag; its `execute` is its trait's
-(`RowOp`, `RowIntoOp`, `BackwardOp`, `BackwardIntoOp`): one body an op kind.
+An op's work is an `OpCall`: its buffers and dims, run on either target.
+A registration's `execute` (MAX reads its signature, so each kind of op
+writes one out) builds the call from its tensors; the launch extension
+(python/max_softmax/launch_ext) builds the same call from addresses. Each
+struct names its op and its flags; its `execute` is its trait's (`RowOp`,
+`BackwardOp`), whose `io` tells a new tensor (`IO.Output`) from a given
+buffer (`IO.Input`, MAX's mutable input: the `*_into` twin).
 """
 
 import extensibility
-from extensibility import InputTensor, ManagedTensorSlice, OutputTensor
-from extensibility import _MutableInputTensor as MutableInputTensor
+from extensibility import IO, IOSpec, InputTensor, ManagedTensorSlice
 from max.gpu.host import DeviceContext
 
 from .dispatch import (
@@ -27,6 +31,23 @@ from .dispatch import (
     softmax_backward_rows,
     softmax_rows,
 )
+from .gpu_launch import HeldRows, held, kernel_arg
+
+
+comptime written[io: IO] = IOSpec[True, io]()
+"""The tensor an op writes: a new one (`IO.Output`, MAX's OutputTensor) or a
+given buffer (`IO.Input`, MAX's mutable input tensor, for the `*_into`
+twins)."""
+
+
+trait OpCall(ImplicitlyCopyable):
+    """One op's work on raw buffers and dims, for either target: what a
+    registration's `execute` and the launch extension both build."""
+
+    def run[target: StaticString](self, ctx: DeviceContext) raises:
+        """Run the op on `target` ("cpu" or "gpu"; the GPU's kernels are
+        queued on `ctx`)."""
+        ...
 
 
 @always_inline
@@ -37,6 +58,76 @@ def rows_ptr[
 ]:
     """The tensor's elements, as the kernels take them."""
     return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](t.unsafe_ptr())
+
+
+@always_inline
+def rows_of[
+    dtype: DType, rank: Int
+](t: ManagedTensorSlice[dtype=dtype, rank=rank, ...]) -> HeldRows[dtype]:
+    """The tensor's elements, as an `OpCall` holds them."""
+    return held(rows_ptr(t))
+
+
+@fieldwise_init
+struct ForwardCall[
+    dtype: DType, log_out: Bool, launch_rows: RowsLauncher[dtype]
+](OpCall):
+    """Softmax (or log-softmax) of the (outer, n, inner) view `src` into
+    `dst` along n, contiguous GPU rows by `launch_rows` (`softmax_rows`)."""
+
+    var dst: HeldRows[Self.dtype]
+    """Output."""
+    var src: HeldRows[Self.dtype]
+    """Input."""
+    var outer: Int
+    """Rows before the axis."""
+    var n: Int
+    """The axis' length."""
+    var inner: Int
+    """Elements after the axis (1: contiguous rows)."""
+
+    def run[target: StaticString](self, ctx: DeviceContext) raises:
+        """Run the op on `target`."""
+        softmax_rows[target, Self.dtype, Self.log_out, Self.launch_rows](
+            ctx,
+            kernel_arg(self.dst),
+            kernel_arg(self.src),
+            self.outer,
+            self.n,
+            self.inner,
+        )
+
+
+@fieldwise_init
+struct BackwardCall[dtype: DType, log_in: Bool, variant: StaticString](OpCall):
+    """The gradient of softmax (`a` = y) or log-softmax (`log_in`, `a` =
+    log p) of the (outer, n, inner) view into `dx` along n, from `dy`;
+    contiguous GPU rows under `variant` (`softmax_backward_rows`)."""
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient."""
+    var a: HeldRows[Self.dtype]
+    """The forward op's output."""
+    var dy: HeldRows[Self.dtype]
+    """The incoming gradient."""
+    var outer: Int
+    """Rows before the axis."""
+    var n: Int
+    """The axis' length."""
+    var inner: Int
+    """Elements after the axis."""
+
+    def run[target: StaticString](self, ctx: DeviceContext) raises:
+        """Run the op on `target`."""
+        softmax_backward_rows[target, Self.dtype, Self.log_in, Self.variant](
+            ctx,
+            kernel_arg(self.dx),
+            kernel_arg(self.a),
+            kernel_arg(self.dy),
+            self.outer,
+            self.n,
+            self.inner,
+        )
 
 
 def forward_rows[
@@ -51,42 +142,23 @@ def forward_rows[
 ) raises:
     """Softmax (or log-softmax) of `input` into `output`, along axis 1,
     contiguous GPU rows by `launch_rows` (see `softmax_rows`)."""
-    softmax_rows[target, dtype, log_out, launch_rows](
-        ctx,
-        rows_ptr(output),
-        rows_ptr(input),
+    ForwardCall[dtype, log_out, launch_rows](
+        rows_of(output),
+        rows_of(input),
         input.dim_size(0),
         input.dim_size(1),
         input.dim_size(2),
-    )
-
-
-def _backward[
-    target: StaticString, dtype: DType, log_in: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    dx: ManagedTensorSlice[dtype=dtype, rank=3, ...],
-    a: InputTensor[dtype=dtype, rank=3, static_spec=_],
-    dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
-) raises:
-    """The gradient of softmax (`a` = y) or log-softmax (`a` = log p) into
-    `dx`, along axis 1, contiguous GPU rows under `variant`."""
-    softmax_backward_rows[target, dtype, log_in, variant](
-        ctx,
-        rows_ptr(dx),
-        rows_ptr(a),
-        rows_ptr(dy),
-        a.dim_size(0),
-        a.dim_size(1),
-        a.dim_size(2),
-    )
+    ).run[target](ctx)
 
 
 trait RowOp:
-    """softmax or log_softmax (`log_out`) into a new tensor."""
+    """softmax or log_softmax (`log_out`) into a new tensor or, for the
+    `*_into` twin, a given buffer (`io`)."""
 
     comptime log_out: Bool
     """Log-softmax rather than softmax."""
+    comptime io: IO
+    """`IO.Output` (a new tensor) or `IO.Input` (into a given buffer)."""
 
     @staticmethod
     def execute[
@@ -97,48 +169,26 @@ trait RowOp:
         # Strategy: "auto" (the dispatch table) or a name (variants.mojo).
         variant: StaticString = "auto",
     ](
-        output: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        output: ManagedTensorSlice[
+            io_spec=written[Self.io], dtype=dtype, rank=3, static_spec=_
+        ],
         input: InputTensor[dtype=dtype, rank=3, static_spec=_],
         ctx: DeviceContext,
     ) raises:
         """Run the op along axis 1 of an (outer, n, inner) tensor."""
-        forward_rows[
-            target,
-            dtype,
-            Self.log_out,
-            launch_variant[dtype, Self.log_out, variant],
-        ](ctx, output, input)
-
-
-trait RowIntoOp:
-    """`RowOp` into a given buffer (the `*_into` twin)."""
-
-    comptime log_out: Bool
-    """Log-softmax rather than softmax."""
-
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        output: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        input: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op along axis 1, into `output`."""
-        forward_rows[
-            target,
-            dtype,
-            Self.log_out,
-            launch_variant[dtype, Self.log_out, "auto"],
-        ](ctx, output, input)
+        comptime launch = launch_variant[dtype, Self.log_out, variant]
+        forward_rows[target, dtype, Self.log_out, launch](ctx, output, input)
 
 
 trait BackwardOp:
     """The gradient of softmax (dx = y * (dy - sum(dy * y))) or, with
-    `log_in`, of log-softmax (dx = dy - exp(logp) * sum(dy))."""
+    `log_in`, of log-softmax (dx = dy - exp(logp) * sum(dy)), into a new
+    tensor or a given buffer (`io`)."""
 
     comptime log_in: Bool
     """The first input is log p (log_softmax_backward)."""
+    comptime io: IO
+    """`IO.Output` (a new tensor) or `IO.Input` (into a given buffer)."""
 
     @staticmethod
     def execute[
@@ -147,32 +197,22 @@ trait BackwardOp:
         # Strategy: "auto" (the dispatch table) or a name (variants.mojo).
         variant: StaticString = "auto",
     ](
-        dx: OutputTensor[dtype=dtype, rank=3, static_spec=_],
+        dx: ManagedTensorSlice[
+            io_spec=written[Self.io], dtype=dtype, rank=3, static_spec=_
+        ],
         a: InputTensor[dtype=dtype, rank=3, static_spec=_],
         dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
         ctx: DeviceContext,
     ) raises:
         """Run the op along axis 1 (`a` = y or log p)."""
-        _backward[target, dtype, Self.log_in, variant](ctx, dx, a, dy)
-
-
-trait BackwardIntoOp:
-    """`BackwardOp` into a given buffer (the `*_into` twin)."""
-
-    comptime log_in: Bool
-    """The first input is log p (log_softmax_backward)."""
-
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType
-    ](
-        dx: MutableInputTensor[dtype=dtype, rank=3, static_spec=_],
-        a: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        dy: InputTensor[dtype=dtype, rank=3, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op along axis 1, into `dx`."""
-        _backward[target, dtype, Self.log_in, "auto"](ctx, dx, a, dy)
+        BackwardCall[dtype, Self.log_in, variant](
+            rows_of(dx),
+            rows_of(a),
+            rows_of(dy),
+            a.dim_size(0),
+            a.dim_size(1),
+            a.dim_size(2),
+        ).run[target](ctx)
 
 
 @extensibility.register("softmax")
@@ -180,6 +220,7 @@ struct Softmax(RowOp):
     """Softmax along axis 1 of an (outer, n, inner) tensor."""
 
     comptime log_out = False
+    comptime io = IO.Output
 
 
 @extensibility.register("log_softmax")
@@ -187,20 +228,23 @@ struct LogSoftmax(RowOp):
     """Log-softmax along axis 1 of an (outer, n, inner) tensor."""
 
     comptime log_out = True
+    comptime io = IO.Output
 
 
 @extensibility.register("softmax_into")
-struct SoftmaxInto(RowIntoOp):
+struct SoftmaxInto(RowOp):
     """Softmax along axis 1, into `output`."""
 
     comptime log_out = False
+    comptime io = IO.Input
 
 
 @extensibility.register("log_softmax_into")
-struct LogSoftmaxInto(RowIntoOp):
+struct LogSoftmaxInto(RowOp):
     """Log-softmax along axis 1, into `output`."""
 
     comptime log_out = True
+    comptime io = IO.Input
 
 
 @extensibility.register("softmax_backward")
@@ -208,6 +252,7 @@ struct SoftmaxBackward(BackwardOp):
     """Gradient of softmax along axis 1: dx = y * (dy - sum(dy * y))."""
 
     comptime log_in = False
+    comptime io = IO.Output
 
 
 @extensibility.register("log_softmax_backward")
@@ -215,17 +260,20 @@ struct LogSoftmaxBackward(BackwardOp):
     """Gradient of log-softmax along axis 1: dx = dy - exp(logp) * sum(dy)."""
 
     comptime log_in = True
+    comptime io = IO.Output
 
 
 @extensibility.register("softmax_backward_into")
-struct SoftmaxBackwardInto(BackwardIntoOp):
+struct SoftmaxBackwardInto(BackwardOp):
     """Gradient of softmax along axis 1, into `dx`."""
 
     comptime log_in = False
+    comptime io = IO.Input
 
 
 @extensibility.register("log_softmax_backward_into")
-struct LogSoftmaxBackwardInto(BackwardIntoOp):
+struct LogSoftmaxBackwardInto(BackwardOp):
     """Gradient of log-softmax along axis 1, into `dx`."""
 
     comptime log_in = True
+    comptime io = IO.Input

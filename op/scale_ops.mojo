@@ -13,8 +13,9 @@ from extensibility import InputTensor
 from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
+from .gpu_launch import HeldRows, kernel_arg
 from .gpu_scale_rows import launch_scale_rows
-from .registered_ops import rows_ptr as _ptr
+from .registered_ops import OpCall, rows_of
 
 
 def scale_rows_cpu[
@@ -37,6 +38,36 @@ def scale_rows_cpu[
             data[unsafe_offset=base + i] = data[unsafe_offset=base + i] * f
 
 
+@fieldwise_init
+struct ScaleCall[dtype: DType](OpCall):
+    """(rows, n) `data` times `factor` in place (one factor a row where
+    `per_row`, else one for all), rows whose factor is 1 untouched."""
+
+    var data: HeldRows[Self.dtype]
+    """The rows, scaled in place."""
+    var factor: HeldRows[Self.dtype]
+    """The factors, on the device that runs the op."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var per_row: Bool
+    """A factor a row, else one."""
+
+    def run[target: StaticString](self, ctx: DeviceContext) raises:
+        """Run the op on `target`."""
+        var data = kernel_arg(self.data)
+        var factor = kernel_arg(self.factor)
+        comptime if target == "cpu":
+            scale_rows_cpu(data, factor, self.rows, self.n, self.per_row)
+        elif target == "gpu":
+            launch_scale_rows(
+                ctx, data, factor, self.rows, self.n, self.per_row
+            )
+        else:
+            raise Error("max_softmax: unsupported target " + String(target))
+
+
 @extensibility.register("scale_rows")
 struct ScaleRows:
     """(rows, n) `data` times `factor` in place: (rows,) a factor a row, or
@@ -55,7 +86,6 @@ struct ScaleRows:
     ) raises:
         """Run the op."""
         var rows = data.dim_size(0)
-        var n = data.dim_size(1)
         var count = factor.dim_size(0)
         if count != 1 and count != rows:
             raise Error(
@@ -65,12 +95,6 @@ struct ScaleRows:
                 + String(rows)
                 + " rows"
             )
-        var per_row = count != 1
-        comptime if target == "cpu":
-            scale_rows_cpu[dtype](_ptr(data), _ptr(factor), rows, n, per_row)
-        elif target == "gpu":
-            launch_scale_rows[dtype](
-                ctx, _ptr(data), _ptr(factor), rows, n, per_row
-            )
-        else:
-            raise Error("max_softmax: unsupported target " + String(target))
+        ScaleCall(
+            rows_of(data), rows_of(factor), rows, data.dim_size(1), count != 1
+        ).run[target](ctx)
