@@ -42,7 +42,13 @@ from op.dispatch import launch_auto
 from op.gpu_launch import HeldRows
 from op.masked_flags import CAUSAL_FLAG, FLAG_COMBINATIONS, MASK_FLAG
 from op.masked_softmax_ops import MaskedCall
-from op.registered_ops import BackwardCall, ForwardCall, OpCall
+from op.op_call import (
+    BackwardCall,
+    DeviceOptions,
+    ForwardCall,
+    OpCall,
+    RowsView,
+)
 from op.scale_ops import ScaleCall
 from op.sharded_ops import ShardedCall
 
@@ -133,22 +139,6 @@ def _arity_of(signature: StaticString) -> Int:
     return signature.count(",") + 1
 
 
-@fieldwise_init
-struct _Dims(ImplicitlyCopyable):
-    """(outer, n, inner), or (rows, n, 1), as the calls take them."""
-
-    var outer: Int
-    """Rows (before the axis)."""
-    var n: Int
-    """The axis' length."""
-    var inner: Int
-    """Elements after the axis."""
-
-    def size(self) -> Int:
-        """Elements in all."""
-        return self.outer * self.n * self.inner
-
-
 struct _Args:
     """An entry's arguments as Python passed them (a tuple), read in order:
     the items are ints (read without a Python object between) but for the
@@ -204,7 +194,7 @@ struct _Args:
         """The next item, the address of a buffer of `dtype`."""
         return HeldRows[dtype](unsafe_from_address=self.int())
 
-    def dims(mut self, with_inner: Bool = True) raises -> _Dims:
+    def view(mut self, with_inner: Bool = True) raises -> RowsView:
         """The next three items (outer, n, inner), or two (rows, n)."""
         var outer = self.int()
         var n = self.int()
@@ -214,7 +204,7 @@ struct _Args:
                 t"max_softmax: negative dims (outer={outer}, n={n},"
                 t" inner={inner})"
             )
-        return _Dims(outer, n, inner)
+        return RowsView(outer, n, inner)
 
 
 def _context(ctx_ptr: PythonObject) raises -> DeviceContext:
@@ -351,82 +341,83 @@ def _run[
         comptime launch_rows = launch_auto[dtype, log_out]
         var dst = args.held[dtype]()
         var src = args.held[dtype]()
-        var d = args.dims()
-        var call = ForwardCall[dtype, log_out, launch_rows](
-            dst, src, d.outer, d.n, d.inner
-        )
-        _launch(ctx, torch_stream, call, d.size())
+        var view = args.view()
+        var call = ForwardCall[dtype, log_out, launch_rows](dst, src, view)
+        _launch(ctx, torch_stream, call, view.size())
     elif name == "softmax_backward" or name == "log_softmax_backward":
         # a = y, or log p for log_softmax_backward.
+        comptime log_in = name == "log_softmax_backward"
         var dx = args.held[dtype]()
         var a = args.held[dtype]()
         var dy = args.held[dtype]()
-        var d = args.dims()
-        var call = BackwardCall[dtype, name == "log_softmax_backward", "auto"](
-            dx, a, dy, d.outer, d.n, d.inner
-        )
-        _launch(ctx, torch_stream, call, d.size())
+        var view = args.view()
+        var call = BackwardCall[dtype, log_in, "auto"](dx, a, dy, view)
+        _launch(ctx, torch_stream, call, view.size())
     elif name == "softmax_masked" or name == "log_softmax_masked":
-        # As the `softmax_masked` op (op/masked_softmax_ops.mojo), the flags
-        # given (MASK_FLAG, CAUSAL_FLAG) and `options` the float64 (scale,)
-        # buffer on the context's device; d = (outer, L, n).
+        # As the `softmax_masked` op (op/masked_softmax_ops.mojo), with the
+        # flags (MASK_FLAG, CAUSAL_FLAG) given, and `options` the float64
+        # (scale,) buffer on the context's device.
         var flags = args.code("masked flags", FLAG_COMBINATIONS)
         var dst = args.held[dtype]()
         var x = args.held[dtype]()
         var mask = args.held[dtype]()
-        var options = args.held[DType.float64]()
-        var d = args.dims()
+        var scale = args.held[DType.float64]()
+        var causal = args.view()  # (outer, L, n)
         var mask_rows = args.int()
         if mask_rows < 1:
             raise Error(t"max_softmax: mask_rows must be >= 1, got {mask_rows}")
-        if d.size() == 0:
+        if causal.size() == 0:
             return
+        var view = RowsView(causal.outer * causal.n, causal.inner, 1)
         var call = MaskedCall[dtype, name == "log_softmax_masked"](
-            dst, x, mask, options, flags, d.outer * d.n, d.n, d.inner, mask_rows
+            dst,
+            x,
+            view,
+            causal.n,
+            mask,
+            mask_rows,
+            DeviceOptions(scale, 1 + flags),
         )
-        _launch(ctx, torch_stream, call, d.size())
+        _launch(ctx, torch_stream, call, view.size())
     elif name == "cross_entropy":
         # d loss / d logits into `dlogits` unless its address is 0 (it may
         # be `logits`' own where the kernels allow: torch/linear.py's
-        # `inplace_safe`); the options' layout: `CrossEntropyCall`.
+        # `inplace_safe`); `n_options` options as `CrossEntropyCall` reads.
         var reduction = args.code("reduction", REDUCTION_COUNT)
         var loss = args.held[dtype]()
         var dlogits = args.int()
         var logits = args.int()
         var targets = args.held[DType.int64]()
-        var options = args.held[DType.float64]()
-        var n_options = args.int()
-        var d = args.dims(with_inner=False)
+        var values = args.held[DType.float64]()
+        var options = DeviceOptions(values, args.int())
+        var view = args.view(with_inner=False)
         comptime for r in range(REDUCTION_COUNT):
             comptime for g in range(2):
                 comptime with_grad = g == 1
                 if reduction == r and (dlogits != 0) == with_grad:
-                    # No gradient: the kernels never write through
-                    # dlogits, so logits stands in (as MAX's op).
+                    # No gradient: the kernels never write through dlogits,
+                    # so the logits stand in (as MAX's op).
                     var grad = dlogits if with_grad else logits
                     var call = CrossEntropyCall[
                         dtype, with_grad, _reduction_of[r]()
                     ](
-                        loss,
-                        HeldRows[dtype](unsafe_from_address=grad),
                         HeldRows[dtype](unsafe_from_address=logits),
                         targets,
+                        view,
                         options,
-                        n_options,
-                        d.outer,
-                        d.n,
+                        loss,
+                        HeldRows[dtype](unsafe_from_address=grad),
                     )
-                    _launch(ctx, torch_stream, call, d.size())
+                    _launch(ctx, torch_stream, call, view.size())
     elif name == "scale_rows":
         # GPU contexts only: on the CPU the caller reads the factor itself.
         if torch_stream is PythonObject(None):
             raise Error("max_softmax: scale_rows runs on a GPU context only")
         var data = args.held[dtype]()
         var factor = args.held[dtype]()
-        var d = args.dims(with_inner=False)
-        var per_row = args.int() != 0
-        var call = ScaleCall[dtype](data, factor, d.outer, d.n, per_row)
-        _launch(ctx, torch_stream, call, d.size())
+        var view = args.view(with_inner=False)
+        var call = ScaleCall[dtype](data, factor, view, args.int() != 0)
+        _launch(ctx, torch_stream, call, view.size())
     elif name == "sharded_row_stats" or name == "sharded_epilogue":
         # torch/parallel.py; op/sharded_ops.mojo. Statistics read no row
         # inputs: their own buffer stands in, never read.
@@ -437,20 +428,19 @@ def _run[
         var row_in = output if stats else args.int()
         var targets = args.held[DType.int64]()
         var options = args.held[DType.float64]()
-        var d = args.dims(with_inner=False)
+        var view = args.view(with_inner=False)
         comptime for k in range(len(KINDS)):
             comptime S = ShardedCall[dtype, KINDS[k], stats]
             if kind == k:
                 var call = S(
-                    HeldRows[S.out_dtype](unsafe_from_address=output),
                     logits,
-                    HeldRows[S.acc](unsafe_from_address=row_in),
+                    view,
                     targets,
                     options,
-                    d.outer,
-                    d.n,
+                    HeldRows[S.acc](unsafe_from_address=row_in),
+                    HeldRows[S.out_dtype](unsafe_from_address=output),
                 )
-                _launch(ctx, torch_stream, call, d.size())
+                _launch(ctx, torch_stream, call, view.size())
     else:
         comptime assert False, "no such entry"
 
