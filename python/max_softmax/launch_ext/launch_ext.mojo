@@ -72,36 +72,47 @@ comptime REDUCTION_COUNT = 3
 comptime KINDS = ("softmax", "log_softmax", "cross_entropy")
 """The sharded ops' kinds, by their codes 0..2."""
 
-comptime SIGNATURES = (
-    "softmax(ctx, stream, dtype, dst, src, outer, n, inner)",
-    "log_softmax(ctx, stream, dtype, dst, src, outer, n, inner)",
-    "softmax_backward(ctx, stream, dtype, dx, y, dy, outer, n, inner)",
-    "log_softmax_backward(ctx, stream, dtype, dx, logp, dy, outer, n, inner)",
+comptime ENTRIES = (
+    "softmax",
+    "log_softmax",
+    "softmax_backward",
+    "log_softmax_backward",
+    "softmax_masked",
+    "log_softmax_masked",
+    "cross_entropy",
+    "scale_rows",
+    "sharded_row_stats",
+    "sharded_epilogue",
+)
+"""The module's functions (`_run` reads each one's own arguments)."""
+
+comptime ARGUMENTS = (
+    "(ctx, stream, dtype, dst, src, outer, n, inner)",
+    "(ctx, stream, dtype, dst, src, outer, n, inner)",
+    "(ctx, stream, dtype, dx, y, dy, outer, n, inner)",
+    "(ctx, stream, dtype, dx, logp, dy, outer, n, inner)",
     (
-        "softmax_masked(ctx, stream, dtype, flags, dst, src, mask, options,"
-        " outer, L, n, mask_rows)"
+        "(ctx, stream, dtype, flags, dst, src, mask, options, outer, L, n,"
+        " mask_rows)"
     ),
     (
-        "log_softmax_masked(ctx, stream, dtype, flags, dst, src, mask,"
-        " options, outer, L, n, mask_rows)"
+        "(ctx, stream, dtype, flags, dst, src, mask, options, outer, L, n,"
+        " mask_rows)"
     ),
     (
-        "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits, logits,"
-        " targets, options, n_options, rows, n)"
+        "(ctx, stream, dtype, reduction, loss, dlogits, logits, targets,"
+        " options, n_options, rows, n)"
     ),
-    "scale_rows(ctx, stream, dtype, data, factor, rows, n, per_row)",
+    "(ctx, stream, dtype, data, factor, rows, n, per_row)",
+    "(ctx, stream, dtype, kind, stats, logits, targets, options, rows, n)",
     (
-        "sharded_row_stats(ctx, stream, dtype, kind, stats, logits, targets,"
-        " options, rows, n)"
-    ),
-    (
-        "sharded_epilogue(ctx, stream, dtype, kind, out, logits, row_in,"
-        " targets, options, rows, n)"
+        "(ctx, stream, dtype, kind, out, logits, row_in, targets, options,"
+        " rows, n)"
     ),
 )
-"""The module's functions, each as Python calls it: its name (what
-`_entry` switches on), then its arguments, the first three shared (MAX's
-device context, the torch stream or None, the dtype code)."""
+"""Each function's arguments as Python passes them (its docstring): the
+first three shared (MAX's device context, the torch stream or None, the
+dtype code)."""
 
 
 @always_inline
@@ -129,14 +140,9 @@ def _reduction_of[code: Int]() -> StaticString:
         return "none"
 
 
-def _name_of(signature: StaticString) -> StaticString:
-    """The function's name in a signature of SIGNATURES."""
-    return signature[byte = : signature.find("(")]
-
-
-def _arity_of(signature: StaticString) -> Int:
-    """How many arguments a signature of SIGNATURES takes."""
-    return signature.count(",") + 1
+def _arity_of(arguments: StaticString) -> Int:
+    """How many arguments an entry of ARGUMENTS names."""
+    return arguments.count(",") + 1
 
 
 struct _Args:
@@ -146,24 +152,25 @@ struct _Args:
 
     var args: PythonObject
     """The tuple."""
+    var python: Python
+    """The interpreter (looked up once a call)."""
     var at: Int
     """The next item."""
 
-    def __init__(out self, args: PythonObject, signature: StaticString) raises:
-        """Check that `args` holds as many items as `signature` names."""
-        var count = Int(Python().cpython().PyObject_Length(args._obj_ptr))
-        if count != _arity_of(signature):
-            raise Error(
-                t"max_softmax: {signature} takes"
-                t" {_arity_of(signature)} arguments, got {count}"
-            )
+    def __init__(out self, args: PythonObject):
+        """Read `args` from its first item."""
         self.args = args
+        self.python = Python()
         self.at = 0
+
+    def count(self) -> Int:
+        """How many items `args` holds."""
+        return Int(self.python.cpython().PyObject_Length(self.args._obj_ptr))
 
     def item(mut self) -> PyObjectPtr:
         """The next item (borrowed)."""
-        var item = (
-            Python().cpython().PyTuple_GetItem(self.args._obj_ptr, self.at)
+        var item = self.python.cpython().PyTuple_GetItem(
+            self.args._obj_ptr, self.at
         )
         self.at += 1
         return item
@@ -175,7 +182,7 @@ struct _Args:
     def int(mut self) raises -> Int:
         """The next item, an int."""
         var item = self.item()
-        ref cpython = Python().cpython()
+        ref cpython = self.python.cpython()
         var value = Int(cpython.PyLong_AsSsize_t(item))
         if value == -1 and cpython.PyErr_Occurred():
             # Not an int (or past Int): the checked conversion's error.
@@ -317,24 +324,30 @@ def _launch[
 
 
 def _entry[
-    signature: StaticString
+    name: StaticString, arguments: StaticString
 ](mut py_self: PythonObject, mut py_args: PythonObject) raises -> PythonObject:
-    """The module function `signature` names: the context, torch stream and
-    dtype it shares with the others, then its own arguments (`_run`)."""
-    var args = _Args(py_args, signature)
+    """The module function `name`: the context, torch stream and dtype it
+    shares with the others, then its own `arguments` (`_run`)."""
+    comptime arity = _arity_of(arguments)
+    var args = _Args(py_args)
+    if args.count() != arity:
+        raise Error(
+            t"max_softmax: {name}{arguments} takes {arity} arguments, got"
+            t" {args.count()}"
+        )
     var ctx = _context(args.object())
     var torch_stream = args.object()
     var code = args.code("dtype", DTYPE_COUNT)
     comptime for c in range(DTYPE_COUNT):
         if code == c:
-            _run[_name_of(signature), _dtype_of[c]()](ctx, torch_stream, args)
+            _run[name, _dtype_of[c]()](ctx, torch_stream, args)
     return PythonObject(None)
 
 
 def _run[
     name: StaticString, dtype: DType
 ](ctx: DeviceContext, torch_stream: PythonObject, mut args: _Args) raises:
-    """Read the rest of entry `name`'s arguments (SIGNATURES) and run its
+    """Read the rest of entry `name`'s arguments (ARGUMENTS) and run its
     call on `dtype` buffers."""
     comptime if name == "softmax" or name == "log_softmax":
         comptime log_out = name == "log_softmax"
@@ -455,10 +468,11 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
     """The module object Python's import machinery asks for."""
     try:
         var b = PythonModuleBuilder("launch_ext")
-        comptime for i in range(len(SIGNATURES)):
-            comptime signature: StaticString = SIGNATURES[i]
-            b.def_py_function[_entry[signature]](
-                _name_of(signature), docstring=signature
+        comptime for i in range(len(ENTRIES)):
+            comptime name: StaticString = ENTRIES[i]
+            comptime arguments: StaticString = ARGUMENTS[i]
+            b.def_py_function[_entry[name, arguments]](
+                name, docstring=arguments
             )
         return b.finalize()
     except e:
