@@ -3,10 +3,10 @@
 A Python extension module (built by `max_softmax.launch`, once per
 kernel sources, compiler and target, into the kernel cache) whose functions
 take raw addresses and dims and run the very calls MAX's ops run (each
-op's `OpCall`: `ForwardCall`, `BackwardCall` in op/registered_ops.mojo,
-`MaskedCall`, `CrossEntropyCall`, `ScaleCall`, `ShardedCall` beside their
-registrations), with no graph, no `Model.execute` and no buffer objects
-between: ~0.2 µs of host work a call instead of ~40 (2-core CPU host).
+op's `OpCall`, op/op_call.mojo), with no graph, no `Model.execute` and no
+buffer objects between: ~0.2 µs of host work a call instead of ~40 (2-core
+CPU host). Every function is `_entry` for its name (ENTRIES, ARGUMENTS),
+which reads its arguments in order and runs its call (`_run`, `_launch`).
 
 Each function takes the DeviceContext MAX made for the device (the address
 `max.driver.Device._device_context_ptr()` gives, as MAX's own
@@ -214,10 +214,9 @@ struct _Args:
         return RowsView(outer, n, inner)
 
 
-def _context(ctx_ptr: PythonObject) raises -> DeviceContext:
-    """MAX's DeviceContext at `ctx_ptr` (borrowed: MAX's Device object keeps
+def _context(addr: Int) raises -> DeviceContext:
+    """MAX's DeviceContext at `addr` (borrowed: MAX's Device object keeps
     it alive, and the caller holds that object)."""
-    var addr = Int(py=ctx_ptr)
     if addr == 0:
         raise Error("max_softmax: null device context")
     return DeviceContext(
@@ -335,7 +334,7 @@ def _entry[
             t"max_softmax: {name}{arguments} takes {arity} arguments, got"
             t" {args.count()}"
         )
-    var ctx = _context(args.object())
+    var ctx = _context(args.int())
     var torch_stream = args.object()
     var code = args.code("dtype", DTYPE_COUNT)
     comptime for c in range(DTYPE_COUNT):
