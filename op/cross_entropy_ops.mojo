@@ -1,23 +1,24 @@
-"""The cross-entropy ops MAX calls: loss, or loss and gradient, fused.
+"""The cross-entropy ops' work (`CrossEntropyCall`): loss, or loss and
+gradient, fused.
 
 Each takes logits as a (rows, classes) view (a free reshape in the graph,
 see python/max_softmax/ops.py), int64 targets (rows,) and `options`, a
-float64 tensor on the op's device holding (ignore_index, label_smoothing),
-or (ignore_index, label_smoothing, z_loss, softcap[, a weight per class])
-for the extended options: run-time values, so one compiled model per (op,
-dtype, reduction, device) serves all of them. The options' length (known
-on the host) picks the kernels: 2 the plain families, more the extended
-ones (cpu_ce_options, gpu_ce_options_rows). `reduction` ("mean", "sum", "none") is a
-compile-time parameter: it decides the loss's shape, (1,) or (rows,).
+float64 tensor on the op's device: (ignore_index, label_smoothing) for the
+plain loss, or the extended options (z-loss, softcap, class weights; their
+layout is `extended_layout`'s, op/cross_entropy_math.mojo). Run-time
+values, so one compiled model per (op, dtype, reduction, device) serves all
+of them. The options' length (known on the host) picks the kernels:
+PLAIN_OPTIONS the plain families, more the extended ones (cpu_ce_options,
+gpu_ce_options_rows). `reduction` ("mean", "sum", "none") is a compile-time
+parameter: it decides the loss's shape, (1,) or (rows,).
 
 `cross_entropy_with_grad` also writes dlogits = d loss / d logits (for
-"none": the gradient of the sum of the row losses). The `*_into` twins
-write into given buffers, for the torch bridge (see registered_ops.mojo).
+"none": the gradient of the sum of the row losses). The work is a
+`CrossEntropyCall`, which the launch extension builds too. The `*_into`
+twins write into given buffers, for the torch bridge (see
+registered_ops.mojo).
 """
 
-import extensibility
-from extensibility import InputTensor, ManagedTensorSlice, OutputTensor
-from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
 from .cpu_ce_options import cross_entropy_options_cpu
@@ -25,187 +26,86 @@ from .cpu_cross_entropy import cross_entropy_cpu
 from .cross_entropy_math import PLAIN_OPTIONS
 from .gpu_ce_options_rows import launch_cross_entropy_options
 from .gpu_cross_entropy import launch_cross_entropy
-from .registered_ops import rows_ptr as _ptr
+from .gpu_launch import HeldRows, kernel_arg
+from .op_call import DeviceOptions, OpCall, RowsView
 
 
-def cross_entropy_rows[
-    target: StaticString,
+@fieldwise_init
+struct CrossEntropyCall[
     dtype: DType,
     with_grad: Bool,
     reduction: StaticString,
     variant: StaticString = "auto",
-](
-    ctx: DeviceContext,
-    loss: ManagedTensorSlice[dtype=dtype, rank=1, ...],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
-    targets: InputTensor[dtype=DType.int64, rank=1, static_spec=_],
-    options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-) raises:
-    """Cross-entropy of `logits` rows against `targets` on `target` (the
-    gradient into `dlogits` where `with_grad`); GPU rows under `variant`
+](OpCall):
+    """Cross-entropy of the (rows, n) `logits` against `targets` into
+    `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d
+    logits into `dlogits` where `with_grad`; GPU rows under `variant`
     (`launch_cross_entropy`)."""
-    comptime assert (
-        reduction == "mean" or reduction == "sum" or reduction == "none"
-    ), "reduction must be mean, sum or none"
-    var rows = logits.dim_size(0)
-    var n = logits.dim_size(1)
-    var n_options = options.dim_size(0)
-    if n_options < PLAIN_OPTIONS:
-        raise Error(
-            "max_softmax: cross_entropy options must hold at least 2 values,"
-            " got "
-            + String(n_options)
-        )
-    if n_options > PLAIN_OPTIONS:
-        # z-loss, softcap or class weights: their own families, so that
-        # the plain kernels below do the same work as without them.
+
+    var logits: HeldRows[Self.dtype]
+    """(rows, n) logits."""
+    var targets: HeldRows[DType.int64]
+    """(rows,) class indices."""
+    var view: RowsView
+    """(rows, n, 1)."""
+    var options: DeviceOptions
+    """PLAIN_OPTIONS values, or an extended layout."""
+    var loss: HeldRows[Self.dtype]
+    """The loss."""
+    var dlogits: HeldRows[Self.dtype]
+    """The gradient (without `with_grad` never written: any address)."""
+
+    def run[target: StaticString](self, ctx: DeviceContext) raises:
+        """Run the op on `target`: the plain families for PLAIN_OPTIONS
+        options, the extended ones (z-loss, softcap or class weights) for
+        more, so that the plain kernels do the same work as without them."""
+        comptime assert (
+            Self.reduction == "mean"
+            or Self.reduction == "sum"
+            or Self.reduction == "none"
+        ), "reduction must be mean, sum or none"
+        var n_options = self.options.count
+        if n_options < PLAIN_OPTIONS:
+            raise Error(
+                t"max_softmax: cross_entropy options must hold at least"
+                t" {PLAIN_OPTIONS} values, got {n_options}"
+            )
+        var rows = self.view.outer
+        var n = self.view.n
+        var loss = kernel_arg(self.loss)
+        var dlogits = kernel_arg(self.dlogits)
+        var logits = kernel_arg(self.logits)
+        var targets = kernel_arg(self.targets)
+        var options = kernel_arg(self.options.values)
         comptime if target == "cpu":
-            cross_entropy_options_cpu[dtype, with_grad, reduction](
-                _ptr(loss),
-                dlogits,
-                _ptr(logits),
-                _ptr(targets),
-                _ptr(options),
-                n_options,
-                rows,
-                n,
+            if n_options > PLAIN_OPTIONS:
+                cross_entropy_options_cpu[
+                    Self.dtype, Self.with_grad, Self.reduction
+                ](loss, dlogits, logits, targets, options, n_options, rows, n)
+                return
+            var ignore_index = Int64(options[unsafe_offset=0])
+            var eps = options[unsafe_offset=1]
+            cross_entropy_cpu[Self.dtype, Self.with_grad, Self.reduction](
+                loss, dlogits, logits, targets, ignore_index, eps, rows, n
             )
         elif target == "gpu":
-            launch_cross_entropy_options[dtype, with_grad, reduction](
-                ctx,
-                _ptr(loss),
-                dlogits,
-                _ptr(logits),
-                _ptr(targets),
-                _ptr(options),
-                n_options,
-                rows,
-                n,
-            )
+            if n_options > PLAIN_OPTIONS:
+                launch_cross_entropy_options[
+                    Self.dtype, Self.with_grad, Self.reduction
+                ](
+                    ctx,
+                    loss,
+                    dlogits,
+                    logits,
+                    targets,
+                    options,
+                    n_options,
+                    rows,
+                    n,
+                )
+                return
+            launch_cross_entropy[
+                Self.dtype, Self.with_grad, Self.reduction, Self.variant
+            ](ctx, loss, dlogits, logits, targets, options, rows, n)
         else:
             raise Error("max_softmax: unsupported target " + String(target))
-        return
-    comptime if target == "cpu":
-        var opts = _ptr(options)
-        cross_entropy_cpu[dtype, with_grad, reduction](
-            _ptr(loss),
-            dlogits,
-            _ptr(logits),
-            _ptr(targets),
-            Int64(opts[unsafe_offset=0]),
-            opts[unsafe_offset=1],
-            rows,
-            n,
-        )
-    elif target == "gpu":
-        launch_cross_entropy[dtype, with_grad, reduction, variant](
-            ctx,
-            _ptr(loss),
-            dlogits,
-            _ptr(logits),
-            _ptr(targets),
-            _ptr(options),
-            rows,
-            n,
-        )
-    else:
-        raise Error("max_softmax: unsupported target " + String(target))
-
-
-@extensibility.register("cross_entropy")
-struct CrossEntropy:
-    """Cross-entropy of (rows, classes) logits against (rows,) targets."""
-
-    @staticmethod
-    def execute[
-        # "cpu" or "gpu": the kind of device this runs on.
-        target: StaticString,
-        # Element type of logits and loss.
-        dtype: DType,
-        # "mean", "sum" (loss of shape (1,)) or "none" (shape (rows,)).
-        reduction: StaticString = "mean",
-        # Strategy: "auto", "register", "smem", "pair" or "block".
-        variant: StaticString = "auto",
-    ](
-        loss: OutputTensor[dtype=dtype, rank=1, static_spec=_],
-        logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        targets: InputTensor[dtype=DType.int64, rank=1, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        # No gradient: the kernels never write through this pointer.
-        cross_entropy_rows[target, dtype, False, reduction, variant](
-            ctx, loss, _ptr(logits), logits, targets, options
-        )
-
-
-@extensibility.register("cross_entropy_with_grad")
-struct CrossEntropyWithGrad:
-    """Cross-entropy and d loss / d logits, from one pass over the logits."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        reduction: StaticString = "mean",
-        # Strategy: "auto", "register", "smem", "pair" or "block".
-        variant: StaticString = "auto",
-    ](
-        loss: OutputTensor[dtype=dtype, rank=1, static_spec=_],
-        dlogits: OutputTensor[dtype=dtype, rank=2, static_spec=_],
-        logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        targets: InputTensor[dtype=DType.int64, rank=1, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        cross_entropy_rows[target, dtype, True, reduction, variant](
-            ctx, loss, _ptr(dlogits), logits, targets, options
-        )
-
-
-@extensibility.register("cross_entropy_into")
-struct CrossEntropyInto:
-    """Cross-entropy, into `loss`."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        reduction: StaticString = "mean",
-    ](
-        loss: MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
-        logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        targets: InputTensor[dtype=DType.int64, rank=1, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        cross_entropy_rows[target, dtype, False, reduction](
-            ctx, loss, _ptr(logits), logits, targets, options
-        )
-
-
-@extensibility.register("cross_entropy_with_grad_into")
-struct CrossEntropyWithGradInto:
-    """Cross-entropy and its gradient, into `loss` and `dlogits`."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-        dtype: DType,
-        reduction: StaticString = "mean",
-    ](
-        loss: MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
-        dlogits: MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
-        logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        targets: InputTensor[dtype=DType.int64, rank=1, static_spec=_],
-        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        cross_entropy_rows[target, dtype, True, reduction](
-            ctx, loss, _ptr(dlogits), logits, targets, options
-        )

@@ -1,20 +1,19 @@
-"""The scale_rows op MAX calls: rows of a buffer multiplied in place by a
-factor held on the device, rows whose factor is 1 left unread.
+"""The scale_rows op's work (`ScaleCall`): rows of a buffer multiplied in
+place by a factor held on the device, rows whose factor is 1 left unread.
 
 The torch bridge's graph path runs it in the cross-entropy backward (as the
 launch extension runs `op.gpu_scale_rows` directly): the gradient the
 forward wrote is scaled by the incoming gradient without a host read of the
 factor (a sync) and, for `loss.backward()` (factor 1), without a pass over
 the gradient. `factor` is (rows,) for a factor a row, or (1,) for one.
+The registration is in registered_ops.mojo.
 """
 
-import extensibility
-from extensibility import InputTensor
-from extensibility import _MutableInputTensor as MutableInputTensor
 from max.gpu.host import DeviceContext
 
+from .gpu_launch import HeldRows, kernel_arg
 from .gpu_scale_rows import launch_scale_rows
-from .registered_ops import rows_ptr as _ptr
+from .op_call import OpCall, RowsView
 
 
 def scale_rows_cpu[
@@ -37,40 +36,30 @@ def scale_rows_cpu[
             data[unsafe_offset=base + i] = data[unsafe_offset=base + i] * f
 
 
-@extensibility.register("scale_rows")
-struct ScaleRows:
-    """(rows, n) `data` times `factor` in place: (rows,) a factor a row, or
-    (1,) one for all; rows whose factor is 1 are not touched."""
+@fieldwise_init
+struct ScaleCall[dtype: DType](OpCall):
+    """(rows, n) `data` times `factor` in place (one factor a row where
+    `per_row`, else one for all), rows whose factor is 1 untouched."""
 
-    @staticmethod
-    def execute[
-        # "cpu" or "gpu": the kind of device this runs on.
-        target: StaticString,
-        # Element type of data and factor.
-        dtype: DType,
-    ](
-        data: MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
-        factor: InputTensor[dtype=dtype, rank=1, static_spec=_],
-        ctx: DeviceContext,
-    ) raises:
-        """Run the op."""
-        var rows = data.dim_size(0)
-        var n = data.dim_size(1)
-        var count = factor.dim_size(0)
-        if count != 1 and count != rows:
-            raise Error(
-                "max_softmax: scale_rows needs one factor or one a row, got "
-                + String(count)
-                + " for "
-                + String(rows)
-                + " rows"
-            )
-        var per_row = count != 1
+    var data: HeldRows[Self.dtype]
+    """The rows, scaled in place."""
+    var factor: HeldRows[Self.dtype]
+    """The factors, on the device that runs the op."""
+    var view: RowsView
+    """(rows, n, 1)."""
+    var per_row: Bool
+    """A factor a row, else one."""
+
+    def run[target: StaticString](self, ctx: DeviceContext) raises:
+        """Run the op on `target`."""
+        var data = kernel_arg(self.data)
+        var factor = kernel_arg(self.factor)
+        var rows = self.view.outer
         comptime if target == "cpu":
-            scale_rows_cpu[dtype](_ptr(data), _ptr(factor), rows, n, per_row)
+            scale_rows_cpu(data, factor, rows, self.view.n, self.per_row)
         elif target == "gpu":
-            launch_scale_rows[dtype](
-                ctx, _ptr(data), _ptr(factor), rows, n, per_row
+            launch_scale_rows(
+                ctx, data, factor, rows, self.view.n, self.per_row
             )
         else:
             raise Error("max_softmax: unsupported target " + String(target))

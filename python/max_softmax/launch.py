@@ -445,10 +445,9 @@ def run_cross_entropy(
 ) -> None:
     """Cross-entropy of the (rows, classes) logits and (rows,) int64 targets
     at those addresses, with the `n_options` float64 `options`
-    (`validation.cross_entropy_options`' layout: (ignore_index,
-    label_smoothing), or (ignore_index, label_smoothing, z_loss, softcap[,
-    a weight per class]), the extended kernels MAX's op runs for them),
-    into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
+    ((ignore_index, label_smoothing), or the extended options laid out by
+    `validation.cross_entropy_options`, which run the extended kernels as
+    MAX's op does), into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
     None, d loss / d logits into `dlogits` (which may be `logits` where the
     kernels allow it); rows and classes >= 1. Ordering as `run_rows`."""
     call(

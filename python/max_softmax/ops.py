@@ -410,9 +410,9 @@ def cross_entropy_rows(
 ) -> list[TensorValue]:
     """The cross-entropy op on its own view: (rows, classes) logits, (rows,)
     int64 targets and `options`, a float64 tensor on the logits' device:
-    (ignore_index, label_smoothing), or (ignore_index, label_smoothing,
-    z_loss, softcap[, a weight per class]) for the extended options
-    (`validation.cross_entropy_options`), so that a model built on this
+    (ignore_index, label_smoothing), or the extended options (z-loss,
+    softcap, class weights) laid out by `validation.cross_entropy_options`
+    (`extended_layout` in op/cross_entropy_math.mojo), so that a model built on this
     (models.cross_entropy_model) serves every value of them. Returns [loss]
     or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none".
     `variant`: the GPU strategy (`CROSS_ENTROPY_VARIANTS`)."""

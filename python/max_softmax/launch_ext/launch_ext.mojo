@@ -2,10 +2,11 @@
 
 A Python extension module (built by `max_softmax.launch`, once per
 kernel sources, compiler and target, into the kernel cache) whose functions
-take raw addresses and dims and call the row functions MAX's ops call
-(`op.dispatch.softmax_rows`, `softmax_backward_rows`, and cross-entropy's
-launcher), with no graph, no `Model.execute` and no buffer objects between:
-~0.2 µs of host work a call instead of ~40 (2-core CPU host).
+take raw addresses and dims and run the very calls MAX's ops run (each
+op's `OpCall`, op/op_call.mojo), with no graph, no `Model.execute` and no
+buffer objects between: ~0.2 µs of host work a call instead of ~40 (2-core
+CPU host). Every function is `_entry` for its name (ENTRIES, ARGUMENTS),
+which reads its arguments in order and runs its call (`_run`, `_launch`).
 
 Each function takes the DeviceContext MAX made for the device (the address
 `max.driver.Device._device_context_ptr()` gives, as MAX's own
@@ -28,25 +29,28 @@ launcher (a row too long for the GPU, a bad code) comes back as a Python
 exception.
 """
 
-from std.memory import OpaquePointer
 from std.os import abort
 from std.python import Python, PythonObject
+from std.python._cpython import PyObjectPtr
 from std.python.bindings import PythonModuleBuilder
+from std.memory import OpaquePointer
 from std.sys import is_defined
 from max.gpu.host import DeviceContext, DeviceStream
 
-from op.cpu_ce_options import cross_entropy_options_cpu
-from op.cpu_cross_entropy import cross_entropy_cpu
-from op.cross_entropy_math import PLAIN_OPTIONS
-from op.dispatch import launch_auto, softmax_backward_rows, softmax_rows
-from op.cpu_masked_rows import masked_softmax_cpu
-from op.gpu_ce_options_rows import launch_cross_entropy_options
-from op.gpu_cross_entropy import launch_cross_entropy
-from op.gpu_masked_rows import launch_masked_rows
-from op.gpu_scale_rows import launch_scale_rows
-from op.cpu_sharded_rows import epilogue_cpu, row_stats_cpu
-from op.gpu_sharded_rows import launch_epilogue, launch_row_stats
-from op.row_math import accum_dtype
+from op.cross_entropy_ops import CrossEntropyCall
+from op.dispatch import launch_auto
+from op.gpu_launch import HeldRows
+from op.masked_flags import CAUSAL_FLAG, FLAG_COMBINATIONS, MASK_FLAG
+from op.masked_softmax_ops import MaskedCall
+from op.op_call import (
+    BackwardCall,
+    DeviceOptions,
+    ForwardCall,
+    OpCall,
+    RowsView,
+)
+from op.scale_ops import ScaleCall
+from op.sharded_ops import ShardedCall
 
 comptime GPU = not is_defined["MAX_SOFTMAX_CPU_ONLY"]()
 """Whether this build holds the GPU path: a host with no GPU builds with
@@ -65,17 +69,56 @@ comptime DTYPE_COUNT = 4
 comptime REDUCTION_COUNT = 3
 """Reduction codes 0..2: "mean", "sum", "none" (`_reduction_of`)."""
 
-comptime MASK_FLAG = 1
-"""Masked flags bit: the mask is read (else it is a placeholder)."""
+comptime KINDS = ("softmax", "log_softmax", "cross_entropy")
+"""The sharded ops' kinds, by their codes 0..2."""
 
-comptime CAUSAL_FLAG = 2
-"""Masked flags bit: row r keeps only columns j <= r % L."""
+comptime ENTRIES = (
+    "softmax",
+    "log_softmax",
+    "softmax_backward",
+    "log_softmax_backward",
+    "softmax_masked",
+    "log_softmax_masked",
+    "cross_entropy",
+    "scale_rows",
+    "sharded_row_stats",
+    "sharded_epilogue",
+)
+"""The module's functions (`_run` reads each one's own arguments)."""
+
+comptime ARGUMENTS = (
+    "(ctx, stream, dtype, dst, src, outer, n, inner)",
+    "(ctx, stream, dtype, dst, src, outer, n, inner)",
+    "(ctx, stream, dtype, dx, y, dy, outer, n, inner)",
+    "(ctx, stream, dtype, dx, logp, dy, outer, n, inner)",
+    (
+        "(ctx, stream, dtype, flags, dst, src, mask, options, outer, L, n,"
+        " mask_rows)"
+    ),
+    (
+        "(ctx, stream, dtype, flags, dst, src, mask, options, outer, L, n,"
+        " mask_rows)"
+    ),
+    (
+        "(ctx, stream, dtype, reduction, loss, dlogits, logits, targets,"
+        " options, n_options, rows, n)"
+    ),
+    "(ctx, stream, dtype, data, factor, rows, n, per_row)",
+    "(ctx, stream, dtype, kind, stats, logits, targets, options, rows, n)",
+    (
+        "(ctx, stream, dtype, kind, out, logits, row_in, targets, options,"
+        " rows, n)"
+    ),
+)
+"""Each function's arguments as Python passes them (its docstring): the
+first three shared (MAX's device context, the torch stream or None, the
+dtype code)."""
 
 
 @always_inline
 def _dtype_of[code: Int]() -> DType:
     """The element type a dtype code names (the order of DTYPE_CODES in
-    torch_launch.py)."""
+    launch.py)."""
     comptime if code == 0:
         return DType.float32
     elif code == 1:
@@ -97,35 +140,88 @@ def _reduction_of[code: Int]() -> StaticString:
         return "none"
 
 
-@always_inline
-def _ptr[dtype: DType](addr: Int) -> Pointer[Scalar[dtype], MutAnyOrigin]:
-    """A buffer's elements at `addr`, as the kernels take them."""
-    return Pointer[Scalar[dtype], MutAnyOrigin](unsafe_from_address=addr)
+def _arity_of(arguments: StaticString) -> Int:
+    """How many arguments an entry of ARGUMENTS names."""
+    return arguments.count(",") + 1
 
 
-def _context(ctx_ptr: PythonObject) raises -> DeviceContext:
-    """MAX's DeviceContext at `ctx_ptr` (borrowed: MAX's Device object keeps
+struct _Args:
+    """An entry's arguments as Python passed them (a tuple), read in order:
+    the items are ints (read without a Python object between) but for the
+    torch stream."""
+
+    var args: PythonObject
+    """The tuple."""
+    var python: Python
+    """The interpreter (looked up once a call)."""
+    var at: Int
+    """The next item."""
+
+    def __init__(out self, args: PythonObject):
+        """Read `args` from its first item."""
+        self.args = args
+        self.python = Python()
+        self.at = 0
+
+    def count(self) -> Int:
+        """How many items `args` holds."""
+        return Int(self.python.cpython().PyObject_Length(self.args._obj_ptr))
+
+    def item(mut self) -> PyObjectPtr:
+        """The next item (borrowed)."""
+        var item = self.python.cpython().PyTuple_GetItem(
+            self.args._obj_ptr, self.at
+        )
+        self.at += 1
+        return item
+
+    def object(mut self) raises -> PythonObject:
+        """The next item as an object."""
+        return PythonObject(from_borrowed=self.item())
+
+    def int(mut self) raises -> Int:
+        """The next item, an int."""
+        var item = self.item()
+        ref cpython = self.python.cpython()
+        var value = Int(cpython.PyLong_AsSsize_t(item))
+        if value == -1 and cpython.PyErr_Occurred():
+            # Not an int (or past Int): the checked conversion's error.
+            cpython.PyErr_Clear()
+            return Int(py=PythonObject(from_borrowed=item))
+        return value
+
+    def code(mut self, what: StaticString, count: Int) raises -> Int:
+        """The next item, a code 0 ..< count of `what`."""
+        var code = self.int()
+        if code < 0 or code >= count:
+            raise _bad_code(what, code, count)
+        return code
+
+    def held[dtype: DType](mut self) raises -> HeldRows[dtype]:
+        """The next item, the address of a buffer of `dtype`."""
+        return HeldRows[dtype](unsafe_from_address=self.int())
+
+    def view(mut self, with_inner: Bool = True) raises -> RowsView:
+        """The next three items (outer, n, inner), or two (rows, n)."""
+        var outer = self.int()
+        var n = self.int()
+        var inner = self.int() if with_inner else 1
+        if outer < 0 or n < 0 or inner < 0:
+            raise Error(
+                t"max_softmax: negative dims (outer={outer}, n={n},"
+                t" inner={inner})"
+            )
+        return RowsView(outer, n, inner)
+
+
+def _context(addr: Int) raises -> DeviceContext:
+    """MAX's DeviceContext at `addr` (borrowed: MAX's Device object keeps
     it alive, and the caller holds that object)."""
-    var addr = Int(py=ctx_ptr)
     if addr == 0:
         raise Error("max_softmax: null device context")
     return DeviceContext(
         OpaquePointer[MutUntrackedOrigin](unsafe_from_address=addr)
     )
-
-
-def _dims(
-    outer_obj: PythonObject, n_obj: PythonObject, inner_obj: PythonObject
-) raises -> Tuple[Int, Int, Int]:
-    """(outer, n, inner) as Ints; a negative one would index anywhere."""
-    var outer = Int(py=outer_obj)
-    var n = Int(py=n_obj)
-    var inner = Int(py=inner_obj)
-    if outer < 0 or n < 0 or inner < 0:
-        raise Error(
-            t"max_softmax: negative dims (outer={outer}, n={n}, inner={inner})"
-        )
-    return (outer, n, inner)
 
 
 def _bad_code(what: StaticString, code: Int, count: Int) -> Error:
@@ -202,770 +298,163 @@ def _on_torch_stream[
     _torch_after(ctx, ts)
 
 
-# ===----------------------------------------------------------------------=== #
-# softmax, log_softmax
-# ===----------------------------------------------------------------------=== #
-
-
-def _forward[
-    log_out: Bool
+def _launch[
+    C: OpCall
 ](
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    dst_obj: PythonObject,
-    src_obj: PythonObject,
-    outer_obj: PythonObject,
-    n_obj: PythonObject,
-    inner_obj: PythonObject,
-) raises -> PythonObject:
-    """Softmax (or log-softmax) along n of the (outer, n, inner) buffer at
-    `src` into `dst`."""
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var dims = _dims(outer_obj, n_obj, inner_obj)
-    var dst = Int(py=dst_obj)
-    var src = Int(py=src_obj)
-    var on_gpu = not (torch_stream is PythonObject(None))
-    comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
-        if code == c:
-            if not on_gpu:
-
-                def forward_cpu() raises {imm}:
-                    softmax_rows[
-                        "cpu", dtype, log_out, launch_auto[dtype, log_out]
-                    ](
-                        ctx,
-                        _ptr[dtype](dst),
-                        _ptr[dtype](src),
-                        dims[0],
-                        dims[1],
-                        dims[2],
-                    )
-
-                _on_cpu(forward_cpu, dims[0] * dims[1] * dims[2])
-                return PythonObject(None)
-            comptime if GPU:
-
-                def gpu_launch() raises {imm}:
-                    softmax_rows[
-                        "gpu", dtype, log_out, launch_auto[dtype, log_out]
-                    ](
-                        ctx,
-                        _ptr[dtype](dst),
-                        _ptr[dtype](src),
-                        dims[0],
-                        dims[1],
-                        dims[2],
-                    )
-
-                _on_torch_stream(ctx, torch_stream, gpu_launch)
-                return PythonObject(None)
-            else:
-                raise _no_gpu()
-    raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-def softmax(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype: PythonObject,
-    dst: PythonObject,
-    src: PythonObject,
-    outer: PythonObject,
-    n: PythonObject,
-    inner: PythonObject,
-) raises -> PythonObject:
-    """Softmax along n of the (outer, n, inner) buffer at `src` into `dst`."""
-    return _forward[False](
-        ctx_ptr, torch_stream, dtype, dst, src, outer, n, inner
-    )
-
-
-def log_softmax(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype: PythonObject,
-    dst: PythonObject,
-    src: PythonObject,
-    outer: PythonObject,
-    n: PythonObject,
-    inner: PythonObject,
-) raises -> PythonObject:
-    """Log-softmax along n of the (outer, n, inner) buffer at `src` into
-    `dst`."""
-    return _forward[True](
-        ctx_ptr, torch_stream, dtype, dst, src, outer, n, inner
-    )
-
-
-# ===----------------------------------------------------------------------=== #
-# softmax_backward, log_softmax_backward
-# ===----------------------------------------------------------------------=== #
-
-
-def _backward[
-    log_in: Bool
-](
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    dx_obj: PythonObject,
-    a_obj: PythonObject,
-    dy_obj: PythonObject,
-    outer_obj: PythonObject,
-    n_obj: PythonObject,
-    inner_obj: PythonObject,
-) raises -> PythonObject:
-    """The gradient along n of softmax (`a` = y) or log-softmax (`a` = log p)
-    into `dx`, from the incoming gradient `dy`."""
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var dims = _dims(outer_obj, n_obj, inner_obj)
-    var dx = Int(py=dx_obj)
-    var a = Int(py=a_obj)
-    var dy = Int(py=dy_obj)
-    var on_gpu = not (torch_stream is PythonObject(None))
-    comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
-        if code == c:
-            if not on_gpu:
-
-                def backward_cpu() raises {imm}:
-                    softmax_backward_rows["cpu", dtype, log_in](
-                        ctx,
-                        _ptr[dtype](dx),
-                        _ptr[dtype](a),
-                        _ptr[dtype](dy),
-                        dims[0],
-                        dims[1],
-                        dims[2],
-                    )
-
-                _on_cpu(backward_cpu, dims[0] * dims[1] * dims[2])
-                return PythonObject(None)
-            comptime if GPU:
-
-                def gpu_launch() raises {imm}:
-                    softmax_backward_rows["gpu", dtype, log_in](
-                        ctx,
-                        _ptr[dtype](dx),
-                        _ptr[dtype](a),
-                        _ptr[dtype](dy),
-                        dims[0],
-                        dims[1],
-                        dims[2],
-                    )
-
-                _on_torch_stream(ctx, torch_stream, gpu_launch)
-                return PythonObject(None)
-            else:
-                raise _no_gpu()
-    raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-def softmax_backward(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype: PythonObject,
-    dx: PythonObject,
-    y: PythonObject,
-    dy: PythonObject,
-    outer: PythonObject,
-    n: PythonObject,
-    inner: PythonObject,
-) raises -> PythonObject:
-    """The softmax gradient along n into `dx`: y * (dy - sum(dy * y))."""
-    return _backward[False](
-        ctx_ptr, torch_stream, dtype, dx, y, dy, outer, n, inner
-    )
-
-
-def log_softmax_backward(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype: PythonObject,
-    dx: PythonObject,
-    logp: PythonObject,
-    dy: PythonObject,
-    outer: PythonObject,
-    n: PythonObject,
-    inner: PythonObject,
-) raises -> PythonObject:
-    """The log-softmax gradient along n into `dx`: dy - exp(logp) * sum(dy)."""
-    return _backward[True](
-        ctx_ptr, torch_stream, dtype, dx, logp, dy, outer, n, inner
-    )
-
-
-# ===----------------------------------------------------------------------=== #
-# softmax_masked, log_softmax_masked
-# ===----------------------------------------------------------------------=== #
-
-
-def _masked_on[
-    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
-](
-    ctx: DeviceContext,
-    torch_stream: PythonObject,
-    on_gpu: Bool,
-    dst: Int,
-    src: Int,
-    mask: Int,
-    options: Int,
-    rows: Int,
-    causal_rows: Int,
-    n: Int,
-    mask_rows: Int,
+    ctx: DeviceContext, torch_stream: PythonObject, call: C, elements: Int
 ) raises:
-    """One instance of the masked launch (see `_masked`)."""
-    var opts = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
-    if not on_gpu:
-
-        def masked_on_cpu() raises {imm}:
-            masked_softmax_cpu[dtype, log_out, has_mask, causal](
-                _ptr[dtype](dst),
-                _ptr[dtype](src),
-                _ptr[dtype](mask),
-                rows,
-                n,
-                mask_rows,
-                opts[unsafe_offset=0],
-                causal_rows,
-            )
-
-        _on_cpu(masked_on_cpu, rows * n)
-        return
-    comptime if GPU:
-
-        def gpu_launch() raises {imm}:
-            launch_masked_rows[dtype, log_out, has_mask, causal](
-                ctx,
-                _ptr[dtype](dst),
-                _ptr[dtype](src),
-                _ptr[dtype](mask),
-                opts,
-                rows,
-                n,
-                mask_rows,
-                causal_rows,
-            )
-
-        _on_torch_stream(ctx, torch_stream, gpu_launch)
-    else:
-        raise _no_gpu()
-
-
-def _masked[
-    log_out: Bool
-](
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    flags_obj: PythonObject,
-    dst_obj: PythonObject,
-    src_obj: PythonObject,
-    mask_obj: PythonObject,
-    options_obj: PythonObject,
-    outer_obj: PythonObject,
-    causal_rows_obj: PythonObject,
-    n_obj: PythonObject,
-    mask_rows_obj: PythonObject,
-) raises -> PythonObject:
-    """Softmax (or log-softmax) of scale * x + mask (and causal) along the
-    rows of the (outer, L, n) buffer at `src` into `dst`, as the
-    `softmax_masked` op (`op/masked_softmax_ops.mojo`): row r = o * L + i
-    reads mask row r % mask_rows when `flags` has MASK_FLAG, keeps columns
-    j <= i when it has CAUSAL_FLAG; `options` is the float64 (scale,)
-    buffer on the context's device."""
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var flags = Int(py=flags_obj)
-    var dims = _dims(outer_obj, causal_rows_obj, n_obj)
-    var mask_rows = Int(py=mask_rows_obj)
-    var dst = Int(py=dst_obj)
-    var src = Int(py=src_obj)
-    var mask = Int(py=mask_obj)
-    var options = Int(py=options_obj)
-    var on_gpu = not (torch_stream is PythonObject(None))
-    if flags < 0 or flags > MASK_FLAG + CAUSAL_FLAG:
-        raise _bad_code("masked flags", flags, 2 * CAUSAL_FLAG)
-    if mask_rows < 1:
-        raise Error(t"max_softmax: mask_rows must be >= 1, got {mask_rows}")
-    var rows = dims[0] * dims[1]
-    if rows * dims[2] == 0:
-        return PythonObject(None)
-    comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
-        if code == c:
-            comptime for f in range(2 * CAUSAL_FLAG):
-                if flags == f:
-                    _masked_on[
-                        dtype,
-                        log_out,
-                        (f & MASK_FLAG) != 0,
-                        (f & CAUSAL_FLAG) != 0,
-                    ](
-                        ctx,
-                        torch_stream,
-                        on_gpu,
-                        dst,
-                        src,
-                        mask,
-                        options,
-                        rows,
-                        dims[1],
-                        dims[2],
-                        mask_rows,
-                    )
-                    return PythonObject(None)
-    raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-def softmax_masked(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype: PythonObject,
-    flags: PythonObject,
-    dst: PythonObject,
-    src: PythonObject,
-    mask: PythonObject,
-    options: PythonObject,
-    outer: PythonObject,
-    causal_rows: PythonObject,
-    n: PythonObject,
-    mask_rows: PythonObject,
-) raises -> PythonObject:
-    """Softmax of scale * x + mask (and causal) into `dst` (see `_masked`)."""
-    return _masked[False](
-        ctx_ptr,
-        torch_stream,
-        dtype,
-        flags,
-        dst,
-        src,
-        mask,
-        options,
-        outer,
-        causal_rows,
-        n,
-        mask_rows,
-    )
-
-
-def log_softmax_masked(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype: PythonObject,
-    flags: PythonObject,
-    dst: PythonObject,
-    src: PythonObject,
-    mask: PythonObject,
-    options: PythonObject,
-    outer: PythonObject,
-    causal_rows: PythonObject,
-    n: PythonObject,
-    mask_rows: PythonObject,
-) raises -> PythonObject:
-    """Log-softmax of scale * x + mask (and causal) into `dst` (see
-    `_masked`)."""
-    return _masked[True](
-        ctx_ptr,
-        torch_stream,
-        dtype,
-        flags,
-        dst,
-        src,
-        mask,
-        options,
-        outer,
-        causal_rows,
-        n,
-        mask_rows,
-    )
-
-
-# ===----------------------------------------------------------------------=== #
-# cross_entropy
-# ===----------------------------------------------------------------------=== #
-
-
-def _cross_entropy_on[
-    dtype: DType, reduction: StaticString, with_grad: Bool
-](
-    ctx: DeviceContext,
-    torch_stream: PythonObject,
-    on_gpu: Bool,
-    loss: Int,
-    dlogits: Int,
-    logits: Int,
-    targets: Int,
-    options: Int,
-    n_options: Int,
-    rows: Int,
-    n: Int,
-) raises:
-    """One instance of the cross-entropy launch (see `cross_entropy`): the
-    plain kernels for PLAIN_OPTIONS options, the extended family (z-loss,
-    softcap, class weights) for more, as MAX's op picks them
-    (op/cross_entropy_ops.mojo)."""
-    var target_ptr = Pointer[Int64, MutAnyOrigin](unsafe_from_address=targets)
-    var opts = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
-    var extended = n_options > PLAIN_OPTIONS
-    if not on_gpu:
-
-        def cross_entropy_on_cpu() raises {imm}:
-            if extended:
-                cross_entropy_options_cpu[dtype, with_grad, reduction](
-                    _ptr[dtype](loss),
-                    _ptr[dtype](dlogits),
-                    _ptr[dtype](logits),
-                    target_ptr,
-                    opts,
-                    n_options,
-                    rows,
-                    n,
-                )
-                return
-            cross_entropy_cpu[dtype, with_grad, reduction](
-                _ptr[dtype](loss),
-                _ptr[dtype](dlogits),
-                _ptr[dtype](logits),
-                target_ptr,
-                Int64(opts[unsafe_offset=0]),
-                opts[unsafe_offset=1],
-                rows,
-                n,
-            )
-
-        _on_cpu(cross_entropy_on_cpu, rows * n)
-        return
-    comptime if GPU:
-
-        def gpu_launch() raises {imm}:
-            if extended:
-                launch_cross_entropy_options[dtype, with_grad, reduction](
-                    ctx,
-                    _ptr[dtype](loss),
-                    _ptr[dtype](dlogits),
-                    _ptr[dtype](logits),
-                    target_ptr,
-                    opts,
-                    n_options,
-                    rows,
-                    n,
-                )
-                return
-            launch_cross_entropy[dtype, with_grad, reduction](
-                ctx,
-                _ptr[dtype](loss),
-                _ptr[dtype](dlogits),
-                _ptr[dtype](logits),
-                target_ptr,
-                opts,
-                rows,
-                n,
-            )
-
-        _on_torch_stream(ctx, torch_stream, gpu_launch)
-    else:
-        raise _no_gpu()
-
-
-def cross_entropy(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    reduction_obj: PythonObject,
-    loss_obj: PythonObject,
-    dlogits_obj: PythonObject,
-    logits_obj: PythonObject,
-    targets_obj: PythonObject,
-    options_obj: PythonObject,
-    n_options_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-) raises -> PythonObject:
-    """Cross-entropy of (rows, n) logits against (rows,) int64 targets into
-    `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d logits
-    into `dlogits` unless its address is 0 (it may be `logits`' own address
-    where the kernels allow: torch/linear.py's `inplace_safe`). `options`
-    holds `n_options` float64 values on the context's device: 2,
-    (ignore_index, label_smoothing), the plain kernels; more,
-    (ignore_index, label_smoothing, z_loss, softcap[, a weight per class]),
-    the extended family (op/cpu_ce_options.mojo,
-    op/gpu_ce_options_rows.mojo), as MAX's op picks them."""
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var reduction_code = Int(py=reduction_obj)
-    var n_options = Int(py=n_options_obj)
-    var dims = _dims(rows_obj, n_obj, PythonObject(1))
-    var loss = Int(py=loss_obj)
-    var dlogits = Int(py=dlogits_obj)
-    var logits = Int(py=logits_obj)
-    var targets = Int(py=targets_obj)
-    var options = Int(py=options_obj)
-    var on_gpu = not (torch_stream is PythonObject(None))
-    if reduction_code < 0 or reduction_code >= REDUCTION_COUNT:
-        raise _bad_code("reduction", reduction_code, REDUCTION_COUNT)
-    if n_options < PLAIN_OPTIONS:
-        raise Error(
-            t"max_softmax: cross_entropy options must hold at least"
-            t" {PLAIN_OPTIONS} values, got {n_options}"
-        )
-    comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
-        if code == c:
-            comptime for r in range(REDUCTION_COUNT):
-                comptime reduction = _reduction_of[r]()
-                if reduction_code == r:
-                    if dlogits != 0:
-                        _cross_entropy_on[dtype, reduction, True](
-                            ctx,
-                            torch_stream,
-                            on_gpu,
-                            loss,
-                            dlogits,
-                            logits,
-                            targets,
-                            options,
-                            n_options,
-                            dims[0],
-                            dims[1],
-                        )
-                    else:
-                        # No gradient: the kernels never write through
-                        # this pointer (as MAX's cross_entropy op).
-                        _cross_entropy_on[dtype, reduction, False](
-                            ctx,
-                            torch_stream,
-                            on_gpu,
-                            loss,
-                            logits,
-                            logits,
-                            targets,
-                            options,
-                            n_options,
-                            dims[0],
-                            dims[1],
-                        )
-                    return PythonObject(None)
-    raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-def scale_rows(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    data_obj: PythonObject,
-    factor_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-    per_row_obj: PythonObject,
-) raises -> PythonObject:
-    """Multiply the (rows, n) buffer at `data` in place by the factors at
-    `factor` (one, or one a row if `per_row`), on the GPU, skipping rows
-    whose factor is 1 without reading them (`op.gpu_scale_rows`). GPU
-    contexts only: on the CPU the caller reads the factor itself."""
-    if torch_stream is PythonObject(None):
-        raise Error("max_softmax: scale_rows runs on a GPU context only")
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var dims = _dims(rows_obj, n_obj, PythonObject(1))
-    var data = Int(py=data_obj)
-    var factor = Int(py=factor_obj)
-    var per_row = Int(py=per_row_obj) != 0
-    comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
-        if code == c:
-            comptime if GPU:
-
-                def gpu_launch() raises {imm}:
-                    launch_scale_rows[dtype](
-                        ctx,
-                        _ptr[dtype](data),
-                        _ptr[dtype](factor),
-                        dims[0],
-                        dims[1],
-                        per_row,
-                    )
-
-                _on_torch_stream(ctx, torch_stream, gpu_launch)
-                return PythonObject(None)
-            else:
-                raise _no_gpu()
-    raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-# ===----------------------------------------------------------------------=== #
-# sharded (vocab-parallel) row ops: torch/parallel.py
-# ===----------------------------------------------------------------------=== #
-
-
-def _sharded_on[
-    dtype: DType, kind: StaticString, stats: Bool
-](
-    ctx: DeviceContext,
-    torch_stream: PythonObject,
-    dst: Int,
-    logits: Int,
-    row_in: Int,
-    targets: Int,
-    options: Int,
-    rows: Int,
-    n: Int,
-) raises:
-    """One instance of `sharded_row_stats` (`stats`) or `sharded_epilogue`."""
-    comptime acc = accum_dtype[dtype]()
-    var t = Pointer[Int64, MutAnyOrigin](unsafe_from_address=targets)
-    var o = Pointer[Float64, MutAnyOrigin](unsafe_from_address=options)
+    """Run `call` on the CPU (no torch stream) or queue it on the GPU in
+    order with torch's stream."""
     if torch_stream is PythonObject(None):
 
         def on_cpu() raises {imm}:
-            comptime if stats:
-                row_stats_cpu[dtype, kind == "cross_entropy"](
-                    _ptr[acc](dst), _ptr[dtype](logits), t, o, rows, n
-                )
-            else:
-                epilogue_cpu[dtype, kind](
-                    _ptr[dtype](dst),
-                    _ptr[dtype](logits),
-                    _ptr[acc](row_in),
-                    t,
-                    o,
-                    rows,
-                    n,
-                )
+            call.run["cpu"](ctx)
 
-        _on_cpu(on_cpu, rows * n)
+        _on_cpu(on_cpu, elements)
         return
     comptime if GPU:
 
-        def gpu_launch() raises {imm}:
-            comptime if stats:
-                launch_row_stats[dtype, kind == "cross_entropy"](
-                    ctx, _ptr[acc](dst), _ptr[dtype](logits), t, o, rows, n
-                )
-            else:
-                launch_epilogue[dtype, kind](
-                    ctx,
-                    _ptr[dtype](dst),
-                    _ptr[dtype](logits),
-                    _ptr[acc](row_in),
-                    t,
-                    o,
-                    rows,
-                    n,
-                )
+        def on_gpu() raises {imm}:
+            call.run["gpu"](ctx)
 
-        _on_torch_stream(ctx, torch_stream, gpu_launch)
+        _on_torch_stream(ctx, torch_stream, on_gpu)
     else:
         raise _no_gpu()
 
 
-def _sharded[
-    stats: Bool
-](
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    kind_obj: PythonObject,
-    out_obj: PythonObject,
-    logits_obj: PythonObject,
-    row_in_obj: PythonObject,
-    targets_obj: PythonObject,
-    options_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-) raises:
-    """Dispatch a sharded call on its dtype and kind codes."""
-    var ctx = _context(ctx_ptr)
-    var code = Int(py=dtype_obj)
-    var kind_code = Int(py=kind_obj)
-    var dims = _dims(rows_obj, n_obj, PythonObject(1))
-    if kind_code < 0 or kind_code >= 3:
-        raise _bad_code("kind", kind_code, 3)
+def _entry[
+    name: StaticString, arguments: StaticString
+](mut py_self: PythonObject, mut py_args: PythonObject) raises -> PythonObject:
+    """The module function `name`: the context, torch stream and dtype it
+    shares with the others, then its own `arguments` (`_run`)."""
+    comptime arity = _arity_of(arguments)
+    var args = _Args(py_args)
+    if args.count() != arity:
+        raise Error(
+            t"max_softmax: {name}{arguments} takes {arity} arguments, got"
+            t" {args.count()}"
+        )
+    var ctx = _context(args.int())
+    var torch_stream = args.object()
+    var code = args.code("dtype", DTYPE_COUNT)
     comptime for c in range(DTYPE_COUNT):
-        comptime dtype = _dtype_of[c]()
         if code == c:
-            comptime for k in range(3):
-                comptime kind = ("softmax", "log_softmax", "cross_entropy")[k]
-                if kind_code == k:
-                    _sharded_on[dtype, kind, stats](
-                        ctx,
-                        torch_stream,
-                        Int(py=out_obj),
-                        Int(py=logits_obj),
-                        Int(py=row_in_obj),
-                        Int(py=targets_obj),
-                        Int(py=options_obj),
-                        dims[0],
-                        dims[1],
+            _run[name, _dtype_of[c]()](ctx, torch_stream, args)
+    return PythonObject(None)
+
+
+def _run[
+    name: StaticString, dtype: DType
+](ctx: DeviceContext, torch_stream: PythonObject, mut args: _Args) raises:
+    """Read the rest of entry `name`'s arguments (ARGUMENTS) and run its
+    call on `dtype` buffers."""
+    comptime if name == "softmax" or name == "log_softmax":
+        comptime log_out = name == "log_softmax"
+        comptime launch_rows = launch_auto[dtype, log_out]
+        var dst = args.held[dtype]()
+        var src = args.held[dtype]()
+        var view = args.view()
+        var call = ForwardCall[dtype, log_out, launch_rows](dst, src, view)
+        _launch(ctx, torch_stream, call, view.size())
+    elif name == "softmax_backward" or name == "log_softmax_backward":
+        # a = y, or log p for log_softmax_backward.
+        comptime log_in = name == "log_softmax_backward"
+        var dx = args.held[dtype]()
+        var a = args.held[dtype]()
+        var dy = args.held[dtype]()
+        var view = args.view()
+        var call = BackwardCall[dtype, log_in, "auto"](dx, a, dy, view)
+        _launch(ctx, torch_stream, call, view.size())
+    elif name == "softmax_masked" or name == "log_softmax_masked":
+        # As the `softmax_masked` op (op/masked_softmax_ops.mojo), with the
+        # flags (MASK_FLAG, CAUSAL_FLAG) given, and `options` the float64
+        # (scale,) buffer on the context's device.
+        var flags = args.code("masked flags", FLAG_COMBINATIONS)
+        var dst = args.held[dtype]()
+        var x = args.held[dtype]()
+        var mask = args.held[dtype]()
+        var scale = args.held[DType.float64]()
+        var causal = args.view()  # (outer, L, n)
+        var mask_rows = args.int()
+        if mask_rows < 1:
+            raise Error(t"max_softmax: mask_rows must be >= 1, got {mask_rows}")
+        if causal.size() == 0:
+            return
+        var view = RowsView(causal.outer * causal.n, causal.inner, 1)
+        var call = MaskedCall[dtype, name == "log_softmax_masked"](
+            dst,
+            x,
+            view,
+            causal.n,
+            mask,
+            mask_rows,
+            DeviceOptions(scale, 1 + flags),
+        )
+        _launch(ctx, torch_stream, call, view.size())
+    elif name == "cross_entropy":
+        # d loss / d logits into `dlogits` unless its address is 0 (it may
+        # be `logits`' own where the kernels allow: torch/linear.py's
+        # `inplace_safe`); `n_options` options as `CrossEntropyCall` reads.
+        var reduction = args.code("reduction", REDUCTION_COUNT)
+        var loss = args.held[dtype]()
+        var dlogits = args.int()
+        var logits = args.int()
+        var targets = args.held[DType.int64]()
+        var values = args.held[DType.float64]()
+        var options = DeviceOptions(values, args.int())
+        var view = args.view(with_inner=False)
+        comptime for r in range(REDUCTION_COUNT):
+            comptime for g in range(2):
+                comptime with_grad = g == 1
+                if reduction == r and (dlogits != 0) == with_grad:
+                    # No gradient: the kernels never write through dlogits,
+                    # so the logits stand in (as MAX's op).
+                    var grad = dlogits if with_grad else logits
+                    var call = CrossEntropyCall[
+                        dtype, with_grad, _reduction_of[r]()
+                    ](
+                        HeldRows[dtype](unsafe_from_address=logits),
+                        targets,
+                        view,
+                        options,
+                        loss,
+                        HeldRows[dtype](unsafe_from_address=grad),
                     )
-                    return
-    raise _bad_code("dtype", code, DTYPE_COUNT)
-
-
-def sharded_row_stats(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    kind_obj: PythonObject,
-    stats_obj: PythonObject,
-    logits_obj: PythonObject,
-    targets_obj: PythonObject,
-    options_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-) raises -> PythonObject:
-    """Per-row statistics (rows, 4) of a (rows, n) slice of classes
-    (op/sharded_ops.mojo); kind 0 softmax, 1 log_softmax, 2 cross_entropy."""
-    _sharded[True](
-        ctx_ptr,
-        torch_stream,
-        dtype_obj,
-        kind_obj,
-        stats_obj,
-        logits_obj,
-        PythonObject(0),
-        targets_obj,
-        options_obj,
-        rows_obj,
-        n_obj,
-    )
-    return PythonObject(None)
-
-
-def sharded_epilogue(
-    ctx_ptr: PythonObject,
-    torch_stream: PythonObject,
-    dtype_obj: PythonObject,
-    kind_obj: PythonObject,
-    out_obj: PythonObject,
-    logits_obj: PythonObject,
-    row_in_obj: PythonObject,
-    targets_obj: PythonObject,
-    options_obj: PythonObject,
-    rows_obj: PythonObject,
-    n_obj: PythonObject,
-) raises -> PythonObject:
-    """The slice's softmax, log-softmax or cross-entropy gradient from the
-    rows' global (max, sum, scale) (rows, 3) (op/sharded_ops.mojo)."""
-    _sharded[False](
-        ctx_ptr,
-        torch_stream,
-        dtype_obj,
-        kind_obj,
-        out_obj,
-        logits_obj,
-        row_in_obj,
-        targets_obj,
-        options_obj,
-        rows_obj,
-        n_obj,
-    )
-    return PythonObject(None)
+                    _launch(ctx, torch_stream, call, view.size())
+    elif name == "scale_rows":
+        # GPU contexts only: on the CPU the caller reads the factor itself.
+        if torch_stream is PythonObject(None):
+            raise Error("max_softmax: scale_rows runs on a GPU context only")
+        var data = args.held[dtype]()
+        var factor = args.held[dtype]()
+        var view = args.view(with_inner=False)
+        var call = ScaleCall[dtype](data, factor, view, args.int() != 0)
+        _launch(ctx, torch_stream, call, view.size())
+    elif name == "sharded_row_stats" or name == "sharded_epilogue":
+        # torch/parallel.py; op/sharded_ops.mojo. Statistics read no row
+        # inputs: their own buffer stands in, never read.
+        comptime stats = name == "sharded_row_stats"
+        var kind = args.code("kind", len(KINDS))
+        var output = args.int()
+        var logits = args.held[dtype]()
+        var row_in = output if stats else args.int()
+        var targets = args.held[DType.int64]()
+        var options = args.held[DType.float64]()
+        var view = args.view(with_inner=False)
+        comptime for k in range(len(KINDS)):
+            comptime S = ShardedCall[dtype, KINDS[k], stats]
+            if kind == k:
+                var call = S(
+                    logits,
+                    view,
+                    targets,
+                    options,
+                    HeldRows[S.acc](unsafe_from_address=row_in),
+                    HeldRows[S.out_dtype](unsafe_from_address=output),
+                )
+                _launch(ctx, torch_stream, call, view.size())
+    else:
+        comptime assert False, "no such entry"
 
 
 # ===----------------------------------------------------------------------=== #
@@ -978,71 +467,12 @@ def PyInit_launch_ext() abi("C") -> PythonObject:
     """The module object Python's import machinery asks for."""
     try:
         var b = PythonModuleBuilder("launch_ext")
-        b.def_function[softmax](
-            "softmax",
-            docstring="softmax(ctx, stream, dtype, dst, src, outer, n, inner)",
-        )
-        b.def_function[log_softmax](
-            "log_softmax",
-            docstring=(
-                "log_softmax(ctx, stream, dtype, dst, src, outer, n, inner)"
-            ),
-        )
-        b.def_function[softmax_backward](
-            "softmax_backward",
-            docstring=(
-                "softmax_backward(ctx, stream, dtype, dx, y, dy, outer, n,"
-                " inner)"
-            ),
-        )
-        b.def_function[log_softmax_backward](
-            "log_softmax_backward",
-            docstring=(
-                "log_softmax_backward(ctx, stream, dtype, dx, logp, dy, outer,"
-                " n, inner)"
-            ),
-        )
-        b.def_function[softmax_masked](
-            "softmax_masked",
-            docstring=(
-                "softmax_masked(ctx, stream, dtype, flags, dst, src, mask,"
-                " options, outer, L, n, mask_rows)"
-            ),
-        )
-        b.def_function[log_softmax_masked](
-            "log_softmax_masked",
-            docstring=(
-                "log_softmax_masked(ctx, stream, dtype, flags, dst, src, mask,"
-                " options, outer, L, n, mask_rows)"
-            ),
-        )
-        b.def_function[cross_entropy](
-            "cross_entropy",
-            docstring=(
-                "cross_entropy(ctx, stream, dtype, reduction, loss, dlogits,"
-                " logits, targets, options, n_options, rows, n)"
-            ),
-        )
-        b.def_function[scale_rows](
-            "scale_rows",
-            docstring=(
-                "scale_rows(ctx, stream, dtype, data, factor, rows, n, per_row)"
-            ),
-        )
-        b.def_function[sharded_row_stats](
-            "sharded_row_stats",
-            docstring=(
-                "sharded_row_stats(ctx, stream, dtype, kind, stats, logits,"
-                " targets, options, rows, n)"
-            ),
-        )
-        b.def_function[sharded_epilogue](
-            "sharded_epilogue",
-            docstring=(
-                "sharded_epilogue(ctx, stream, dtype, kind, out, logits,"
-                " row_in, targets, options, rows, n)"
-            ),
-        )
+        comptime for i in range(len(ENTRIES)):
+            comptime name: StaticString = ENTRIES[i]
+            comptime arguments: StaticString = ARGUMENTS[i]
+            b.def_py_function[_entry[name, arguments]](
+                name, docstring=arguments
+            )
         return b.finalize()
     except e:
         abort(t"max_softmax: failed to create the launch_ext module: {e}")

@@ -141,8 +141,8 @@ def cross_entropy(
     where torch/linear.py's `inplace_safe` allows). `options` is the
     contiguous float64 options tensor on the logits' device
     (`_options.options_tensor`): (ignore_index, label_smoothing), or with
-    z-loss, softcap or class weights (ignore_index, label_smoothing, z_loss,
-    softcap[, a weight per class]), the extended kernels. With no rows or no
+    z-loss, softcap or class weights the extended options laid out by
+    `validation.cross_entropy_options`, the extended kernels. With no rows or no
     classes the loss is `EMPTY_LOSS[reduction]` and dlogits zeros, as the
     bridge's graph path gives. Ordering and guarantees as `run`."""
     if fill_empty_cross_entropy(loss, dlogits, logits, reduction):
