@@ -29,7 +29,8 @@ from max_softmax.dtypes import to_buffer
 SHAPES = ("4096x4096", "512x50257", "4x1048576")
 
 
-def _best(fn, x) -> float:
+def _seconds(fn, x) -> float:
+    """The wall time of one call `fn(x)`."""
     t0 = time.perf_counter()
     fn(x)
     return time.perf_counter() - t0
@@ -60,7 +61,7 @@ def measure(shape: str, rounds: int) -> dict:
     times: dict[str, list[float]] = {k: [] for k in providers}
     for r in range(rounds):
         for name, fn in providers.items():
-            times[name].append(_best(fn, xs[r % len(xs)]))
+            times[name].append(_seconds(fn, xs[r % len(xs)]))
     best = {k: min(v) for k, v in times.items()}
     return {
         "shape": shape,

@@ -175,8 +175,6 @@ def check_cross_entropy_options(
 def check_cross_entropy_extras(z_loss: float, softcap: float | None) -> tuple[float, float]:
     """Return (z_loss, softcap) as the kernels take them (softcap None -> 0,
     off), or raise: both finite numbers >= 0."""
-    if softcap is None and type(z_loss) is float and z_loss == 0.0:
-        return 0.0, 0.0  # the defaults: every cross-entropy call asks this
     values = []
     for name, value in (("z_loss", z_loss), ("softcap", 0.0 if softcap is None else softcap)):
         if not _is_real(value):

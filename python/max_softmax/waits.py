@@ -203,7 +203,8 @@ def _time_first_loads() -> None:
     @functools.wraps(original)
     def load(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
         with _users_lock:
-            first = model in _unloaded if not isinstance(model, (str, os.PathLike)) else False
+            # A path is no graph (and no WeakSet member: it has no weakref).
+            first = not isinstance(model, (str, os.PathLike)) and model in _unloaded
             if first:
                 _unloaded.discard(model)
         if not first:
