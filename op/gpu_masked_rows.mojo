@@ -28,7 +28,6 @@ host: the launch is capture-safe.
 
 from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
-    WARP_SIZE,
     block_idx,
     thread_idx,
 )
@@ -48,9 +47,8 @@ from .gpu_register_rows import (
     RegisterPlanKernel,
     block_threads,
     enqueue_split_aligned,
-    pdl_start,
     register_plan,
-    vector_path,
+    register_rows,
 )
 from .row_math import (
     accum_dtype,
@@ -61,6 +59,7 @@ from .row_math import (
     sum_shift,
     vector_width,
 )
+from .row_op import RegisterRowOp
 from .variants import RowStrategies, Strategy, launch_strategy, no_strategy
 
 # Threads of the block-per-row kernel for rows past the register plans.
@@ -158,10 +157,10 @@ def masked_register_kernel[
     vector_flag: Int32,
 ):
     """Masked softmax of rows of length `n <= threads * V * K`, z held in
-    registers (thread t's chunks as in gpu_register_rows: vector chunk k is
-    elements [(k*threads + t)*V, +V), scalar element (k*V + v)*threads + t).
-    Launched with Programmatic Dependent Launch if `pdl`, and compiled for
-    aligned rows only if `aligned`, as `register_rows_kernel`.
+    registers: the register strategy (`register_rows`, whose chunks thread
+    t holds) over `MaskedRegisterRow`. Launched with Programmatic Dependent
+    Launch if `pdl`, and compiled for aligned rows only if `aligned`, as
+    `register_rows_kernel`.
 
     Args:
         dst: Output rows.
@@ -174,72 +173,162 @@ def masked_register_kernel[
         causal_rows: L: causal row r keeps columns j <= r % L.
         vector_flag: Nonzero when dst, src and mask rows start 16-byte aligned.
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
     comptime assert max(V, 4) * K <= MAX_ROW_REGISTERS
-    comptime block = block_threads[threads]()
-    pdl_start[pdl]()
-    var vector_loads = vector_path[aligned](vector_flag)
-    var t = Int(thread_idx.x) % threads
-    var row = (
-        Int(block_idx.x) * (block // threads) + Int(thread_idx.x) // threads
+    var op = MaskedRegisterRow[dtype, log_out, has_mask, causal, threads, V, K](
+        MaskedRows[dtype, log_out, has_mask, causal](
+            held(dst),
+            held(src),
+            held(mask),
+            held(options),
+            Int(rows),
+            Int(n),
+            Int(mask_rows),
+            Int(causal_rows),
+            vector_flag,
+        )
     )
-    # Past the last row: as register_rows_kernel, stay (len = 0) for the
-    # group's shuffles and barriers unless the group is one warp.
-    var len = Int(n)
-    if row >= Int(rows):
-        comptime if threads == WARP_SIZE:
-            return
-        len = 0
-        row = 0
-    var scale = options[unsafe_offset=0].cast[acc]()
+    register_rows[pdl=pdl, aligned=aligned](op, rows, n, vector_flag)
+
+
+struct MaskedRegisterRow[
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+    T: Int,
+    V: Int,
+    K: Int,
+](RegisterRowOp):
+    """Masked softmax (log-softmax with `log_out`) of `src` into `dst` as a
+    `RegisterRowOp`: K chunks of V a thread, held as z = x * scale + mask
+    in the accumulator type (-inf past the row or a causal row's diagonal,
+    which is not read); it folds (max, sum of exp(z - max))."""
+
+    comptime threads = Self.T
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var rows: MaskedRows[Self.dtype, Self.log_out, Self.has_mask, Self.causal]
+    """The tensors and their shape."""
+    var x: HeldRows[Self.dtype]
+    """This group's input row."""
+    var y: HeldRows[Self.dtype]
+    """This group's output row."""
+    var m_row: HeldRows[Self.dtype]
+    """This group's mask row."""
+    var len: Int
+    """Elements of the row written (0 past the last row)."""
     var limit: Int
-    comptime if causal:
-        limit = row_limit[causal](row, len, Int(causal_rows))
-    else:
-        limit = len
-    var x = src.unsafe_offset(row * Int(n))
-    var y = dst.unsafe_offset(row * Int(n))
-    var m_row = mask.unsafe_offset((row % Int(mask_rows)) * Int(n))
-    var z = SIMD[acc, V * K](-inf[acc]())
-    comptime for k in range(K):
-        var zc: SIMD[acc, V]
-        if vector_loads:
-            zc = _chunk[dtype, has_mask, causal, V](
-                x, m_row, (k * threads + t) * V, limit, scale
-            )
+    """Elements of the row read: `len`, or to a causal row's diagonal."""
+    var z: SIMD[Self.acc, Self.V * Self.K]
+    """The thread's chunks of z."""
+    var scale: Scalar[Self.acc]
+    """What x is multiplied by."""
+    var shift: Scalar[Self.acc]
+    """`sum_shift` of the row's max."""
+    var rs: Scalar[Self.acc]
+    """The row's `masked_row_scale`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        rows: MaskedRows[Self.dtype, Self.log_out, Self.has_mask, Self.causal],
+    ):
+        """The op on these rows; nothing is read yet (the strategy may
+        first wait for the previous grid)."""
+        self.rows = rows
+        self.x = rows.src
+        self.y = rows.dst
+        self.m_row = rows.mask
+        self.len = 0
+        self.limit = 0
+        self.scale = 0
+        self.z = SIMD[Self.acc, Self.V * Self.K](0)
+        self.shift = 0
+        self.rs = 0
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int):
+        """The scale, the row's limit, its input, output and mask rows."""
+        var n = self.rows.n
+        self.scale = self.rows.options[unsafe_offset=0].cast[Self.acc]()
+        self.len = len
+        comptime if Self.causal:
+            self.limit = row_limit[Self.causal](row, len, self.rows.causal_rows)
         else:
-            zc = SIMD[acc, V](-inf[acc]())
-            comptime for v in range(V):
-                zc[v] = _element[dtype, has_mask](
-                    x, m_row, (k * V + v) * threads + t, limit, scale
+            self.limit = len
+        self.x = self.rows.src.unsafe_offset(row * n)
+        self.y = self.rows.dst.unsafe_offset(row * n)
+        self.m_row = self.rows.mask.unsafe_offset(
+            (row % self.rows.mask_rows) * n
+        )
+
+    @always_inline
+    def fold(mut self, t: Int, vector_loads: Bool):
+        """Load z (-inf past the limit), then the row's shift and
+        `masked_row_scale`."""
+        comptime acc = Self.acc
+        comptime assert acc.is_floating_point()
+        comptime block = block_threads[Self.T]()
+        var x = kernel_arg(self.x)
+        var m_row = kernel_arg(self.m_row)
+        var z = SIMD[acc, Self.V * Self.K](-inf[acc]())
+        comptime for k in range(Self.K):
+            var zc: SIMD[acc, Self.V]
+            if vector_loads:
+                zc = _chunk[Self.dtype, Self.has_mask, Self.causal, Self.V](
+                    x, m_row, (k * Self.T + t) * Self.V, self.limit, self.scale
                 )
-        z = z.insert[offset=k * V](zc)
-    var row_max = block_max[acc, threads, block](z.reduce_max())
-    var shift = sum_shift[acc](row_max)
-    var s = Scalar[acc](0)
-    comptime for k in range(K):
-        s += (
-            masked_epilogue[False, acc, V](
-                z.slice[V, offset=k * V](), shift, Scalar[acc](1)
-            )
-        ).reduce_add()
-    var rs = masked_row_scale[log_out, acc](
-        block_sum[acc, threads, block](s), row_max
-    )
-    comptime for k in range(K):
-        var out = masked_epilogue[log_out, acc, V](
-            z.slice[V, offset=k * V](), shift, rs
-        ).cast[dtype]()
-        if vector_loads:
-            var e0 = (k * threads + t) * V
-            if e0 < len:
-                y.unsafe_offset(e0).unsafe_store[alignment=16](out)
-        else:
-            comptime for v in range(V):
-                var e = (k * V + v) * threads + t
-                if e < len:
-                    y[unsafe_offset=e] = out[v]
+            else:
+                zc = SIMD[acc, Self.V](-inf[acc]())
+                comptime for v in range(Self.V):
+                    zc[v] = _element[Self.dtype, Self.has_mask](
+                        x,
+                        m_row,
+                        (k * Self.V + v) * Self.T + t,
+                        self.limit,
+                        self.scale,
+                    )
+            z = z.insert[offset=k * Self.V](zc)
+        self.z = z
+        var row_max = block_max[acc, Self.T, block](z.reduce_max())
+        self.shift = sum_shift[acc](row_max)
+        var s = Scalar[acc](0)
+        comptime for k in range(Self.K):
+            s += (
+                masked_epilogue[False, acc, Self.V](
+                    z.slice[Self.V, offset=k * Self.V](),
+                    self.shift,
+                    Scalar[acc](1),
+                )
+            ).reduce_add()
+        self.rs = masked_row_scale[Self.log_out, acc](
+            block_sum[acc, Self.T, block](s), row_max
+        )
+
+    @always_inline
+    def finish(self, live: Bool, row: Int, t: Int):
+        """Nothing a row."""
+        pass
+
+    @always_inline
+    def write(self, t: Int, vector_loads: Bool):
+        """The chunks' masked softmax, to the row's end (0 or -inf past a
+        causal row's diagonal)."""
+        comptime acc = Self.acc
+        var y = kernel_arg(self.y)
+        comptime for k in range(Self.K):
+            var out = masked_epilogue[Self.log_out, acc, Self.V](
+                self.z.slice[Self.V, offset=k * Self.V](), self.shift, self.rs
+            ).cast[Self.dtype]()
+            if vector_loads:
+                var e0 = (k * Self.T + t) * Self.V
+                if e0 < self.len:
+                    y.unsafe_offset(e0).unsafe_store[alignment=16](out)
+            else:
+                comptime for v in range(Self.V):
+                    var e = (k * Self.V + v) * Self.T + t
+                    if e < self.len:
+                        y[unsafe_offset=e] = out[v]
 
 
 @__llvm_metadata(
@@ -315,7 +404,7 @@ def masked_block_kernel[
 
 @fieldwise_init
 struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
-    AlignedInstances, RegisterPlanKernel, RowStrategies
+    AlignedInstances, ImplicitlyCopyable, RegisterPlanKernel, RowStrategies
 ):
     """Masked rows with their buffers: the strategies "register"
     (`masked_register_kernel`, rows to 32K elements) and "block"
