@@ -33,8 +33,16 @@ FWD_SHAPES = [
     (32, 1048576),
 ]
 CE_SHAPES = [(16384, 32000), (8192, 50257), (4096, 128256)]
-OPS = ("softmax", "log_softmax", "softmax_backward", "cross_entropy", "causal")
-TENSORS = {"softmax": 2, "log_softmax": 2, "softmax_backward": 3, "cross_entropy": 2, "causal": 2}
+MASKED_SHAPES = [(16384, 128), (4096, 1024), (4096, 4096), (4096, 16384), (2048, 32768)]
+OPS = ("softmax", "log_softmax", "softmax_backward", "cross_entropy", "causal", "masked")
+TENSORS = {
+    "softmax": 2,
+    "log_softmax": 2,
+    "softmax_backward": 3,
+    "cross_entropy": 2,
+    "causal": 2,
+    "masked": 3,
+}
 
 
 def _graph(op: str, dtype: str, k: int, cpu: bool = False):
@@ -47,7 +55,7 @@ def _graph(op: str, dtype: str, k: int, cpu: bool = False):
     dt = {"float32": DType.float32, "bfloat16": DType.bfloat16}[dtype]
     gpu = DeviceRef.CPU() if cpu else DeviceRef.GPU()
     x = TensorType(dt, ["rows", "n"], gpu)
-    if op == "softmax_backward":
+    if op in ("softmax_backward", "masked"):
         types = [x] * (2 * k)
     elif op == "cross_entropy":
         types = [x, TensorType(DType.int64, ["rows"], gpu)] * k
@@ -63,6 +71,10 @@ def _graph(op: str, dtype: str, k: int, cpu: bool = False):
                 outs.append(max_softmax.ops.log_softmax(ins[i], axis=-1))
             elif op == "causal":
                 outs.append(max_softmax.ops.softmax(ins[i], axis=-1, causal=True))
+            elif op == "masked":
+                outs.append(
+                    max_softmax.ops.softmax(ins[2 * i], axis=-1, scale=0.125, mask=ins[2 * i + 1])
+                )
             elif op == "softmax_backward":
                 outs.append(max_softmax.ops.softmax_backward(ins[2 * i], ins[2 * i + 1], axis=-1))
             else:
@@ -89,7 +101,7 @@ def _inputs(op: str, dtype: str, rows: int, n: int, k: int, gpu, rng):
     bufs = []
     for _ in range(k):
         bufs.append(tensor())
-        if op == "softmax_backward":
+        if op in ("softmax_backward", "masked"):
             bufs.append(tensor())
         elif op == "cross_entropy":
             bufs.append(Buffer.from_numpy(rng.integers(0, n, rows).astype(np.int64)).to(gpu))
@@ -110,6 +122,8 @@ def run(args: argparse.Namespace) -> None:
             shapes = CE_SHAPES if op == "cross_entropy" else FWD_SHAPES
             if op == "causal":
                 shapes = [(4096, 4096), (8192, 8192)]
+            elif op == "masked":
+                shapes = MASKED_SHAPES
             size = 4 if dtype == "float32" else 2
             models = {}
             for rows, n in shapes:
