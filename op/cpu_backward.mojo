@@ -17,20 +17,14 @@ from .cpu_sweeps import (
     each_piece,
     run_rows,
 )
-from .gpu_launch import HeldRows, held
+from .gpu_launch import HeldRows
 from .row_math import accum_dtype, backward_out, backward_term
+from .row_tensors import RowTensors
 
 
 def softmax_backward_cpu[
     dtype: DType, log_in: Bool
-](
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
+](t: RowTensors[dtype], outer: Int, n: Int, inner: Int) raises:
     """Gradient of softmax (a = y) or log-softmax (a = log p) for every row.
 
     Parameters:
@@ -38,9 +32,9 @@ def softmax_backward_cpu[
         log_in: `a` is log-softmax output (log_softmax_backward).
 
     Args:
-        dx: Output gradient, `outer * n * inner` elements, row-major.
-        a: The forward op's output.
-        dy: The incoming gradient.
+        t: The gradient (`dst`; `outer * n * inner` elements, row-major)
+            from the forward op's output (`a`) and the incoming gradient
+            (`b`).
         outer: Product of the dims before the axis.
         n: Length of the axis.
         inner: Product of the dims after it.
@@ -48,10 +42,7 @@ def softmax_backward_cpu[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     run_rows[simd_width_of[acc]()](
-        BackwardRows[dtype, log_in](held(dx), held(a), held(dy)),
-        outer,
-        n,
-        inner,
+        BackwardRows[dtype, log_in](t), outer, n, inner
     )
 
 
@@ -65,12 +56,9 @@ struct BackwardPlaces[dtype: DType, log_in: Bool, contiguous: Bool](
 
     comptime acc = accum_dtype[Self.dtype]()
 
-    var dx: HeldRows[Self.dtype]
-    """Output gradient."""
-    var a: HeldRows[Self.dtype]
-    """The forward op's output."""
-    var dy: HeldRows[Self.dtype]
-    """The incoming gradient."""
+    var t: RowTensors[Self.dtype]
+    """The gradient (`dst`) from the forward op's output (`a`) and dy
+    (`b`)."""
     var base: Int
     """Place 0's element."""
     var stride: Int
@@ -87,13 +75,18 @@ struct BackwardPlaces[dtype: DType, log_in: Bool, contiguous: Bool](
         else:
             return self.base + j * self.stride
 
+    @staticmethod
+    @always_inline
+    def load[w: Int](x: HeldRows[Self.dtype], at: Int) -> SIMD[Self.acc, w]:
+        """The w elements of `x` at `at`, widened."""
+        return x.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc]()
+
     @always_inline
     def term[w: Int](self, j: Int) -> SIMD[Self.acc, w]:
         """`backward_term` of the w elements at place j."""
         var at = self.at(j)
         return backward_term[Self.log_in, Self.acc, w](
-            self.a.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
-            self.dy.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
+            self.load[w](self.t.a, at), self.load[w](self.t.b, at)
         )
 
     @always_inline
@@ -101,11 +94,9 @@ struct BackwardPlaces[dtype: DType, log_in: Bool, contiguous: Bool](
         """Write dx of the w elements at place j given their sums `s`."""
         var at = self.at(j)
         var g = backward_out[Self.log_in, Self.acc, w](
-            self.a.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
-            self.dy.unsafe_offset(at).unsafe_load[width=w]().cast[Self.acc](),
-            s,
+            self.load[w](self.t.a, at), self.load[w](self.t.b, at), s
         )
-        self.dx.unsafe_offset(at).unsafe_store(g.cast[Self.dtype]())
+        self.t.dst.unsafe_offset(at).unsafe_store(g.cast[Self.dtype]())
 
     @always_inline
     def put[w: Int](self, j: Int):
@@ -118,19 +109,16 @@ struct BackwardRows[dtype: DType, log_in: Bool](RowBlocks):
     """The backward of whole rows: two sweeps, the row's sum of
     `backward_term` and the gradient."""
 
-    var dx: HeldRows[Self.dtype]
-    """Output gradient."""
-    var a: HeldRows[Self.dtype]
-    """The forward op's output."""
-    var dy: HeldRows[Self.dtype]
-    """The incoming gradient."""
+    var t: RowTensors[Self.dtype]
+    """The gradient (`dst`) from the forward op's output (`a`) and dy
+    (`b`)."""
 
     def rows(self, begin: Int, end: Int, n: Int) raises:
         """Contiguous rows begin ... end - 1, SIMD across each row."""
         comptime W = simd_width_of[accum_dtype[Self.dtype]()]()
         for r in range(begin, end):
             var places = BackwardPlaces[Self.dtype, Self.log_in, True](
-                self.dx, self.a, self.dy, r * n, 1, 0
+                self.t, r * n, 1, 0
             )
             places.s = blocked_sum[W](places, n)
             each_piece[W](places, n)
@@ -139,7 +127,7 @@ struct BackwardRows[dtype: DType, log_in: Bool](RowBlocks):
     def columns[w: Int](self, base: Int, n: Int, stride: Int):
         """`w` adjacent columns of stride `stride` at once."""
         var places = BackwardPlaces[Self.dtype, Self.log_in, False](
-            self.dx, self.a, self.dy, base, stride, 0
+            self.t, base, stride, 0
         )
         var s = column_sum[w](places, n)
         for j in range(n):

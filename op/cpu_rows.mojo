@@ -35,6 +35,7 @@ from .row_math import (
     row_scale,
     sum_shift,
 )
+from .row_tensors import RowTensors
 
 # Elements of a row a task takes when few long rows are split across cores
 # (256 KB of float32: the task's sweeps stay in L2).
@@ -43,27 +44,21 @@ comptime ROW_CHUNK = 1 << 16
 
 def softmax_cpu[
     dtype: DType, log_out: Bool
-](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    """Softmax (or log-softmax) of every row of `src` into `dst`.
+](t: RowTensors[dtype], outer: Int, n: Int, inner: Int) raises:
+    """Softmax (or log-softmax) of every row of the input into the output.
 
     Parameters:
         dtype: Element type of both tensors.
         log_out: Write log-softmax instead of softmax.
 
     Args:
-        dst: Output, `outer * n * inner` elements, row-major.
-        src: Input, same shape.
+        t: The output (`dst`; `outer * n * inner` elements, row-major) and
+            the input (`a`), the same shape.
         outer: Product of the dims before the softmax axis.
         n: Length of the softmax axis.
         inner: Product of the dims after it.
     """
-    var op = SoftmaxRows[dtype, log_out](held(dst), held(src))
+    var op = SoftmaxRows[dtype, log_out](t.dst, t.a)
     # Fewer long rows than cores: a task per row would leave cores idle.
     # With a row a core or more, whole rows are faster: at 4 x 1M float32 on
     # 2 cores, 1.9-3.0 ms against 3.3-4.0 ms for 64 chunks in two parallel

@@ -41,20 +41,16 @@ from .cpu_rows import softmax_cpu
 from .gpu_backward_rows import (
     backward_plan_registers,
     backward_register_kernel_for,
+    backward_strided_kernel,
     launch_backward_block,
-    launch_backward_strided,
 )
-from .gpu_backward_smem_rows import (
-    SMEM_TENSORS,
-    launch_backward_cluster,
-    launch_backward_smem,
-)
+from .gpu_backward_smem_rows import SMEM_TENSORS, launch_backward_parts
 from .gpu_backward_stream_rows import (
     BACKWARD_TENSORS,
     backward_stream_chunk,
     launch_backward_stream,
 )
-from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
+from .gpu_launch import aligned16, vector_flag_of
 from .gpu_register_rows import (
     MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
@@ -75,8 +71,9 @@ from .gpu_smem_rows import (
 from .gpu_split_rows import launch_split_rows
 from .gpu_split_stream_rows import launch_split_stream, split_stream_fits
 from .gpu_split_workspace import on_chip_split_capacity
-from .gpu_strided_rows import launch_strided_rows
+from .gpu_strided_rows import launch_strided, strided_rows_kernel
 from .row_math import vector_width
+from .row_tensors import LaunchRows, tensors_of
 from .variants import (
     RowStrategies,
     Strategy,
@@ -86,14 +83,9 @@ from .variants import (
 )
 
 comptime RowsLauncher[dtype: DType] = def(
-    DeviceContext,
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Int,
-    Int,
-    Bool,
+    DeviceContext, LaunchRows[dtype]
 ) raises thin -> None
-"""Launches one family on (ctx, dst, src, rows, n, aligned): contiguous rows."""
+"""Launches one family on contiguous rows (their `src` is `a`, and `b`)."""
 
 # Fewer rows than this (two per H100 SM) cannot fill the GPU one block per
 # row, so long rows are split across blocks instead.
@@ -195,16 +187,8 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
         """The op's name in error messages."""
         return "log_softmax" if Self.log_out else "softmax"
 
-    var dst: HeldRows[Self.dtype]
-    """Output rows."""
-    var src: HeldRows[Self.dtype]
-    """Input rows."""
-    var rows: Int
-    """Number of rows."""
-    var n: Int
-    """Row length."""
-    var aligned: Bool
-    """Whether the buffers start 16-byte aligned."""
+    var r: LaunchRows[Self.dtype]
+    """The rows: `src` (`a`, also `b`) into `dst`."""
 
     @staticmethod
     def has(s: Strategy) -> Bool:
@@ -231,74 +215,52 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
         """`gpu_kernel_for`; a GPU too small to hold a row's chunks at once
         (a MIG slice) gets the kernel that needs no co-residency."""
         comptime V = vector_width[Self.dtype]()
+        var r = self.r
         var s = gpu_kernel_for(
-            self.rows,
-            self.n,
+            r.rows,
+            r.n,
             V,
-            wide_warp_rows[Self.dtype](vector_flag_of(self.aligned, self.n, V)),
+            wide_warp_rows[Self.dtype](vector_flag_of(r.aligned, r.n, V)),
         )
         if s == Strategy.SPLIT_STREAM and not split_stream_fits[Self.dtype](
-            ctx, self.n
+            ctx, r.n
         ):
             return Strategy.SPLIT
         return s
 
     def launch[s: Strategy](self, ctx: DeviceContext) raises:
         """Enqueue the rows under `s`."""
-        var dst = kernel_arg(self.dst)
-        var src = kernel_arg(self.src)
+        var r = self.r
         comptime if s == Strategy.WARP or s == Strategy.BLOCK_ROWS:
             launch_register_rows[
                 Self.dtype, Self.log_out, s == Strategy.BLOCK_ROWS
-            ](ctx, dst, src, self.rows, self.n, self.aligned)
+            ](ctx, r.dst(), r.a(), r.rows, r.n, r.aligned)
         elif s == Strategy.SMEM:
-            launch_smem_rows[Self.dtype, Self.log_out](
-                ctx, dst, src, self.rows, self.n, self.aligned
-            )
+            launch_smem_rows[Self.dtype, Self.log_out](ctx, r)
         elif s == Strategy.SPLIT_STREAM:
-            launch_split_stream[Self.dtype, Self.log_out](
-                ctx, dst, src, self.rows, self.n, self.aligned
-            )
+            launch_split_stream[Self.dtype, Self.log_out](ctx, r)
         elif s == Strategy.SPLIT:
-            launch_split_rows[Self.dtype, Self.log_out](
-                ctx, dst, src, self.rows, self.n, self.aligned
-            )
+            launch_split_rows[Self.dtype, Self.log_out](ctx, r)
         else:
             no_strategy(Self.op_name())
 
 
 def launch_variant[
     dtype: DType, log_out: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the forward on `rows` contiguous rows of `n` under the
-    strategy `variant` names ("auto": the table; "warp", "block", "smem",
-    "split", "split_stream"). Raises for another name and where the
-    strategy cannot take rows of `n`."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch the forward on `r`'s rows under the strategy `variant` names
+    ("auto": the table; "warp", "block", "smem", "split", "split_stream").
+    Raises for another name and where the strategy cannot take rows of
+    `n`."""
     launch_strategy[ForwardRows[dtype, log_out], variant](
-        ForwardRows[dtype, log_out](held(dst), held(src), rows, n, aligned),
-        ctx,
+        ForwardRows[dtype, log_out](r), ctx
     )
 
 
-def launch_auto[
-    dtype: DType, log_out: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """`launch_variant` with "auto": the strategy `gpu_kernel_for` picks."""
-    launch_variant[dtype, log_out, "auto"](ctx, dst, src, rows, n, aligned)
+comptime launch_auto[dtype: DType, log_out: Bool] = launch_variant[
+    dtype, log_out, "auto"
+]
+"""`launch_variant` with "auto": the strategy `gpu_kernel_for` picks."""
 
 
 def softmax_rows[
@@ -320,12 +282,21 @@ def softmax_rows[
     if outer * n * inner == 0:
         return
     comptime if target == "cpu":
-        softmax_cpu[dtype, log_out](dst, src, outer, n, inner)
+        softmax_cpu[dtype, log_out](tensors_of(dst, src, src), outer, n, inner)
     elif target == "gpu":
         if inner != 1:
-            launch_strided_rows[dtype, log_out](ctx, dst, src, outer, n, inner)
+            launch_strided[strided_rows_kernel[dtype, log_out]](
+                ctx,
+                outer * inner,
+                dst,
+                src,
+                Int64(outer),
+                Int64(n),
+                Int64(inner),
+            )
         else:
-            launch_rows(ctx, dst, src, outer, n, aligned16(Int(src), Int(dst)))
+            var aligned = aligned16(Int(src), Int(dst))
+            launch_rows(ctx, LaunchRows(dst, src, src, outer, n, aligned))
     else:
         raise Error("max_softmax: unsupported target " + String(target))
 
@@ -344,18 +315,8 @@ struct BackwardRows[dtype: DType, log_in: Bool](
         """The op's name in error messages."""
         return "log_softmax_backward" if Self.log_in else "softmax_backward"
 
-    var dx: HeldRows[Self.dtype]
-    """Output gradient rows."""
-    var a: HeldRows[Self.dtype]
-    """Forward output rows (y or log p)."""
-    var dy: HeldRows[Self.dtype]
-    """Incoming gradient rows."""
-    var rows: Int
-    """Number of rows."""
-    var n: Int
-    """Row length."""
-    var aligned: Bool
-    """Whether the buffers start 16-byte aligned."""
+    var r: LaunchRows[Self.dtype]
+    """The rows: dx (`dst`) from y or log p (`a`) and dy (`b`)."""
 
     @staticmethod
     def has(s: Strategy) -> Bool:
@@ -370,43 +331,31 @@ struct BackwardRows[dtype: DType, log_in: Bool](
         """`backward_kernel_for`; as the forward, a GPU too small for a
         row's chunks (a MIG slice) gets the block-per-row kernel."""
         var s = backward_kernel_for(
-            self.rows,
-            self.n,
+            self.r.rows,
+            self.r.n,
             vector_width[Self.dtype](),
             backward_stream_chunk[Self.dtype](),
         )
         if s == Strategy.SPLIT_STREAM and not split_stream_fits[
             Self.dtype, BACKWARD_TENSORS
-        ](ctx, self.n):
+        ](ctx, self.r.n):
             return Strategy.BLOCK
         return s
 
     def launch[s: Strategy](self, ctx: DeviceContext) raises:
         """Enqueue the rows under `s`."""
-        var dx = kernel_arg(self.dx)
-        var a = kernel_arg(self.a)
-        var dy = kernel_arg(self.dy)
         comptime if s == Strategy.REGISTER:
             comptime V = vector_width[Self.dtype]()
             launch_register_strategy[V, backward_plan_registers(V)](
-                ctx, self, self.rows, self.n, Self.op_name()
-            )
-        elif s == Strategy.SMEM:
-            launch_backward_smem[Self.dtype, Self.log_in](
-                ctx, dx, a, dy, self.rows, self.n, self.aligned
+                ctx, self, self.r.rows, self.r.n, Self.op_name()
             )
         elif s.kind == Strategy.SMEM.kind:
-            launch_backward_cluster[Self.dtype, Self.log_in, s.form](
-                ctx, dx, a, dy, self.rows, self.n, self.aligned
-            )
+            # `form`: the blocks a row (SMEM, CLUSTER2, CLUSTER4).
+            launch_backward_parts[Self.dtype, Self.log_in, s.form](ctx, self.r)
         elif s == Strategy.SPLIT_STREAM:
-            launch_backward_stream[Self.dtype, Self.log_in](
-                ctx, dx, a, dy, self.rows, self.n, self.aligned
-            )
+            launch_backward_stream[Self.dtype, Self.log_in](ctx, self.r)
         elif s == Strategy.BLOCK:
-            launch_backward_block[Self.dtype, Self.log_in](
-                ctx, dx, a, dy, self.rows, self.n, self.aligned
-            )
+            launch_backward_block[Self.dtype, Self.log_in](ctx, self.r)
         else:
             no_strategy(Self.op_name())
 
@@ -418,13 +367,14 @@ struct BackwardRows[dtype: DType, log_in: Bool](
         comptime kernel = backward_register_kernel_for[
             Self.dtype, Self.log_in, T, K
         ]
+        var r = self.r
         ctx.enqueue_function[kernel](
-            kernel_arg(self.dx),
-            kernel_arg(self.a),
-            kernel_arg(self.dy),
-            Int64(self.rows),
-            Int64(self.n),
-            vector_flag_of(self.aligned, self.n, vector_width[Self.dtype]()),
+            r.dst(),
+            r.a(),
+            r.b(),
+            Int64(r.rows),
+            Int64(r.n),
+            vector_flag_of(r.aligned, r.n, vector_width[Self.dtype]()),
             grid_dim=grid,
             block_dim=block,
         )
@@ -432,22 +382,11 @@ struct BackwardRows[dtype: DType, log_in: Bool](
 
 def launch_backward_rows[
     dtype: DType, log_in: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the backward on `rows` contiguous rows of `n` under the
-    strategy `variant` names ("auto": `backward_kernel_for`)."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch the backward on `r`'s rows under the strategy `variant` names
+    ("auto": `backward_kernel_for`)."""
     launch_strategy[BackwardRows[dtype, log_in], variant](
-        BackwardRows[dtype, log_in](
-            held(dx), held(a), held(dy), rows, n, aligned
-        ),
-        ctx,
+        BackwardRows[dtype, log_in](r), ctx
     )
 
 
@@ -471,15 +410,25 @@ def softmax_backward_rows[
     if outer * n * inner == 0:
         return
     comptime if target == "cpu":
-        softmax_backward_cpu[dtype, log_in](dx, a, dy, outer, n, inner)
+        softmax_backward_cpu[dtype, log_in](
+            tensors_of(dx, a, dy), outer, n, inner
+        )
     elif target == "gpu":
         if inner != 1:
-            launch_backward_strided[dtype, log_in](
-                ctx, dx, a, dy, outer, n, inner
+            launch_strided[backward_strided_kernel[dtype, log_in]](
+                ctx,
+                outer * inner,
+                dx,
+                a,
+                dy,
+                Int64(outer),
+                Int64(n),
+                Int64(inner),
             )
         else:
+            var aligned = aligned16(Int(dx), Int(a), Int(dy))
             launch_backward_rows[dtype, log_in, variant](
-                ctx, dx, a, dy, outer, n, aligned16(Int(dx), Int(a), Int(dy))
+                ctx, LaunchRows(dx, a, dy, outer, n, aligned)
             )
     else:
         raise Error("max_softmax: unsupported target " + String(target))

@@ -17,7 +17,6 @@ Rows along another axis use a thread per column, as gpu_strided_rows does.
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceContext
-from std.math import ceildiv
 from std.memory import bitcast
 from std.sys import inlined_assembly, size_of
 from std.utils import StaticTuple
@@ -32,6 +31,7 @@ from .gpu_register_rows import (
     register_rows,
     store_row_chunks,
 )
+from .gpu_strided_rows import STRIDED_THREADS
 from .row_math import (
     accum_dtype,
     backward_out,
@@ -40,8 +40,8 @@ from .row_math import (
     vector_width,
 )
 from .row_op import RegisterRowOp
+from .row_tensors import LaunchRows
 
-comptime BACKWARD_STRIDED_THREADS = 256
 # 32-bit registers of each tensor's row values a thread holds, as loaded:
 # the two tensors share the forward's budget (MAX_ROW_REGISTERS).
 comptime BACKWARD_ROW_REGISTERS = 32
@@ -417,7 +417,7 @@ def backward_strided_kernel[
     """One thread per column (o, i) of the (outer, n, inner) view."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var col = Int(block_idx.x) * BACKWARD_STRIDED_THREADS + Int(thread_idx.x)
+    var col = Int(block_idx.x) * STRIDED_THREADS + Int(thread_idx.x)
     var stride = Int(inner)
     if col >= Int(outer) * stride:
         return
@@ -453,52 +453,19 @@ dispatch.mojo enqueues it)."""
 
 def launch_backward_block[
     dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `backward_rows_kernel`, a block per row: any row length."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `backward_rows_kernel` on `r`'s rows (dx from a and dy), a
+    block per row: any row length."""
     comptime V = vector_width[dtype]()
     comptime kernel = backward_rows_kernel[
         dtype, log_in, BACKWARD_BLOCK_THREADS, V
     ]
     ctx.enqueue_function[kernel](
-        dx,
-        a,
-        dy,
-        Int64(n),
-        vector_flag_of(aligned, n, V),
-        grid_dim=rows,
+        r.dst(),
+        r.a(),
+        r.b(),
+        Int64(r.n),
+        vector_flag_of(r.aligned, r.n, V),
+        grid_dim=r.rows,
         block_dim=BACKWARD_BLOCK_THREADS,
-    )
-
-
-def launch_backward_strided[
-    dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    """Launch `backward_strided_kernel`: a thread per column of the
-    (outer, n, inner) view."""
-    comptime kernel = backward_strided_kernel[dtype, log_in]
-    ctx.enqueue_function[kernel](
-        dx,
-        a,
-        dy,
-        Int64(outer),
-        Int64(n),
-        Int64(inner),
-        grid_dim=ceildiv(outer * inner, BACKWARD_STRIDED_THREADS),
-        block_dim=BACKWARD_STRIDED_THREADS,
     )

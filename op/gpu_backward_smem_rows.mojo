@@ -21,7 +21,7 @@ from max.gpu.host import DeviceContext
 from max.gpu.memory import async_copy_wait_all
 from std.utils import StaticTuple
 
-from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_launch import aligned_flag_of, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
@@ -43,6 +43,7 @@ from .row_math import (
 )
 from .row_op import RowOp
 from .row_part import RowPart
+from .row_tensors import LaunchRows, RowTensors, tensors_of
 
 # y (or log p) and dy share the forward's registers and shared memory.
 comptime SMEM_TENSORS = 2
@@ -212,12 +213,8 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
     comptime threads = Self.T
     comptime cluster_slots = CLUSTER_SLOTS
 
-    var dx: HeldRows[Self.dtype]
-    """Output gradient rows."""
-    var a: HeldRows[Self.dtype]
-    """Forward output rows (y or log p)."""
-    var dy: HeldRows[Self.dtype]
-    """Incoming gradient rows."""
+    var t: RowTensors[Self.dtype]
+    """dx (`dst`) from y or log p (`a`) and dy (`b`)."""
     var start: Int
     """Element of the tensors where the block's part starts."""
     var regs_a: SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS]
@@ -232,16 +229,9 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
     """The row's sum of `backward_term`."""
 
     @always_inline
-    def __init__(
-        out self,
-        dx: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        a: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        dy: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-    ):
+    def __init__(out self, t: RowTensors[Self.dtype]):
         """The op on these tensors."""
-        self.dx = held(dx)
-        self.a = held(a)
-        self.dy = held(dy)
+        self.t = t
         self.start = 0
         self.regs_a = SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS](0)
         self.regs_g = SIMD[Self.dtype, Self.V * BACKWARD_REG_CHUNKS](0)
@@ -281,8 +271,8 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
         over the block, then over the cluster."""
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
-        var ra = kernel_arg(self.a).unsafe_offset(self.start)
-        var rg = kernel_arg(self.dy).unsafe_offset(self.start)
+        var ra = kernel_arg(self.t.a).unsafe_offset(self.start)
+        var rg = kernel_arg(self.t.b).unsafe_offset(self.start)
         var s = _sum_aligned_part[Self.dtype, Self.log_in, Self.V, Self.T](
             ra,
             rg,
@@ -310,7 +300,7 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
     @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """Sweep 2: the part's dx from chip, with the whole row's sum."""
-        var rdx = kernel_arg(self.dx).unsafe_offset(self.start)
+        var rdx = kernel_arg(self.t.dst).unsafe_offset(self.start)
         _write_aligned_part[Self.dtype, Self.log_in, Self.V, Self.T](
             rdx,
             self.regs_a,
@@ -324,8 +314,8 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
         )
         _write_scalar_parts[Self.dtype, Self.log_in, Self.T](
             rdx,
-            kernel_arg(self.a).unsafe_offset(self.start),
-            kernel_arg(self.dy).unsafe_offset(self.start),
+            kernel_arg(self.t.a).unsafe_offset(self.start),
+            kernel_arg(self.t.b).unsafe_offset(self.start),
             self.edge_a,
             self.edge_g,
             p,
@@ -366,49 +356,29 @@ def backward_smem_kernel[
         n: Row length.
         aligned_flag: Nonzero when dx, a and dy start 16-byte aligned.
     """
-    var op = BackwardRow[dtype, log_in, V, T](dx, a, dy)
+    var op = BackwardRow[dtype, log_in, V, T](tensors_of(dx, a, dy))
     onchip_rows[C=C](op, partials, n, aligned_flag)
 
 
 def launch_backward_parts[
     dtype: DType, log_in: Bool, C: Int
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `backward_smem_kernel` on `rows` rows of `n`, C blocks a row,
-    each with the shared memory its part of both tensors needs and
-    `CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`). Raises past
-    the capacity."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `backward_smem_kernel` on `r`'s rows (dx from a and dy), C
+    blocks a row, each with the shared memory its part of both tensors
+    needs and `CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`).
+    Raises past the capacity."""
     comptime V = vector_width[dtype]()
     var launch = OnchipLaunch[dtype, C](
-        ctx, "the backward's on-chip kernel", rows, n, SMEM_TENSORS
+        ctx, "the backward's on-chip kernel", r.rows, r.n, SMEM_TENSORS
     )
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[backward_smem_kernel[dtype, log_in, V, T, C], T](
                 ctx,
-                dx,
-                a,
-                dy,
-                launch.partials.ptr(a),
-                Int64(n),
-                aligned_flag_of(aligned),
+                r.dst(),
+                r.a(),
+                r.b(),
+                launch.partials.ptr(r.a()),
+                Int64(r.n),
+                aligned_flag_of(r.aligned),
             )
-
-
-# `launch_backward_parts` with a block a row (to `smem_capacity(V, 2)`).
-comptime launch_backward_smem[
-    dtype: DType, log_in: Bool
-] = launch_backward_parts[dtype, log_in, 1]
-
-# `launch_backward_parts` with a cluster of C blocks a row (to
-# `cluster_capacity(V, 2, C)`).
-comptime launch_backward_cluster[
-    dtype: DType, log_in: Bool, C: Int
-] = launch_backward_parts[dtype, log_in, C]

@@ -41,7 +41,6 @@ from .gpu_split_stream_rows import (
     PairWord,
     RowWords,
     StreamedChunks,
-    StreamedRows,
     count_arrival,
     launch_streamed,
     split_stream_blocks,
@@ -53,6 +52,7 @@ from .gpu_split_stream_rows import (
     word_sum,
 )
 from .row_math import accum_dtype, backward_out, backward_term, vector_width
+from .row_tensors import LaunchRows, RowTensors
 
 # y (or log p) and dy: the tensors a backward chunk holds.
 comptime BACKWARD_TENSORS = 2
@@ -156,7 +156,7 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
     comptime tensors = BACKWARD_TENSORS
     comptime words = 1
 
-    var rows: StreamedRows[Self.dtype]
+    var rows: RowTensors[Self.dtype]
     """dx (`dst`), y or log p (`a`) and dy (`b`)."""
 
     @always_inline
@@ -206,31 +206,14 @@ struct BackwardChunks[dtype_: DType, log_in: Bool](StreamedChunks):
 
 def launch_backward_stream[
     dtype: DType, log_in: Bool
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the backward `split_stream_kernel` on `rows` rows of `n` with the
-    forward's blocks (`launch_streamed`). Raises unless the row fits
-    (`check_on_chip_split`)."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch the backward `split_stream_kernel` on `r`'s rows (dx from a
+    and dy) with the forward's blocks (`launch_streamed`). Raises unless
+    the row fits (`check_on_chip_split`)."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     launch_streamed[
         BackwardChunks[dtype, log_in],
         split_stream_threads[dtype](),
         split_stream_vectors[dtype, BACKWARD_TENSORS](),
         split_stream_blocks[dtype](),
-    ](
-        ctx,
-        dx,
-        a,
-        dy,
-        "backward split_stream",
-        rows,
-        n,
-        aligned,
-    )
+    ](ctx, r, "backward split_stream")

@@ -57,6 +57,7 @@ from .row_math import (
 )
 from .row_op import RowOp
 from .row_part import RowPart, cluster_split, row_part
+from .row_tensors import LaunchRows
 
 # Threads per row (or per part of a row, `smem_parts_for`): 1024 for rows
 # that need most of an SM's shared memory; rows that leave room for two
@@ -766,57 +767,41 @@ def smem_parts_for(n: Int, V: Int) -> Int:
 
 def launch_smem_parts[
     dtype: DType, log_out: Bool, C: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `smem_rows_kernel` on `rows` rows of `n`, a row per cluster
-    of C blocks (C = 1: a block a row), each with the shared memory its
-    part needs (`OnchipLaunch`). Raises past the capacity."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `smem_rows_kernel` on `r`'s rows, a row per cluster of C
+    blocks (C = 1: a block a row), each with the shared memory its part
+    needs (`OnchipLaunch`). Raises past the capacity."""
     comptime V = vector_width[dtype]()
     var launch = OnchipLaunch[dtype, C](
-        ctx, "the on-chip rows kernel", rows, n, 1
+        ctx, "the on-chip rows kernel", r.rows, r.n, 1
     )
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[smem_rows_kernel[dtype, log_out, V, T, C], T](
                 ctx,
-                dst,
-                src,
-                launch.partials.ptr(src),
-                Int64(n),
-                aligned_flag_of(aligned),
+                r.dst(),
+                r.a(),
+                launch.partials.ptr(r.a()),
+                Int64(r.n),
+                aligned_flag_of(r.aligned),
             )
 
 
 def launch_smem_rows[
     dtype: DType, log_out: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `smem_rows_kernel` on `rows` rows of `n <= smem_capacity`,
-    a row per block or per cluster (`smem_parts_for`). Raises past
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `smem_rows_kernel` on `r`'s rows (`n <= smem_capacity`), a
+    row per block or per cluster (`smem_parts_for`). Raises past
     `smem_capacity`."""
     comptime V = vector_width[dtype]()
-    if n > smem_capacity(V):
+    if r.n > smem_capacity(V):
         raise Error(
             "max_softmax: variant 'smem' handles rows up to "
             + String(smem_capacity(V))
             + " elements, got "
-            + String(n)
+            + String(r.n)
         )
-    if smem_parts_for(n, V) == 1:
-        launch_smem_parts[dtype, log_out, 1](ctx, dst, src, rows, n, aligned)
+    if smem_parts_for(r.n, V) == 1:
+        launch_smem_parts[dtype, log_out, 1](ctx, r)
     else:
-        launch_smem_parts[dtype, log_out, SMEM_CLUSTER](
-            ctx, dst, src, rows, n, aligned
-        )
+        launch_smem_parts[dtype, log_out, SMEM_CLUSTER](ctx, r)

@@ -45,6 +45,7 @@ from .row_math import (
     online_add,
     vector_width,
 )
+from .row_tensors import LaunchRows
 
 comptime SPLIT_THREADS = 512
 comptime SPLIT_CHUNK = 16384
@@ -226,33 +227,26 @@ def split_rows_kernel[
 
 def launch_split_rows[
     dtype: DType, log_out: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `split_rows_kernel` on `rows` rows of `n` (any length, any
-    GPU): two items a chunk, after zeroing its counters."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `split_rows_kernel` on `r`'s rows (any length, any GPU): two
+    items a chunk, after zeroing its counters."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
-    var chunks = split_chunks(n)
-    var counters = split_counters(ctx, rows)
-    var partials = ctx.enqueue_create_buffer[acc](rows * chunks * 2)
+    var chunks = split_chunks(r.n)
+    var counters = split_counters(ctx, r.rows)
+    var partials = ctx.enqueue_create_buffer[acc](r.rows * chunks * 2)
     comptime kernel = split_rows_kernel[dtype, log_out, V]
     ctx.enqueue_function[kernel](
-        dst,
-        src,
+        r.dst(),
+        r.a(),
         rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
         rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
-        Int64(rows),
-        Int64(n),
-        Int64(split_lag(rows, n * size_of[dtype]())),
-        vector_flag_of(aligned, n, V),
-        grid_dim=2 * rows * chunks,
+        Int64(r.rows),
+        Int64(r.n),
+        Int64(split_lag(r.rows, r.n * size_of[dtype]())),
+        vector_flag_of(r.aligned, r.n, V),
+        grid_dim=2 * r.rows * chunks,
         block_dim=SPLIT_THREADS,
     )
     # The buffers are freed in stream order, after the kernel.

@@ -74,6 +74,7 @@ from .gpu_split_workspace import (
     split_stream_room,
 )
 from .row_math import accum_dtype, fold_pair, vector_width
+from .row_tensors import LaunchRows, RowTensors
 
 
 # Threads a block, 16-byte vectors a thread in each of a block's two
@@ -279,20 +280,6 @@ struct RowWords(ImplicitlyCopyable):
         self.chunks = chunks
 
 
-@fieldwise_init
-struct StreamedRows[dtype: DType](ImplicitlyCopyable):
-    """The tensors of a split-stream kernel, as `split_stream_kernel`
-    passes them to its op."""
-
-    var dst: HeldRows[Self.dtype]
-    """Output rows (the backward's dx)."""
-    var a: HeldRows[Self.dtype]
-    """Input rows (the forward's x; the backward's y or log p)."""
-    var b: HeldRows[Self.dtype]
-    """The second input's rows (the backward's dy); `a` again for
-    one-input ops."""
-
-
 trait StreamedChunks(Deinitable):
     """What `stream_chunks` does with the chunks it streams: the forward
     and the backward ops differ only in the tensors a chunk holds, what a
@@ -327,7 +314,7 @@ trait StreamedChunks(Deinitable):
         """Wait for the words of the chunk's row, then write the chunk."""
         ...
 
-    def __init__(out self, var rows: StreamedRows[Self.dtype]):
+    def __init__(out self, var rows: RowTensors[Self.dtype]):
         """The op on the kernel's tensors."""
         ...
 
@@ -399,7 +386,7 @@ struct SoftmaxChunks[dtype_: DType, log_out: Bool](StreamedChunks):
     comptime tensors = 1
     comptime words = pair_words[accum_dtype[Self.dtype_]()]()
 
-    var rows: StreamedRows[Self.dtype]
+    var rows: RowTensors[Self.dtype]
     """The input rows (`a`) and output rows (`dst`)."""
 
     @always_inline
@@ -483,7 +470,7 @@ def split_stream_kernel[
         aligned_flag: Nonzero when every tensor starts 16-byte aligned.
     """
     stream_chunks[R, T, K](
-        R(StreamedRows(held(dst), held(a), held(b))),
+        R(RowTensors(held(dst), held(a), held(b))),
         counters,
         words,
         rows,
@@ -509,39 +496,30 @@ def split_stream_fits[
 
 def launch_streamed[
     R: StreamedChunks, T: Int, K: Int, B: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[R.dtype], MutAnyOrigin],
-    a: Pointer[Scalar[R.dtype], MutAnyOrigin],
-    b: Pointer[Scalar[R.dtype], MutAnyOrigin],
-    variant: String,
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `split_stream_kernel` of op R on `rows` rows of `n` after
-    zeroing its counters and words: blocks of T threads, B resident an SM,
-    each with two buffers of K 16-byte vectors a thread of each input
-    tensor. Raises unless the row fits (`check_on_chip_split`)."""
-    var room = split_stream_room[R.dtype, T, K, B](ctx, n)
+](ctx: DeviceContext, r: LaunchRows[R.dtype], variant: String) raises:
+    """Launch `split_stream_kernel` of op R on `r`'s rows after zeroing its
+    counters and words: blocks of T threads, B resident an SM, each with
+    two buffers of K 16-byte vectors a thread of each input tensor. Raises,
+    naming `variant`, unless the row fits (`check_on_chip_split`)."""
+    var room = split_stream_room[R.dtype, T, K, B](ctx, r.n)
     var chunks = room[0]
-    check_on_chip_split[R.dtype](ctx, variant, n, chunks, room[1])
-    var counters = split_counters(ctx, rows, rows * chunks * R.words)
+    check_on_chip_split[R.dtype](ctx, variant, r.n, chunks, room[1])
+    var counters = split_counters(ctx, r.rows, r.rows * chunks * R.words)
     var base = counters.unsafe_ptr()
     var smem_bytes = R.tensors * split_stream_shared_bytes(T, K)
     ctx.enqueue_function[split_stream_kernel[R, T, K, B]](
-        dst,
-        a,
-        b,
+        r.dst(),
+        r.a(),
+        r.b(),
         rebind[Pointer[Int32, MutAnyOrigin]](base),
         rebind[Pointer[UInt64, MutAnyOrigin]](
-            base.unsafe_offset(pairs_offset(rows)).unsafe_bitcast[UInt64]()
+            base.unsafe_offset(pairs_offset(r.rows)).unsafe_bitcast[UInt64]()
         ),
-        Int64(rows),
-        Int64(n),
-        aligned_flag_of(aligned),
+        Int64(r.rows),
+        Int64(r.n),
+        aligned_flag_of(r.aligned),
         # Every block resident at once: half the chunk slots.
-        grid_dim=min(rows * chunks, room[1] // 2),
+        grid_dim=min(r.rows * chunks, room[1] // 2),
         block_dim=T,
         shared_mem_bytes=smem_bytes,
         func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
@@ -558,26 +536,12 @@ def launch_split_stream[
     T: Int = split_stream_threads[dtype](),
     K: Int = split_stream_vectors[dtype](),
     B: Int = split_stream_blocks[dtype](),
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the softmax `split_stream_kernel` on `rows` rows of `n` (see
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch the softmax `split_stream_kernel` on `r`'s rows (see
     `launch_streamed`). The defaults are the table's
     (`split_stream_threads`/`_vectors`/`_blocks`);
     benchmarks/tools/split_stream_sweep.mojo times others."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     launch_streamed[SoftmaxChunks[dtype, log_out], T, K, B](
-        ctx,
-        dst,
-        src,
-        src,
-        "split_stream",
-        rows,
-        n,
-        aligned,
+        ctx, r, "split_stream"
     )

@@ -8,6 +8,7 @@ warp. One online sweep gives (max, sum); a second writes the result.
 
 from max.gpu import block_idx, thread_idx
 from max.gpu.host import DeviceContext
+from std.builtin.device_passable import DevicePassable
 from std.math import ceildiv
 from std.utils.numerics import inf
 
@@ -76,25 +77,16 @@ def strided_rows_kernel[
         ]()
 
 
-def launch_strided_rows[
-    dtype: DType, log_out: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    """Launch `strided_rows_kernel`: a thread per column of the (outer, n,
-    inner) view."""
-    comptime kernel = strided_rows_kernel[dtype, log_out]
+def launch_strided[
+    declared: TypeList[Trait=AnyType, ...],
+    //,
+    kernel: def(* args: * declared) thin -> None,
+    *Ts: DevicePassable,
+](ctx: DeviceContext, columns: Int, *args: *Ts) raises:
+    """Enqueue a strided kernel (this one, the backward's) on `args`: a
+    thread per column of `columns`, `STRIDED_THREADS` a block."""
     ctx.enqueue_function[kernel](
-        dst,
-        src,
-        Int64(outer),
-        Int64(n),
-        Int64(inner),
-        grid_dim=ceildiv(outer * inner, STRIDED_THREADS),
+        *args,
+        grid_dim=ceildiv(columns, STRIDED_THREADS),
         block_dim=STRIDED_THREADS,
     )

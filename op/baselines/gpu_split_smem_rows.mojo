@@ -54,6 +54,7 @@ from ..gpu_split_workspace import (
     wait_for_row,
 )
 from ..row_math import accum_dtype, vector_width
+from ..row_tensors import LaunchRows
 
 # Threads of the blocks resident on an SM: their registers (40 each) and,
 # with 9 vectors of 16 bytes a thread, their chunks (216 of the SM's 227 KB)
@@ -131,20 +132,15 @@ def launch_split_smem_rows[
     dtype: DType,
     log_out: Bool,
     T: Int = SPLIT_SMEM_THREADS,
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `split_smem_rows_kernel` with blocks of T threads: one per
-    chunk, after zeroing its counters. Raises unless the row fits
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `split_smem_rows_kernel` on `r`'s rows with blocks of T
+    threads: one per chunk, after zeroing its counters. Raises unless the row fits
     (`check_on_chip_split`)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime V = vector_width[dtype]()
+    var rows = r.rows
+    var n = r.n
     var chunks = ceildiv(
         n * size_of[dtype](), chunk_bytes(T, SPLIT_SMEM_VECTORS)
     )
@@ -161,12 +157,12 @@ def launch_split_smem_rows[
     comptime kernel = split_smem_rows_kernel[dtype, log_out, V, T]
     var smem_bytes = chunk_shared_bytes(T, SPLIT_SMEM_VECTORS)
     ctx.enqueue_function[kernel](
-        dst,
-        src,
+        r.dst(),
+        r.a(),
         rebind[Pointer[Int32, MutAnyOrigin]](counters.unsafe_ptr()),
         rebind[Pointer[Scalar[acc], MutAnyOrigin]](partials.unsafe_ptr()),
         Int64(n),
-        aligned_flag_of(aligned),
+        aligned_flag_of(r.aligned),
         grid_dim=rows * chunks,
         block_dim=T,
         shared_mem_bytes=smem_bytes,

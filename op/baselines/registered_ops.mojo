@@ -11,6 +11,7 @@ from max.gpu.host import DeviceContext
 from ..gpu_launch import vector_flag_of
 from ..registered_ops import forward_rows
 from ..row_math import vector_width
+from ..row_tensors import LaunchRows
 from .gpu_online_rows import ONLINE_THREADS, online_rows_kernel
 from .gpu_split_smem_rows import launch_split_smem_rows
 from .gpu_tree_rows import TREE_THREADS, tree_rows_kernel
@@ -18,29 +19,23 @@ from .gpu_tree_rows import TREE_THREADS, tree_rows_kernel
 
 def launch_baseline[
     dtype: DType, log_out: Bool, variant: StaticString
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch the baseline family `variant` names on `rows` contiguous rows
-    of `n`: the tree and online kernels a block a row, the split_smem rows
-    by their own launcher (the split sweep times it too)."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch the baseline family `variant` names on `r`'s rows: the tree
+    and online kernels a block a row, the split_smem rows by their own
+    launcher (the split sweep times it too)."""
+    var n = Int64(r.n)
     comptime if variant == "tree":
         ctx.enqueue_function[tree_rows_kernel[dtype, log_out]](
-            dst, src, Int64(n), grid_dim=rows, block_dim=TREE_THREADS
+            r.dst(), r.a(), n, grid_dim=r.rows, block_dim=TREE_THREADS
         )
     elif variant == "online":
         comptime V = vector_width[dtype]()
-        var flag = vector_flag_of(aligned, n, V)
+        var flag = vector_flag_of(r.aligned, r.n, V)
         ctx.enqueue_function[online_rows_kernel[dtype, log_out, V]](
-            dst, src, Int64(n), flag, grid_dim=rows, block_dim=ONLINE_THREADS
+            r.dst(), r.a(), n, flag, grid_dim=r.rows, block_dim=ONLINE_THREADS
         )
     elif variant == "split_smem":
-        launch_split_smem_rows[dtype, log_out](ctx, dst, src, rows, n, aligned)
+        launch_split_smem_rows[dtype, log_out](ctx, r)
     else:
         raise Error("max_softmax: unknown baseline '" + String(variant) + "'")
 
