@@ -19,11 +19,7 @@
 from max.gpu.host import DeviceBuffer, DeviceContext
 
 from op.dispatch import backward_kernel_for, launch_backward_rows
-from op.gpu_backward_smem_rows import (
-    SMEM_TENSORS,
-    launch_backward_cluster,
-    launch_backward_smem,
-)
+from op.gpu_backward_smem_rows import SMEM_TENSORS, launch_backward_parts
 from op.gpu_backward_stream_rows import (
     backward_stream_chunk,
     launch_backward_stream,
@@ -31,6 +27,7 @@ from op.gpu_backward_stream_rows import (
 from op.gpu_smem_rows import cluster_capacity, smem_capacity
 from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
+from op.row_tensors import LaunchRows
 from sweep_inputs import filled_inputs, hashed_value, ptr
 from sweep_timing import has_arg, median_launch_us, print_result
 
@@ -75,27 +72,21 @@ def launch[
     dtype: DType, family: StaticString
 ](ctx: DeviceContext, b: Bench[dtype], k: Int) raises:
     """One softmax backward of input pair `k` by `family`, or its copy."""
-    var dx = ptr(b.dx)
-    var y = ptr(b.ys[k])
-    var dy = ptr(b.dys[k])
+    var r = LaunchRows(
+        ptr(b.dx), ptr(b.ys[k]), ptr(b.dys[k]), b.rows, b.n, True
+    )
     comptime if family == "copy":
         ctx.enqueue_copy(b.dx, b.ys[k])
     elif family == "dispatch":
-        launch_backward_rows[dtype, False, "auto"](
-            ctx, dx, y, dy, b.rows, b.n, True
-        )
+        launch_backward_rows[dtype, False, "auto"](ctx, r)
     elif family == "smem":
-        launch_backward_smem[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
+        launch_backward_parts[dtype, False, 1](ctx, r)
     elif family == "cluster2":
-        launch_backward_cluster[dtype, False, 2](
-            ctx, dx, y, dy, b.rows, b.n, True
-        )
+        launch_backward_parts[dtype, False, 2](ctx, r)
     elif family == "cluster4":
-        launch_backward_cluster[dtype, False, 4](
-            ctx, dx, y, dy, b.rows, b.n, True
-        )
+        launch_backward_parts[dtype, False, 4](ctx, r)
     else:
-        launch_backward_stream[dtype, False](ctx, dx, y, dy, b.rows, b.n, True)
+        launch_backward_stream[dtype, False](ctx, r)
 
 
 def check_error[

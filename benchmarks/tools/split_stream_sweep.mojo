@@ -19,6 +19,7 @@ from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
 from op.gpu_smem_rows import launch_smem_parts, launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
+from op.row_tensors import LaunchRows
 from sweep_inputs import ptr
 from sweep_timing import median_launch_us, print_result
 
@@ -49,22 +50,17 @@ def launch[
     rows: Int,
     n: Int,
 ) raises:
+    var r = LaunchRows(ptr(dst), ptr(src), ptr(src), rows, n, True)
     comptime if T == 0:
         ctx.enqueue_copy(dst, src)
     elif K == -1:
-        launch_smem_rows[dtype, False](ctx, ptr(dst), ptr(src), rows, n, True)
+        launch_smem_rows[dtype, False](ctx, r)
     elif K == -2:
-        launch_smem_parts[dtype, False, B](
-            ctx, ptr(dst), ptr(src), rows, n, True
-        )
+        launch_smem_parts[dtype, False, B](ctx, r)
     elif K == 0:
-        launch_split_smem_rows[dtype, False](
-            ctx, ptr(dst), ptr(src), rows, n, True
-        )
+        launch_split_smem_rows[dtype, False](ctx, r)
     else:
-        launch_split_stream[dtype, False, T, K, B](
-            ctx, ptr(dst), ptr(src), rows, n, True
-        )
+        launch_split_stream[dtype, False, T, K, B](ctx, r)
 
 
 def row0_error[
