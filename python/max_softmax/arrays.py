@@ -27,7 +27,7 @@ import numpy as np
 from max.driver import Buffer
 from max.dtype import DType
 
-from . import eager, launch
+from . import eager, launch, models
 from .devices import device, device_kind, resolve_device
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
@@ -43,6 +43,7 @@ from .validation import (
     check_mask_dtype,
     check_masked_options,
     check_scale,
+    check_soft_targets,
     check_targets_in_range,
     check_variant,
     cross_entropy_options,
@@ -52,6 +53,7 @@ from .validation import (
     masked_options,
     masked_view,
     normalize_axis,
+    soft_cross_entropy_options,
 )
 
 if TYPE_CHECKING:
@@ -178,12 +180,16 @@ def cross_entropy(
     softcap: float | None = None,
     device: str = "auto",
 ) -> np.ndarray:
-    """Cross-entropy of `logits` against class indices `targets`, as
-    `torch.nn.functional.cross_entropy` with classes on the last axis.
+    """Cross-entropy of `logits` against class indices or class
+    probabilities `targets`, as `torch.nn.functional.cross_entropy` with
+    classes on the last axis.
 
     Args:
         logits: A float32/float16/bfloat16/float64 array (..., classes).
-        targets: Integer class indices, shaped `logits.shape[:-1]`.
+        targets: Integer class indices, shaped `logits.shape[:-1]`; or
+            class probabilities, a floating array shaped as `logits` (the
+            fused soft-target op: ignore_index does not apply, "mean" is
+            over the rows, weighted or not, and softcap is not taken).
         ignore_index: Target value whose rows add nothing and count for
             nothing in the mean.
         reduction: "mean" (over the rows kept: NaN if none is, as torch),
@@ -293,6 +299,11 @@ def _cross_entropy(
         weight_array = as_array(weight)
         check_class_weight_array(weight_array, array.shape[-1] if array.ndim else 0)
     target_array = as_array(targets)
+    if _is_floating(target_array):
+        extras = (weight_array, z_loss, cap)
+        return _soft_cross_entropy(
+            array, target_array, reduction, eps, device_name, with_grad, extras, out
+        )
     check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
     check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
     classes = array.shape[-1]
@@ -326,6 +337,112 @@ def _cross_entropy(
     if with_grad:
         result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
     return result
+
+
+def _is_floating(array: np.ndarray) -> bool:
+    """Whether `array` holds floating values (bfloat16 included): class
+    probabilities, as a cross-entropy target."""
+    return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
+
+
+def _soft_cross_entropy(
+    array: np.ndarray,
+    probs: np.ndarray,
+    reduction: str,
+    eps: float,
+    device_name: str,
+    with_grad: bool,
+    extras: tuple[Any, float, float],
+    out: np.ndarray | None,
+) -> list[Any]:
+    """Cross-entropy of host `array` (..., classes) against class
+    probabilities `probs` of its shape (cast to its dtype), by the fused
+    soft_cross_entropy op: the launch extension on the CPU, else its
+    model. "mean" is over the rows (torch's rule for probability
+    targets, weighted or not)."""
+    weight, z_loss, cap = extras
+    if cap:
+        raise NotImplementedError(
+            "max_softmax: softcap with class-probability targets runs in the torch "
+            "bridge only (max_softmax.torch.cross_entropy)"
+        )
+    check_soft_targets(list(array.shape), list(probs.shape))
+    _check_out(out, array)
+    kind = resolve_device(device_name)
+    classes = array.shape[-1]
+    rows = int(np.prod(array.shape[:-1], dtype=np.int64))
+    loss_shape = array.shape[:-1] if reduction == "none" else ()
+    if rows == 0 or classes == 0:
+        empty = EMPTY_LOSS[reduction]
+        result = [np.full(loss_shape, empty, dtype=array.dtype)]
+        if not with_grad:
+            return result
+        if out is None:
+            return [*result, np.zeros(array.shape, dtype=array.dtype)]
+        out.fill(0)
+        return [*result, out]
+    inputs = [
+        np.ascontiguousarray(array).reshape(rows, classes),
+        np.ascontiguousarray(probs, dtype=array.dtype).reshape(rows, classes),
+        soft_cross_entropy_options(eps, z_loss, weight),
+    ]
+    if kind == "cpu" and launch.available_for_arrays():
+        logits = inputs[0]
+        loss = np.empty(rows if reduction == "none" else 1, dtype=logits.dtype)
+        dlogits = _destination(out, inputs[:2]) if with_grad else None
+        launch.run_soft_cross_entropy(
+            launch.cpu_context(),
+            None,
+            _LAUNCH_CODES[logits.dtype],
+            reduction,
+            loss.ctypes.data,
+            None if dlogits is None else dlogits.ctypes.data,
+            *[a.ctypes.data for a in inputs],
+            rows,
+            classes,
+            len(inputs[2]),
+        )
+        if dlogits is None:
+            return [loss.reshape(loss_shape)]
+        return [loss.reshape(loss_shape), _deliver(dlogits.reshape(array.shape), out)]
+    dtype = max_dtype(array.dtype)
+    outs = _execute(soft_cross_entropy_model(with_grad, dtype, kind, reduction), inputs, kind)
+    result = [to_numpy(outs[0]).reshape(loss_shape)]
+    if with_grad:
+        result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
+    return result
+
+
+def soft_cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Any:
+    """The compiled model running soft-target cross-entropy (with its
+    gradient) on (rows, n) logits and probabilities of `dtype` and the
+    float64 options (any length), all symbolic: one per (op, dtype, device,
+    reduction). Its outputs: the loss ((1,), or (rows,) for "none") and,
+    `with_grad`, dlogits."""
+    from max.graph import TensorType
+
+    from . import ops as graph_ops
+
+    op = "soft_cross_entropy_with_grad" if with_grad else "soft_cross_entropy"
+    ref = models.device_ref(kind)
+    types = [
+        TensorType(dtype, ["rows", "n"], device=ref),
+        TensorType(dtype, ["rows", "n"], device=ref),
+        TensorType(DType.float64, ["n_options"], device=ref),
+    ]
+
+    def body(logits: Any, probs: Any, options: Any) -> list:
+        return graph_ops.soft_cross_entropy_rows(
+            logits, probs, options, reduction=reduction, with_grad=with_grad
+        )
+
+    tag = kind.replace(":", "")
+    return models.compiled(
+        (op, dtype, kind, reduction),
+        kind,
+        lambda: models.build_graph(f"max_softmax_{op}_{dtype.name}_{tag}_{reduction}", types, body),
+        f"{op} ({reduction}) {dtype.name}",
+    )
 
 
 def as_array(x: Any) -> np.ndarray:

@@ -75,6 +75,8 @@ _ENTRY_OF_KIND: dict[str, Callable[[str], str]] = {
     # the plain options and the extended ones (their length picks the
     # kernels): the gradient is written where its address is not 0.
     "loss": lambda name: "cross_entropy",
+    # Likewise the soft-target loss, with and without its gradient.
+    "soft_loss": lambda name: "soft_cross_entropy",
 }
 """How an op of each registry kind is reached in the extension: the name of
 the function that serves it."""
@@ -460,6 +462,43 @@ def run_cross_entropy(
         0 if dlogits is None else dlogits,
         logits,
         targets,
+        options,
+        n_options,
+        rows,
+        classes,
+    )
+
+
+def run_soft_cross_entropy(
+    ctx: int,
+    stream: int | None,
+    dtype_code: int,
+    reduction: str,
+    loss: int,
+    dlogits: int | None,
+    logits: int,
+    probs: int,
+    options: int,
+    rows: int,
+    classes: int,
+    n_options: int,
+) -> None:
+    """Cross-entropy of the (rows, classes) logits against the (rows,
+    classes) class probabilities (the logits' dtype) at those addresses,
+    with the `n_options` float64 `options` (`validation.soft_cross_entropy_options`),
+    into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
+    None, d loss / d logits into `dlogits`; rows and classes >= 1.
+    Ordering as `run_rows`."""
+    call(
+        function("soft_cross_entropy"),
+        ctx,
+        stream,
+        dtype_code,
+        REDUCTION_CODES[reduction],
+        loss,
+        0 if dlogits is None else dlogits,
+        logits,
+        probs,
         options,
         n_options,
         rows,
