@@ -156,7 +156,9 @@ struct SoftRow[dtype: DType](ImplicitlyCopyable):
             var qv = SIMD[acc, W](0)
             var tv = SIMD[acc, W](0)
             for j in range(b, min(b + SUM_BLOCK, n_vec), W):
-                var d = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
+                var d = (
+                    x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
+                )
                 var q = self.q[W](p, j)
                 sv += exp_nan[acc, W](d)
                 qv += q
@@ -174,7 +176,11 @@ struct SoftRow[dtype: DType](ImplicitlyCopyable):
         comptime if with_grad:
             each_piece[W](
                 SoftGradWrite[Self.dtype](
-                    self, held(y), held(x), held(p), m,
+                    self,
+                    held(y),
+                    held(x),
+                    held(p),
+                    m,
                     soft_p_factor[acc](m, s, sum_q, self.z_loss),
                 ),
                 n,

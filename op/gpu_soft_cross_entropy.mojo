@@ -6,11 +6,13 @@ with the gradient, d loss / d logits written once.
 Launches, in stream order, with no host synchronisation (the op stays
 capturable for device-graph replay):
 
-1. the rows: `soft_block_kernel`, a block a row of any length: an online
-   pass over both tensors for the statistics, then, with the gradient, a
-   second pass that re-reads the row (mostly from L2) to write it. Each
-   row's loss goes to the output ("none") or to a workspace in the
-   accumulator type;
+1. the rows: where both rows fit one SM (`smem_capacity(V, 2)`),
+   `soft_smem_kernel` (gpu_soft_smem_rows: both read once, held on chip,
+   the gradient written from there); longer rows `soft_block_kernel`, a
+   block a row of any length: an online pass over both tensors for the
+   statistics, then, with the gradient, a second pass that re-reads the
+   row (mostly from L2) to write it. Each row's loss goes to the output
+   ("none") or to a workspace in the accumulator type;
 2. for "mean" and "sum": `soft_reduce_kernel`, one block summing the row
    losses in float64 in a fixed order, over the rows for "mean" (torch's
    rule for probability targets, weighted or not).
@@ -20,8 +22,11 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
+from .gpu_launch import aligned16
 from .gpu_reductions import block_max, block_sum
-from .row_math import accum_dtype, online_sum_guard
+from .gpu_smem_rows import smem_capacity
+from .gpu_soft_smem_rows import SOFT_TENSORS, launch_soft_smem
+from .row_math import accum_dtype, online_sum_guard, vector_width
 from .soft_target_math import (
     SOFT_OPTIONS,
     soft_add,
@@ -41,9 +46,7 @@ comptime SOFT_REDUCE_THREADS = 1024
 
 
 @always_inline
-def soft_scale[
-    acc: DType, mean: Bool
-](rows: Int) -> Scalar[acc]:
+def soft_scale[acc: DType, mean: Bool](rows: Int) -> Scalar[acc]:
     """The reduction's factor on the gradient: 1 / rows for "mean"."""
     comptime if mean:
         return Scalar[acc](1) / Scalar[acc](rows)
@@ -195,25 +198,45 @@ def launch_soft_cross_entropy[
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
     var weighted = soft_weighted(n_options, n)
-    var row_losses = ctx.enqueue_create_buffer[acc](max(rows, 1) if reduce else 1)
+    var row_losses = ctx.enqueue_create_buffer[acc](
+        max(rows, 1) if reduce else 1
+    )
     var losses = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
         row_losses.unsafe_ptr()
     )
-    comptime T = SOFT_BLOCK_THREADS
-    comptime kernel = soft_block_kernel[dtype, with_grad, mean, reduce, T]
-    ctx.enqueue_function[kernel](
-        dlogits,
-        logits,
-        probs,
-        options,
-        Int32(1 if weighted else 0),
-        losses,
-        loss,
-        Int64(rows),
-        Int64(n),
-        grid_dim=rows,
-        block_dim=T,
-    )
+    if rows == 0 or n == 0:
+        raise Error("max_softmax: soft_cross_entropy needs rows and classes")
+    if n <= smem_capacity(vector_width[dtype](), SOFT_TENSORS):
+        var aligned = aligned16(Int(logits), Int(probs), Int(dlogits))
+        launch_soft_smem[dtype, with_grad, mean, reduce](
+            ctx,
+            dlogits,
+            logits,
+            probs,
+            options,
+            weighted,
+            losses,
+            loss,
+            rows,
+            n,
+            aligned,
+        )
+    else:
+        comptime T = SOFT_BLOCK_THREADS
+        comptime kernel = soft_block_kernel[dtype, with_grad, mean, reduce, T]
+        ctx.enqueue_function[kernel](
+            dlogits,
+            logits,
+            probs,
+            options,
+            Int32(1 if weighted else 0),
+            losses,
+            loss,
+            Int64(rows),
+            Int64(n),
+            grid_dim=rows,
+            block_dim=T,
+        )
     comptime if reduce:
         comptime reduce_kernel = soft_reduce_kernel[dtype, mean]
         ctx.enqueue_function[reduce_kernel](

@@ -41,7 +41,10 @@ def soft_weighted(n_options: Int, n: Int) raises -> Bool:
 def soft_q[
     acc: DType, w: Int
 ](
-    p: SIMD[acc, w], weight: SIMD[acc, w], keep: Scalar[acc], smooth: Scalar[acc]
+    p: SIMD[acc, w],
+    weight: SIMD[acc, w],
+    keep: Scalar[acc],
+    smooth: Scalar[acc],
 ) -> SIMD[acc, w]:
     """q = (keep p + smooth) weight, keep = 1 - eps and smooth = eps / C."""
     return (p * keep + smooth) * weight
@@ -70,7 +73,9 @@ def soft_row_loss[
 @always_inline
 def soft_p_factor[
     acc: DType
-](m: Scalar[acc], s: Scalar[acc], sum_q: Scalar[acc], z_loss: Scalar[acc]) -> Scalar[acc]:
+](
+    m: Scalar[acc], s: Scalar[acc], sum_q: Scalar[acc], z_loss: Scalar[acc]
+) -> Scalar[acc]:
     """What softmax_j is multiplied by in the gradient, over s (so the
     gradient is exp(x_j - m) times this, less q_j): (S + 2 z lse) / s."""
     comptime assert acc.is_floating_point()

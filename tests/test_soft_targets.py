@@ -142,6 +142,37 @@ def test_numpy_gpu_rows(rng, dtype, n):
     _check_numpy(loss, grad, x, p, "mean", 0.1, w, 1e-3, dtype)
 
 
+@GPU_SKIP
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [
+        pytest.param("float32", (300, 20001), id="gpu-smem-512-unaligned"),
+        pytest.param("bfloat16", (264, 32000), id="gpu-smem-aligned"),
+        pytest.param("float16", (64, 70001), id="gpu-smem-1024"),
+        pytest.param("float64", (64, 15001), id="gpu-smem-f64"),
+        pytest.param("float32", (8, 40000), id="gpu-block-past-smem"),
+    ],
+)
+def test_numpy_gpu_on_chip_and_past(rng, dtype, shape):
+    x, p, w = _numpy_case(rng, dtype, shape, 0.1, True)
+    for reduction in REDUCTIONS:
+        loss, grad = max_softmax.cross_entropy_with_grad(
+            x, p, reduction=reduction, label_smoothing=0.1, weight=w, device="gpu"
+        )
+        _check_numpy(loss, grad, x, p, reduction, 0.1, w, 0.0, dtype)
+
+
+def test_gpu_kernels_compile(tmp_path):
+    """Every soft-target GPU kernel compiles for the H100 (sm_90) without
+    a GPU (tests/gpu_soft_targets_check.mojo launches each)."""
+    from pathlib import Path
+
+    from test_gpu_build import _build
+
+    check = Path(__file__).resolve().parent / "gpu_soft_targets_check.mojo"
+    _build(tmp_path / "check", source=check)
+
+
 def test_numpy_checks(rng):
     x = random_logits(rng, (4, 5), "float32")
     with pytest.raises(ValueError, match="shaped as the input"):
