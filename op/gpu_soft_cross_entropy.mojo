@@ -22,10 +22,15 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
-from .gpu_launch import aligned16
+from .gpu_launch import aligned16, aligned_flag_of
 from .gpu_reductions import block_max, block_sum
-from .gpu_smem_rows import smem_capacity
-from .gpu_soft_smem_rows import SOFT_TENSORS, launch_soft_smem
+from .gpu_smem_rows import (
+    SMEM_HALF_THREADS,
+    SMEM_THREADS,
+    OnchipLaunch,
+    smem_capacity,
+)
+from .gpu_soft_smem_rows import SOFT_TENSORS, soft_smem_kernel
 from .row_math import accum_dtype, online_sum_guard, vector_width
 from .soft_target_math import (
     SOFT_OPTIONS,
@@ -207,20 +212,30 @@ def launch_soft_cross_entropy[
     if rows == 0 or n == 0:
         raise Error("max_softmax: soft_cross_entropy needs rows and classes")
     if n <= smem_capacity(vector_width[dtype](), SOFT_TENSORS):
+        # A block a row with the shared memory its part of both tensors
+        # needs (`OnchipLaunch`), of 512 or 1024 threads.
         var aligned = aligned16(Int(logits), Int(probs), Int(dlogits))
-        launch_soft_smem[dtype, with_grad, mean, reduce](
-            ctx,
-            dlogits,
-            logits,
-            probs,
-            options,
-            weighted,
-            losses,
-            loss,
-            rows,
-            n,
-            aligned,
+        var launch = OnchipLaunch[dtype, 1](
+            ctx, "soft cross-entropy's on-chip kernel", rows, n, SOFT_TENSORS
         )
+        comptime V = vector_width[dtype]()
+        comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+            if launch.threads == T:
+                launch.enqueue[
+                    soft_smem_kernel[dtype, with_grad, mean, reduce, V, T], T
+                ](
+                    ctx,
+                    dlogits,
+                    logits,
+                    probs,
+                    options,
+                    Int32(1 if weighted else 0),
+                    losses,
+                    loss,
+                    Int64(rows),
+                    Int64(n),
+                    aligned_flag_of(aligned),
+                )
     else:
         comptime T = SOFT_BLOCK_THREADS
         comptime kernel = soft_block_kernel[dtype, with_grad, mean, reduce, T]

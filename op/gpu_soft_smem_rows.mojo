@@ -19,14 +19,13 @@ from max.gpu.memory import async_copy_wait_all
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
-from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_launch import HeldRows, held, kernel_arg
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     SMEM_THREADS,
-    OnchipLaunch,
     onchip_rows,
     start_row_copy,
 )
@@ -313,8 +312,14 @@ struct SoftTargetRow[
             ]()
             m = max(m, v.cast[acc]().reduce_max())
         self.m = block_max[acc, Self.T](m)
-        var stats = SoftStats[
-            Self.dtype, Self.with_grad, Self.mean, Self.reduce, Self.V, Self.T
+        var stats = SoftSweep[
+            Self.dtype,
+            Self.with_grad,
+            Self.mean,
+            Self.reduce,
+            Self.V,
+            Self.T,
+            False,
         ](self)
         self.visit_held(p, smem, stats)
         self.s = online_sum_guard[acc](self.m, block_sum[acc, Self.T](stats.s))
@@ -339,13 +344,14 @@ struct SoftTargetRow[
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """With the gradient: the row's d loss / d logits from chip."""
         comptime if Self.with_grad:
-            var grad = SoftGrad[
+            var grad = SoftSweep[
                 Self.dtype,
                 Self.with_grad,
                 Self.mean,
                 Self.reduce,
                 Self.V,
                 Self.T,
+                True,
             ](
                 self,
                 soft_p_factor[Self.acc](
@@ -355,15 +361,17 @@ struct SoftTargetRow[
             self.visit_held(p, smem, grad)
 
 
-struct SoftStats[
+struct SoftSweep[
     dtype_: DType,
     with_grad: Bool,
     mean: Bool,
     reduce: Bool,
     V: Int,
     T: Int,
+    writes: Bool,
 ](HeldVisitor):
-    """Sums a thread's (s, S, T) of its held values, given the row's max."""
+    """A sweep over a thread's held values: sums their (s, S, T) given the
+    row's max, or (`writes`) writes their d loss / d logits."""
 
     comptime dtype = Self.dtype_
     comptime acc = accum_dtype[Self.dtype_]()
@@ -372,7 +380,9 @@ struct SoftStats[
     ]
 
     var row: Self.Row
-    """The op (options, max)."""
+    """The op (options, statistics)."""
+    var p_factor: Scalar[Self.acc]
+    """`soft_p_factor` of the row (`writes`)."""
     var s: Scalar[Self.acc]
     """Sum of exp(x - m)."""
     var sum_q: Scalar[Self.acc]
@@ -381,9 +391,10 @@ struct SoftStats[
     """Sum of q (x - m)."""
 
     @always_inline
-    def __init__(out self, row: Self.Row):
-        """Nothing summed yet."""
+    def __init__(out self, row: Self.Row, p_factor: Scalar[Self.acc] = 0):
+        """A sweep of `row`, nothing summed yet."""
         self.row = row
+        self.p_factor = p_factor
         self.s = 0
         self.sum_q = 0
         self.t_sum = 0
@@ -397,63 +408,25 @@ struct SoftStats[
         p: SIMD[accum_dtype[Self.dtype](), w],
         c: Int,
     ):
-        """Add the w values' terms."""
-        var d = rebind[SIMD[Self.acc, w]](x) - self.row.m
+        """Add the w values' terms, or write their gradient."""
+        var xa = rebind[SIMD[Self.acc, w]](x)
         var q = self.row.q[w](rebind[SIMD[Self.acc, w]](p), c)
-        self.s += exp_nan[Self.acc, w](d).reduce_add()
-        self.sum_q += q.reduce_add()
-        self.t_sum += (q * d).reduce_add()
-
-
-struct SoftGrad[
-    dtype_: DType,
-    with_grad: Bool,
-    mean: Bool,
-    reduce: Bool,
-    V: Int,
-    T: Int,
-](HeldVisitor):
-    """Writes d loss / d logits of a thread's held values."""
-
-    comptime dtype = Self.dtype_
-    comptime acc = accum_dtype[Self.dtype_]()
-    comptime Row = SoftTargetRow[
-        Self.dtype_, Self.with_grad, Self.mean, Self.reduce, Self.V, Self.T
-    ]
-
-    var row: Self.Row
-    """The op (options, statistics)."""
-    var p_factor: Scalar[Self.acc]
-    """`soft_p_factor` of the row."""
-
-    @always_inline
-    def __init__(out self, row: Self.Row, p_factor: Scalar[Self.acc]):
-        """The gradient of `row`."""
-        self.row = row
-        self.p_factor = p_factor
-
-    @always_inline
-    def visit[
-        w: Int
-    ](
-        mut self,
-        x: SIMD[accum_dtype[Self.dtype](), w],
-        p: SIMD[accum_dtype[Self.dtype](), w],
-        c: Int,
-    ):
-        """Write the w values' gradient."""
-        var g = soft_grad[Self.acc, w](
-            rebind[SIMD[Self.acc, w]](x),
-            self.row.q[w](rebind[SIMD[Self.acc, w]](p), c),
-            self.row.m,
-            self.p_factor,
-            self.row.scale,
-        )
-        var y = kernel_arg(self.row.dlogits).unsafe_offset(self.row.start + c)
-        comptime if w == 1:
-            y[unsafe_offset=0] = g[0].cast[Self.dtype]()
+        comptime if Self.writes:
+            var g = soft_grad[Self.acc, w](
+                xa, q, self.row.m, self.p_factor, self.row.scale
+            ).cast[Self.dtype]()
+            var y = kernel_arg(self.row.dlogits).unsafe_offset(
+                self.row.start + c
+            )
+            comptime if w == 1:
+                y[unsafe_offset=0] = g[0]
+            else:
+                y.unsafe_store[alignment=16](g)
         else:
-            y.unsafe_store[alignment=16](g.cast[Self.dtype]())
+            var d = xa - self.row.m
+            self.s += exp_nan[Self.acc, w](d).reduce_add()
+            self.sum_q += q.reduce_add()
+            self.t_sum += (q * d).reduce_add()
 
 
 @__llvm_metadata(
@@ -490,44 +463,3 @@ def soft_smem_kernel[
         Int(n),
     )
     onchip_rows[C=1](op, row_losses, n, aligned_flag)
-
-
-def launch_soft_smem[
-    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
-](
-    ctx: DeviceContext,
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    weighted: Bool,
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `soft_smem_kernel` on `rows` rows of `n`, a block a row with
-    the shared memory its part of both tensors needs (`OnchipLaunch`).
-    Raises past the capacity."""
-    comptime V = vector_width[dtype]()
-    var launch = OnchipLaunch[dtype, 1](
-        ctx, "soft cross-entropy's on-chip kernel", rows, n, SOFT_TENSORS
-    )
-    comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
-        if launch.threads == T:
-            launch.enqueue[
-                soft_smem_kernel[dtype, with_grad, mean, reduce, V, T], T
-            ](
-                ctx,
-                dlogits,
-                logits,
-                probs,
-                options,
-                Int32(1 if weighted else 0),
-                row_losses,
-                loss,
-                Int64(rows),
-                Int64(n),
-                aligned_flag_of(aligned),
-            )
