@@ -236,22 +236,15 @@ def _assert_close(got, want, dtype):
 
 
 @pytest.fixture
-def fused_only(monkeypatch):
-    """The torch bridge takes the fused op through the launch extension:
-    the unfused path and every model compile raise."""
+def fused_only(monkeypatch, no_graphs):
+    """`no_graphs`, and the torch bridge's unfused path raises: a torch
+    call takes the fused op through the launch extension."""
     import max_softmax.torch._cross_entropy as torch_ce
-
-    monkeypatch.setattr(launch, "ENABLED", True)
-    try:
-        launch.extension()
-    except launch.LaunchError as err:
-        pytest.skip(f"the launch extension is not built here: {err}")
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"not the fused launch: {args}")
 
     monkeypatch.setattr(torch_ce, "_soft_cross_entropy_unfused", refuse)
-    monkeypatch.setattr(max_softmax.models, "compiled", refuse)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

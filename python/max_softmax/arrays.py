@@ -299,17 +299,22 @@ def _cross_entropy(
         weight_array = as_array(weight)
         check_class_weight_array(weight_array, array.shape[-1] if array.ndim else 0)
     target_array = as_array(targets)
-    if _is_floating(target_array):
-        extras = (weight_array, z_loss, cap)
-        return _soft_cross_entropy(
-            array, target_array, reduction, eps, device_name, with_grad, extras, out
-        )
-    check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
-    check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
+    soft = _is_floating(target_array)
+    if soft:
+        check_soft_targets(list(array.shape), list(target_array.shape))
+        if cap:
+            raise NotImplementedError(
+                "max_softmax: softcap with class-probability targets runs in the torch "
+                "bridge only (max_softmax.torch.cross_entropy)"
+            )
+    target_rows = target_array.shape[:-1] if soft else target_array.shape
+    check_cross_entropy_shapes(list(array.shape), list(target_rows))
     classes = array.shape[-1]
-    # The targets are on the host here: a bad one is an exception now,
-    # before anything runs (the GPU kernel could only mark its row NaN).
-    check_targets_in_range(target_array, classes, ignore_index)
+    if not soft:
+        check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
+        # The targets are on the host here: a bad one is an exception now,
+        # before anything runs (the GPU kernel could only mark its row NaN).
+        check_targets_in_range(target_array, classes, ignore_index)
     _check_out(out, array)
     kind = resolve_device(device_name)
     rows = int(np.prod(array.shape[:-1], dtype=np.int64))
@@ -325,14 +330,23 @@ def _cross_entropy(
             return [*result, np.zeros(array.shape, dtype=array.dtype)]
         out.fill(0)
         return [*result, out]
-    inputs = [
-        np.ascontiguousarray(array).reshape(rows, classes),
-        np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
-        cross_entropy_options(ignore_index, eps, z_loss, cap, weight_array),
-    ]
+    logits = np.ascontiguousarray(array).reshape(rows, classes)
+    if soft:
+        # Class probabilities in the logits' dtype; "mean" over the rows.
+        probs = np.ascontiguousarray(target_array, dtype=array.dtype).reshape(rows, classes)
+        inputs = [logits, probs, soft_cross_entropy_options(eps, z_loss, weight_array)]
+    else:
+        inputs = [
+            logits,
+            np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
+            cross_entropy_options(ignore_index, eps, z_loss, cap, weight_array),
+        ]
     if kind == "cpu" and launch.available_for_arrays():
-        return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape, out)
-    outs = _execute(cross_entropy_model(with_grad, dtype, kind, reduction), inputs, kind)
+        return _launch_cross_entropy(
+            inputs, reduction, with_grad, loss_shape, array.shape, out, soft
+        )
+    model = soft_cross_entropy_model if soft else cross_entropy_model
+    outs = _execute(model(with_grad, dtype, kind, reduction), inputs, kind)
     result = [to_numpy(outs[0]).reshape(loss_shape)]
     if with_grad:
         result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
@@ -343,74 +357,6 @@ def _is_floating(array: np.ndarray) -> bool:
     """Whether `array` holds floating values (bfloat16 included): class
     probabilities, as a cross-entropy target."""
     return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
-
-
-def _soft_cross_entropy(
-    array: np.ndarray,
-    probs: np.ndarray,
-    reduction: str,
-    eps: float,
-    device_name: str,
-    with_grad: bool,
-    extras: tuple[Any, float, float],
-    out: np.ndarray | None,
-) -> list[Any]:
-    """Cross-entropy of host `array` (..., classes) against class
-    probabilities `probs` of its shape (cast to its dtype), by the fused
-    soft_cross_entropy op: the launch extension on the CPU, else its
-    model. "mean" is over the rows (torch's rule for probability
-    targets, weighted or not)."""
-    weight, z_loss, cap = extras
-    if cap:
-        raise NotImplementedError(
-            "max_softmax: softcap with class-probability targets runs in the torch "
-            "bridge only (max_softmax.torch.cross_entropy)"
-        )
-    check_soft_targets(list(array.shape), list(probs.shape))
-    _check_out(out, array)
-    kind = resolve_device(device_name)
-    classes = array.shape[-1]
-    rows = int(np.prod(array.shape[:-1], dtype=np.int64))
-    loss_shape = array.shape[:-1] if reduction == "none" else ()
-    if rows == 0 or classes == 0:
-        empty = EMPTY_LOSS[reduction]
-        result = [np.full(loss_shape, empty, dtype=array.dtype)]
-        if not with_grad:
-            return result
-        if out is None:
-            return [*result, np.zeros(array.shape, dtype=array.dtype)]
-        out.fill(0)
-        return [*result, out]
-    inputs = [
-        np.ascontiguousarray(array).reshape(rows, classes),
-        np.ascontiguousarray(probs, dtype=array.dtype).reshape(rows, classes),
-        soft_cross_entropy_options(eps, z_loss, weight),
-    ]
-    if kind == "cpu" and launch.available_for_arrays():
-        logits = inputs[0]
-        loss = np.empty(rows if reduction == "none" else 1, dtype=logits.dtype)
-        dlogits = _destination(out, inputs[:2]) if with_grad else None
-        launch.run_soft_cross_entropy(
-            launch.cpu_context(),
-            None,
-            _LAUNCH_CODES[logits.dtype],
-            reduction,
-            loss.ctypes.data,
-            None if dlogits is None else dlogits.ctypes.data,
-            *[a.ctypes.data for a in inputs],
-            rows,
-            classes,
-            len(inputs[2]),
-        )
-        if dlogits is None:
-            return [loss.reshape(loss_shape)]
-        return [loss.reshape(loss_shape), _deliver(dlogits.reshape(array.shape), out)]
-    dtype = max_dtype(array.dtype)
-    outs = _execute(soft_cross_entropy_model(with_grad, dtype, kind, reduction), inputs, kind)
-    result = [to_numpy(outs[0]).reshape(loss_shape)]
-    if with_grad:
-        result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
-    return result
 
 
 def soft_cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Any:
@@ -629,15 +575,18 @@ def _launch_cross_entropy(
     loss_shape: tuple[int, ...],
     shape: tuple[int, ...],
     out: np.ndarray | None = None,
+    soft: bool = False,
 ) -> list[np.ndarray]:
     """Cross-entropy of host (rows, classes) logits, (rows,) int64 targets
     and the float64 options (`cross_entropy_options`: plain or extended,
     passed to the extension as they are) through the launch extension, as
-    `_launch_rows` runs the row ops; dlogits into `out` where given."""
+    `_launch_rows` runs the row ops; dlogits into `out` where given. With
+    `soft`, the targets are class probabilities of the logits' shape and
+    dtype, the options `soft_cross_entropy_options`."""
     logits = inputs[0]
     rows = logits.shape[0]
     loss = np.empty(rows if reduction == "none" else 1, dtype=logits.dtype)
-    dlogits = _destination(out, inputs[:1]) if with_grad else None
+    dlogits = _destination(out, inputs[: 2 if soft else 1]) if with_grad else None
     launch.run_cross_entropy(
         launch.cpu_context(),
         None,
@@ -648,6 +597,7 @@ def _launch_cross_entropy(
         *[a.ctypes.data for a in inputs],
         *logits.shape,
         len(inputs[2]),
+        soft,
     )
     if dlogits is None:
         return [loss.reshape(loss_shape)]

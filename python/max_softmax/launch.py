@@ -444,6 +444,7 @@ def run_cross_entropy(
     rows: int,
     classes: int,
     n_options: int = 2,
+    soft: bool = False,
 ) -> None:
     """Cross-entropy of the (rows, classes) logits and (rows,) int64 targets
     at those addresses, with the `n_options` float64 `options`
@@ -451,9 +452,12 @@ def run_cross_entropy(
     `validation.cross_entropy_options`, which run the extended kernels as
     MAX's op does), into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
     None, d loss / d logits into `dlogits` (which may be `logits` where the
-    kernels allow it); rows and classes >= 1. Ordering as `run_rows`."""
+    kernels allow it); rows and classes >= 1. Ordering as `run_rows`.
+    With `soft`, `targets` holds (rows, classes) class probabilities of the
+    logits' dtype and `options` the soft-target ones
+    (`validation.soft_cross_entropy_options`): the soft_cross_entropy op."""
     call(
-        function("cross_entropy"),
+        function("soft_cross_entropy" if soft else "cross_entropy"),
         ctx,
         stream,
         dtype_code,
@@ -462,43 +466,6 @@ def run_cross_entropy(
         0 if dlogits is None else dlogits,
         logits,
         targets,
-        options,
-        n_options,
-        rows,
-        classes,
-    )
-
-
-def run_soft_cross_entropy(
-    ctx: int,
-    stream: int | None,
-    dtype_code: int,
-    reduction: str,
-    loss: int,
-    dlogits: int | None,
-    logits: int,
-    probs: int,
-    options: int,
-    rows: int,
-    classes: int,
-    n_options: int,
-) -> None:
-    """Cross-entropy of the (rows, classes) logits against the (rows,
-    classes) class probabilities (the logits' dtype) at those addresses,
-    with the `n_options` float64 `options` (`validation.soft_cross_entropy_options`),
-    into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
-    None, d loss / d logits into `dlogits`; rows and classes >= 1.
-    Ordering as `run_rows`."""
-    call(
-        function("soft_cross_entropy"),
-        ctx,
-        stream,
-        dtype_code,
-        REDUCTION_CODES[reduction],
-        loss,
-        0 if dlogits is None else dlogits,
-        logits,
-        probs,
         options,
         n_options,
         rows,

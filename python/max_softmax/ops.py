@@ -329,7 +329,10 @@ def cross_entropy(
     Args:
         logits: A floating-point tensor (..., classes); dims may be symbolic.
         targets: Integer class indices shaped like `logits` without its last
-            axis, on the same device (cast to int64 in the graph).
+            axis, on the same device (cast to int64 in the graph); or class
+            probabilities, a floating tensor shaped as `logits` (the fused
+            soft_cross_entropy op: ignore_index and variant= do not apply,
+            "mean" is over the rows, softcap is not taken).
         ignore_index: Target value whose rows add nothing and count for
             nothing in the mean.
         reduction: "mean" (over the rows kept; NaN if none is), "sum" or
@@ -419,8 +422,23 @@ def cross_entropy_rows(
     or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none".
     `variant`: the GPU strategy (`CROSS_ENTROPY_VARIANTS`)."""
     name = "cross_entropy_with_grad" if with_grad else "cross_entropy"
-    check_graph_device(logits.device, f"the logits of {name}")
     check_variant(variant, logits.device.device_type.value, name)
+    return _loss_op(name, logits, targets, options, reduction, with_grad, _variant(variant))
+
+
+def _loss_op(
+    name: str,
+    logits: TensorValue,
+    targets: TensorValue,
+    options: TensorValue,
+    reduction: str,
+    with_grad: bool,
+    parameters: dict[str, str],
+) -> list[TensorValue]:
+    """Loss op `name` (a cross-entropy of ours) of (rows, classes) `logits`,
+    its targets and options: [loss] or [loss, dlogits], the loss (1,) for
+    "mean"/"sum", (rows,) for "none"."""
+    check_graph_device(logits.device, f"the logits of {name}")
     _ensure_kernels_loaded()
     rows = logits.shape[0]
     loss_type = TensorType(logits.dtype, [rows] if reduction == "none" else [1], logits.device)
@@ -432,7 +450,7 @@ def cross_entropy_rows(
         device=logits.device,
         values=[logits, targets, options],
         out_types=out_types,
-        parameters={"reduction": reduction, **_variant(variant)},
+        parameters={"reduction": reduction, **parameters},
     )
     return [v.tensor for v in outs]
 
@@ -506,21 +524,7 @@ def soft_cross_entropy_rows(
     value of them. Returns [loss] or [loss, dlogits]; loss is (1,) for
     "mean"/"sum", (rows,) for "none"."""
     name = "soft_cross_entropy_with_grad" if with_grad else "soft_cross_entropy"
-    check_graph_device(logits.device, f"the logits of {name}")
-    _ensure_kernels_loaded()
-    rows = logits.shape[0]
-    loss_type = TensorType(logits.dtype, [rows] if reduction == "none" else [1], logits.device)
-    out_types = [loss_type]
-    if with_grad:
-        out_types.append(TensorType(logits.dtype, logits.shape, logits.device))
-    outs = ops.custom(
-        name=name,
-        device=logits.device,
-        values=[logits, probs, options],
-        out_types=out_types,
-        parameters={"reduction": reduction},
-    )
-    return [v.tensor for v in outs]
+    return _loss_op(name, logits, probs, options, reduction, with_grad, {})
 
 
 def soft_cross_entropy_with_grad_rows(

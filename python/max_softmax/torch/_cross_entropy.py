@@ -367,7 +367,7 @@ def _soft_rows(
         (rows,) if reduction == "none" else (1,), dtype=logits.dtype, device=logits.device
     )
     dlogits = torch.empty_like(logits) if with_grad else None
-    torch_launch.soft_cross_entropy(loss, dlogits, logits, probs, options, reduction)
+    torch_launch.cross_entropy(loss, dlogits, logits, probs, options, reduction, soft=True)
     return loss, dlogits
 
 

@@ -134,9 +134,12 @@ def cross_entropy(
     targets: torch.Tensor,
     options: torch.Tensor,
     reduction: str,
+    soft: bool = False,
 ) -> None:
     """Cross-entropy of contiguous (rows, classes) `logits` against (rows,)
-    int64 `targets` into `loss` ((1,) for "mean"/"sum", (rows,) for "none"),
+    int64 `targets` (with `soft`: class probabilities of the logits' shape
+    and dtype, `options` the soft-target ones) into `loss` ((1,) for
+    "mean"/"sum", (rows,) for "none"),
     and d loss / d logits into `dlogits` where given (it may be `logits`
     where torch/linear.py's `inplace_safe` allows). `options` is the
     contiguous float64 options tensor on the logits' device
@@ -162,42 +165,7 @@ def cross_entropy(
         rows,
         classes,
         options.shape[0],
-    )
-
-
-def soft_cross_entropy(
-    loss: torch.Tensor,
-    dlogits: torch.Tensor | None,
-    logits: torch.Tensor,
-    probs: torch.Tensor,
-    options: torch.Tensor,
-    reduction: str,
-) -> None:
-    """Cross-entropy of contiguous (rows, classes) `logits` against
-    contiguous class probabilities `probs` of their shape and dtype into
-    `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d
-    logits into `dlogits` where given. `options` is the contiguous float64
-    tensor on the logits' device (`validation.soft_cross_entropy_options`:
-    eps, z_loss[, class weights]). With no rows or no classes the loss is
-    `EMPTY_LOSS[reduction]` and dlogits zeros. Ordering and guarantees as
-    `run`."""
-    if fill_empty_cross_entropy(loss, dlogits, logits, reduction):
-        return
-    rows, classes = logits.shape
-    ctx, stream = _context_and_stream(logits)
-    launch.run_soft_cross_entropy(
-        ctx,
-        stream,
-        DTYPE_CODES[logits.dtype],
-        reduction,
-        loss.data_ptr(),
-        None if dlogits is None else dlogits.data_ptr(),
-        logits.data_ptr(),
-        probs.data_ptr(),
-        options.data_ptr(),
-        rows,
-        classes,
-        options.shape[0],
+        soft,
     )
 
 
