@@ -299,7 +299,9 @@ def _cross_entropy(
         weight_array = as_array(weight)
         check_class_weight_array(weight_array, array.shape[-1] if array.ndim else 0)
     target_array = as_array(targets)
-    soft = _is_floating(target_array)
+    # Floating targets of the logits' rank are class probabilities; others
+    # are checked (and refused) as class indices.
+    soft = _is_floating(target_array) and target_array.ndim == array.ndim
     if soft:
         check_soft_targets(list(array.shape), list(target_array.shape))
         if cap:

@@ -478,7 +478,7 @@ def _cross_entropy(
         reduction, ignore_index, label_smoothing
     )
     shape = list(logits.shape)
-    if targets.dtype.is_float():
+    if targets.dtype.is_float() and len(targets.shape) == len(shape):
         if rows_op is not None or variant != "auto":
             raise ValueError(
                 "max_softmax: class-probability targets take the graph's own "
