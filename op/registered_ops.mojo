@@ -15,7 +15,8 @@ python/max_softmax/torch through `ops.inplace_custom`.
 
 MAX reads an op's `execute` signature, so each kind of op writes one out,
 in a trait (`RowOp`, `BackwardOp`, `MaskedOp`, `CrossEntropyOp`,
-`CrossEntropyGradOp`, `RowStatsOp`, `EpilogueOp`): its body checks what the
+`CrossEntropyGradOp`, `SoftCrossEntropyOp`, `SoftCrossEntropyGradOp`,
+`RowStatsOp`, `EpilogueOp`): its body checks what the
 tensors' shapes must satisfy and runs the op's `OpCall` (op_call.mojo), the
 call the launch extension runs too. The trait's `io` tells a new tensor
 (`IO.Output`) from a given buffer (`IO.Input`, MAX's mutable input: the
@@ -36,6 +37,7 @@ from .op_call import BackwardCall, DeviceOptions, ForwardCall, RowsView
 from .row_math import accum_dtype
 from .scale_ops import ScaleCall
 from .sharded_ops import ShardedCall
+from .soft_cross_entropy_ops import SoftCrossEntropyCall
 
 
 comptime written[io: IO] = IOSpec[True, io]()
@@ -405,6 +407,131 @@ struct CrossEntropyInto(CrossEntropyOp):
 @extensibility.register("cross_entropy_with_grad_into")
 struct CrossEntropyWithGradInto(CrossEntropyGradOp):
     """Cross-entropy and its gradient, into `loss` and `dlogits`."""
+
+    comptime io = IO.Input
+
+
+# ===----------------------------------------------------------------------=== #
+# soft_cross_entropy, soft_cross_entropy_with_grad (soft_cross_entropy_ops.mojo)
+# ===----------------------------------------------------------------------=== #
+
+
+def check_soft_shapes(
+    logits: ManagedTensorSlice[rank=2, ...],
+    probs: ManagedTensorSlice[rank=2, ...],
+) raises:
+    """Raise unless the probabilities are shaped as the logits."""
+    if logits.dim_size(0) != probs.dim_size(0) or logits.dim_size(
+        1
+    ) != probs.dim_size(1):
+        raise Error(
+            "max_softmax: soft_cross_entropy needs the probabilities shaped"
+            " as the logits"
+        )
+
+
+trait SoftCrossEntropyOp:
+    """Cross-entropy of (rows, classes) logits against (rows, classes)
+    class probabilities."""
+
+    comptime io: IO
+    """`IO.Output` (a new tensor) or `IO.Input` (into a given buffer)."""
+
+    @staticmethod
+    def execute[
+        # "cpu" or "gpu": the kind of device this runs on.
+        target: StaticString,
+        # Element type of logits, probabilities and loss.
+        dtype: DType,
+        # "mean", "sum" (loss of shape (1,)) or "none" (shape (rows,)).
+        reduction: StaticString = "mean",
+    ](
+        loss: ManagedTensorSlice[
+            io_spec=written[Self.io], dtype=dtype, rank=1, static_spec=_
+        ],
+        logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        probs: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        check_soft_shapes(logits, probs)
+        # No gradient: the kernels never write through dlogits, so the
+        # logits stand in.
+        var x = rows_of(logits)
+        var call = SoftCrossEntropyCall[dtype, False, reduction](
+            x,
+            rows_of(probs),
+            view_of(logits),
+            options_of(options),
+            rows_of(loss),
+            x,
+        )
+        call.run[target](ctx)
+
+
+trait SoftCrossEntropyGradOp:
+    """Soft-target cross-entropy and d loss / d logits, fused (for "none":
+    the gradient of the sum of the row losses)."""
+
+    comptime io: IO
+    """`IO.Output` (new tensors) or `IO.Input` (into given buffers)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        dtype: DType,
+        reduction: StaticString = "mean",
+    ](
+        loss: ManagedTensorSlice[
+            io_spec=written[Self.io], dtype=dtype, rank=1, static_spec=_
+        ],
+        dlogits: ManagedTensorSlice[
+            io_spec=written[Self.io], dtype=dtype, rank=2, static_spec=_
+        ],
+        logits: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        probs: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        options: InputTensor[dtype=DType.float64, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """Run the op."""
+        check_soft_shapes(logits, probs)
+        var call = SoftCrossEntropyCall[dtype, True, reduction](
+            rows_of(logits),
+            rows_of(probs),
+            view_of(logits),
+            options_of(options),
+            rows_of(loss),
+            rows_of(dlogits),
+        )
+        call.run[target](ctx)
+
+
+@extensibility.register("soft_cross_entropy")
+struct SoftCrossEntropy(SoftCrossEntropyOp):
+    """Cross-entropy of (rows, classes) logits against class probabilities."""
+
+    comptime io = IO.Output
+
+
+@extensibility.register("soft_cross_entropy_with_grad")
+struct SoftCrossEntropyWithGrad(SoftCrossEntropyGradOp):
+    """Soft-target cross-entropy and d loss / d logits, fused."""
+
+    comptime io = IO.Output
+
+
+@extensibility.register("soft_cross_entropy_into")
+struct SoftCrossEntropyInto(SoftCrossEntropyOp):
+    """Soft-target cross-entropy, into `loss`."""
+
+    comptime io = IO.Input
+
+
+@extensibility.register("soft_cross_entropy_with_grad_into")
+struct SoftCrossEntropyWithGradInto(SoftCrossEntropyGradOp):
+    """Soft-target cross-entropy and its gradient, into `loss` and
+    `dlogits`."""
 
     comptime io = IO.Input
 

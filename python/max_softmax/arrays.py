@@ -27,7 +27,7 @@ import numpy as np
 from max.driver import Buffer
 from max.dtype import DType
 
-from . import eager, launch
+from . import eager, launch, models
 from .devices import device, device_kind, resolve_device
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
@@ -43,6 +43,7 @@ from .validation import (
     check_mask_dtype,
     check_masked_options,
     check_scale,
+    check_soft_targets,
     check_targets_in_range,
     check_variant,
     cross_entropy_options,
@@ -52,6 +53,7 @@ from .validation import (
     masked_options,
     masked_view,
     normalize_axis,
+    soft_cross_entropy_options,
 )
 
 if TYPE_CHECKING:
@@ -178,12 +180,16 @@ def cross_entropy(
     softcap: float | None = None,
     device: str = "auto",
 ) -> np.ndarray:
-    """Cross-entropy of `logits` against class indices `targets`, as
-    `torch.nn.functional.cross_entropy` with classes on the last axis.
+    """Cross-entropy of `logits` against class indices or class
+    probabilities `targets`, as `torch.nn.functional.cross_entropy` with
+    classes on the last axis.
 
     Args:
         logits: A float32/float16/bfloat16/float64 array (..., classes).
-        targets: Integer class indices, shaped `logits.shape[:-1]`.
+        targets: Integer class indices, shaped `logits.shape[:-1]`; or
+            class probabilities, a floating array shaped as `logits` (the
+            fused soft-target op: ignore_index does not apply, "mean" is
+            over the rows, weighted or not, and softcap is not taken).
         ignore_index: Target value whose rows add nothing and count for
             nothing in the mean.
         reduction: "mean" (over the rows kept: NaN if none is, as torch),
@@ -293,12 +299,24 @@ def _cross_entropy(
         weight_array = as_array(weight)
         check_class_weight_array(weight_array, array.shape[-1] if array.ndim else 0)
     target_array = as_array(targets)
-    check_cross_entropy_shapes(list(array.shape), list(target_array.shape))
-    check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
+    # Floating targets of the logits' rank are class probabilities; others
+    # are checked (and refused) as class indices.
+    soft = _is_floating(target_array) and target_array.ndim == array.ndim
+    if soft:
+        check_soft_targets(list(array.shape), list(target_array.shape))
+        if cap:
+            raise NotImplementedError(
+                "max_softmax: softcap with class-probability targets runs in the torch "
+                "bridge only (max_softmax.torch.cross_entropy)"
+            )
+    target_rows = target_array.shape[:-1] if soft else target_array.shape
+    check_cross_entropy_shapes(list(array.shape), list(target_rows))
     classes = array.shape[-1]
-    # The targets are on the host here: a bad one is an exception now,
-    # before anything runs (the GPU kernel could only mark its row NaN).
-    check_targets_in_range(target_array, classes, ignore_index)
+    if not soft:
+        check_integer_targets(target_array.dtype.kind in "iu", target_array.dtype)
+        # The targets are on the host here: a bad one is an exception now,
+        # before anything runs (the GPU kernel could only mark its row NaN).
+        check_targets_in_range(target_array, classes, ignore_index)
     _check_out(out, array)
     kind = resolve_device(device_name)
     rows = int(np.prod(array.shape[:-1], dtype=np.int64))
@@ -314,18 +332,65 @@ def _cross_entropy(
             return [*result, np.zeros(array.shape, dtype=array.dtype)]
         out.fill(0)
         return [*result, out]
-    inputs = [
-        np.ascontiguousarray(array).reshape(rows, classes),
-        np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
-        cross_entropy_options(ignore_index, eps, z_loss, cap, weight_array),
-    ]
+    logits = np.ascontiguousarray(array).reshape(rows, classes)
+    if soft:
+        # Class probabilities in the logits' dtype; "mean" over the rows.
+        probs = np.ascontiguousarray(target_array, dtype=array.dtype).reshape(rows, classes)
+        inputs = [logits, probs, soft_cross_entropy_options(eps, z_loss, weight_array)]
+    else:
+        inputs = [
+            logits,
+            np.ascontiguousarray(target_array, dtype=np.int64).reshape(rows),
+            cross_entropy_options(ignore_index, eps, z_loss, cap, weight_array),
+        ]
     if kind == "cpu" and launch.available_for_arrays():
-        return _launch_cross_entropy(inputs, reduction, with_grad, loss_shape, array.shape, out)
-    outs = _execute(cross_entropy_model(with_grad, dtype, kind, reduction), inputs, kind)
+        return _launch_cross_entropy(
+            inputs, reduction, with_grad, loss_shape, array.shape, out, soft
+        )
+    model = soft_cross_entropy_model if soft else cross_entropy_model
+    outs = _execute(model(with_grad, dtype, kind, reduction), inputs, kind)
     result = [to_numpy(outs[0]).reshape(loss_shape)]
     if with_grad:
         result.append(_deliver(to_numpy(outs[1]).reshape(array.shape), out))
     return result
+
+
+def _is_floating(array: np.ndarray) -> bool:
+    """Whether `array` holds floating values (bfloat16 included): class
+    probabilities, as a cross-entropy target."""
+    return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
+
+
+def soft_cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Any:
+    """The compiled model running soft-target cross-entropy (with its
+    gradient) on (rows, n) logits and probabilities of `dtype` and the
+    float64 options (any length), all symbolic: one per (op, dtype, device,
+    reduction). Its outputs: the loss ((1,), or (rows,) for "none") and,
+    `with_grad`, dlogits."""
+    from max.graph import TensorType
+
+    from . import ops as graph_ops
+
+    op = "soft_cross_entropy_with_grad" if with_grad else "soft_cross_entropy"
+    ref = models.device_ref(kind)
+    types = [
+        TensorType(dtype, ["rows", "n"], device=ref),
+        TensorType(dtype, ["rows", "n"], device=ref),
+        TensorType(DType.float64, ["n_options"], device=ref),
+    ]
+
+    def body(logits: Any, probs: Any, options: Any) -> list:
+        return graph_ops.soft_cross_entropy_rows(
+            logits, probs, options, reduction=reduction, with_grad=with_grad
+        )
+
+    tag = kind.replace(":", "")
+    return models.compiled(
+        (op, dtype, kind, reduction),
+        kind,
+        lambda: models.build_graph(f"max_softmax_{op}_{dtype.name}_{tag}_{reduction}", types, body),
+        f"{op} ({reduction}) {dtype.name}",
+    )
 
 
 def as_array(x: Any) -> np.ndarray:
@@ -512,15 +577,18 @@ def _launch_cross_entropy(
     loss_shape: tuple[int, ...],
     shape: tuple[int, ...],
     out: np.ndarray | None = None,
+    soft: bool = False,
 ) -> list[np.ndarray]:
     """Cross-entropy of host (rows, classes) logits, (rows,) int64 targets
     and the float64 options (`cross_entropy_options`: plain or extended,
     passed to the extension as they are) through the launch extension, as
-    `_launch_rows` runs the row ops; dlogits into `out` where given."""
+    `_launch_rows` runs the row ops; dlogits into `out` where given. With
+    `soft`, the targets are class probabilities of the logits' shape and
+    dtype, the options `soft_cross_entropy_options`."""
     logits = inputs[0]
     rows = logits.shape[0]
     loss = np.empty(rows if reduction == "none" else 1, dtype=logits.dtype)
-    dlogits = _destination(out, inputs[:1]) if with_grad else None
+    dlogits = _destination(out, inputs[: 2 if soft else 1]) if with_grad else None
     launch.run_cross_entropy(
         launch.cpu_context(),
         None,
@@ -531,6 +599,7 @@ def _launch_cross_entropy(
         *[a.ctypes.data for a in inputs],
         *logits.shape,
         len(inputs[2]),
+        soft,
     )
     if dlogits is None:
         return [loss.reshape(loss_shape)]

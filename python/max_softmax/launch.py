@@ -75,6 +75,8 @@ _ENTRY_OF_KIND: dict[str, Callable[[str], str]] = {
     # the plain options and the extended ones (their length picks the
     # kernels): the gradient is written where its address is not 0.
     "loss": lambda name: "cross_entropy",
+    # Likewise the soft-target loss, with and without its gradient.
+    "soft_loss": lambda name: "soft_cross_entropy",
 }
 """How an op of each registry kind is reached in the extension: the name of
 the function that serves it."""
@@ -442,6 +444,7 @@ def run_cross_entropy(
     rows: int,
     classes: int,
     n_options: int = 2,
+    soft: bool = False,
 ) -> None:
     """Cross-entropy of the (rows, classes) logits and (rows,) int64 targets
     at those addresses, with the `n_options` float64 `options`
@@ -449,9 +452,12 @@ def run_cross_entropy(
     `validation.cross_entropy_options`, which run the extended kernels as
     MAX's op does), into `loss` ((1,) for "mean"/"sum", (rows,) for "none") and, unless
     None, d loss / d logits into `dlogits` (which may be `logits` where the
-    kernels allow it); rows and classes >= 1. Ordering as `run_rows`."""
+    kernels allow it); rows and classes >= 1. Ordering as `run_rows`.
+    With `soft`, `targets` holds (rows, classes) class probabilities of the
+    logits' dtype and `options` the soft-target ones
+    (`validation.soft_cross_entropy_options`): the soft_cross_entropy op."""
     call(
-        function("cross_entropy"),
+        function("soft_cross_entropy" if soft else "cross_entropy"),
         ctx,
         stream,
         dtype_code,

@@ -39,6 +39,7 @@ from .validation import (
     check_masked_options,
     check_same_device,
     check_scale,
+    check_soft_targets,
     check_variant,
     cross_entropy_options,
     extended_tail,
@@ -47,6 +48,7 @@ from .validation import (
     masked_flags,
     masked_options,
     normalize_axis,
+    soft_cross_entropy_options,
 )
 from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
 
@@ -327,7 +329,10 @@ def cross_entropy(
     Args:
         logits: A floating-point tensor (..., classes); dims may be symbolic.
         targets: Integer class indices shaped like `logits` without its last
-            axis, on the same device (cast to int64 in the graph).
+            axis, on the same device (cast to int64 in the graph); or class
+            probabilities, a floating tensor shaped as `logits` (the fused
+            soft_cross_entropy op: ignore_index and variant= do not apply,
+            "mean" is over the rows, softcap is not taken).
         ignore_index: Target value whose rows add nothing and count for
             nothing in the mean.
         reduction: "mean" (over the rows kept; NaN if none is), "sum" or
@@ -417,8 +422,23 @@ def cross_entropy_rows(
     or [loss, dlogits]; loss is (1,) for "mean"/"sum", (rows,) for "none".
     `variant`: the GPU strategy (`CROSS_ENTROPY_VARIANTS`)."""
     name = "cross_entropy_with_grad" if with_grad else "cross_entropy"
-    check_graph_device(logits.device, f"the logits of {name}")
     check_variant(variant, logits.device.device_type.value, name)
+    return _loss_op(name, logits, targets, options, reduction, with_grad, _variant(variant))
+
+
+def _loss_op(
+    name: str,
+    logits: TensorValue,
+    targets: TensorValue,
+    options: TensorValue,
+    reduction: str,
+    with_grad: bool,
+    parameters: dict[str, str],
+) -> list[TensorValue]:
+    """Loss op `name` (a cross-entropy of ours) of (rows, classes) `logits`,
+    its targets and options: [loss] or [loss, dlogits], the loss (1,) for
+    "mean"/"sum", (rows,) for "none"."""
+    check_graph_device(logits.device, f"the logits of {name}")
     _ensure_kernels_loaded()
     rows = logits.shape[0]
     loss_type = TensorType(logits.dtype, [rows] if reduction == "none" else [1], logits.device)
@@ -430,7 +450,7 @@ def cross_entropy_rows(
         device=logits.device,
         values=[logits, targets, options],
         out_types=out_types,
-        parameters={"reduction": reduction, **_variant(variant)},
+        parameters={"reduction": reduction, **parameters},
     )
     return [v.tensor for v in outs]
 
@@ -458,6 +478,15 @@ def _cross_entropy(
         reduction, ignore_index, label_smoothing
     )
     shape = list(logits.shape)
+    if targets.dtype.is_float() and len(targets.shape) == len(shape):
+        if rows_op is not None or variant != "auto":
+            raise ValueError(
+                "max_softmax: class-probability targets take the graph's own "
+                "soft_cross_entropy op (no variant=)"
+            )
+        return _soft_cross_entropy(
+            logits, targets, reduction, eps, with_grad, weight, z_loss, softcap
+        )
     check_cross_entropy_shapes(shape, list(targets.shape))
     check_integer_targets(targets.dtype.is_integral(), targets.dtype.name)
     check_same_device("cross_entropy", "targets", targets.device, logits.device, "the logits'")
@@ -478,6 +507,96 @@ def _cross_entropy(
     if with_grad:
         return [loss, outs[1] if view else ops.reshape(outs[1], shape)]
     return [loss]
+
+
+def soft_cross_entropy_rows(
+    logits: TensorValue,
+    probs: TensorValue,
+    options: TensorValue,
+    *,
+    reduction: str,
+    with_grad: bool = False,
+) -> list[TensorValue]:
+    """The soft-target cross-entropy op on its own view: (rows, classes)
+    logits and class probabilities of one dtype, and `options`, a float64
+    tensor on the logits' device (`validation.soft_cross_entropy_options`:
+    eps, z_loss, then the class weights if any), so one model serves every
+    value of them. Returns [loss] or [loss, dlogits]; loss is (1,) for
+    "mean"/"sum", (rows,) for "none"."""
+    name = "soft_cross_entropy_with_grad" if with_grad else "soft_cross_entropy"
+    return _loss_op(name, logits, probs, options, reduction, with_grad, {})
+
+
+def soft_cross_entropy_with_grad_rows(
+    logits: TensorValue, probs: TensorValue, options: TensorValue, *, reduction: str
+) -> list[TensorValue]:
+    """`soft_cross_entropy_rows` with the gradient: [loss, dlogits]."""
+    return soft_cross_entropy_rows(logits, probs, options, reduction=reduction, with_grad=True)
+
+
+def _soft_cross_entropy(
+    logits: TensorValue,
+    probs: TensorValue,
+    reduction: str,
+    eps: float,
+    with_grad: bool,
+    weight: TensorValue | np.ndarray | None,
+    z_loss: float,
+    softcap: float | None,
+) -> list[TensorValue]:
+    """Cross-entropy against class probabilities `probs` shaped as the
+    logits (classes last), by the fused soft_cross_entropy op; shapes the
+    results back as `_cross_entropy`. The softcap is not fused here (the
+    torch bridge runs it unfused): it raises."""
+    shape = list(logits.shape)
+    check_soft_targets(shape, list(probs.shape))
+    check_same_device("cross_entropy", "targets", probs.device, logits.device, "the logits'")
+    z_loss, cap = check_cross_entropy_extras(z_loss, softcap)
+    if cap:
+        raise NotImplementedError(
+            "max_softmax: softcap with class-probability targets runs in the torch "
+            "bridge only (max_softmax.torch.cross_entropy)"
+        )
+    if probs.dtype != logits.dtype:
+        probs = ops.cast(probs, logits.dtype)
+    if len(shape) == 0:
+        check_cross_entropy_shapes(shape, [])
+    rows = reduce(mul, shape[:-1], Dim(1))
+    view = len(shape) == 2
+    logits2 = logits if view else ops.reshape(logits, [rows, shape[-1]])
+    probs2 = probs if view else ops.reshape(probs, [rows, shape[-1]])
+    options = _soft_options(logits, eps, z_loss, weight)
+    outs = soft_cross_entropy_rows(
+        logits2, probs2, options, reduction=reduction, with_grad=with_grad
+    )
+    loss = ops.reshape(outs[0], shape[:-1] if reduction == "none" else [])
+    if with_grad:
+        return [loss, outs[1] if view else ops.reshape(outs[1], shape)]
+    return [loss]
+
+
+def _soft_options(
+    logits: TensorValue, eps: float, z_loss: float, weight: TensorValue | np.ndarray | None
+) -> TensorValue:
+    """The soft-target options tensor on the logits' device
+    (`validation.soft_cross_entropy_options`); a weight given as a graph
+    value is cast and appended in the graph."""
+    classes = logits.shape[-1]
+    static_classes = int(classes) if isinstance(classes, StaticDim) else classes
+    if weight is None or not isinstance(weight, (TensorValue, Value)):
+        array = None
+        if weight is not None:
+            array = np.asarray(weight)
+            check_class_weight_array(array, static_classes)
+        values = soft_cross_entropy_options(eps, z_loss, array)
+        return ops.constant(values, DType.float64, device=logits.device)
+    weight = TensorValue(weight)
+    check_class_weight(list(weight.shape), static_classes)
+    check_same_device("cross_entropy", "the weight", weight.device, logits.device, "the logits'")
+    head = ops.constant(
+        soft_cross_entropy_options(eps, z_loss), DType.float64, device=logits.device
+    )
+    return ops.concat([head, ops.cast(weight, DType.float64)], axis=0)
 
 
 def _cross_entropy_options(

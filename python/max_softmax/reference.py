@@ -272,6 +272,38 @@ def cross_entropy_options_reference(
     return _reduced(loss, grad, x.shape, reduction, count, count if count else 1.0)
 
 
+def soft_cross_entropy_reference(
+    logits: np.ndarray,
+    probs: np.ndarray,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    weight: np.ndarray | None = None,
+    z_loss: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """torch.nn.functional.cross_entropy with class-probability targets
+    (classes on the last axis) in float64: (loss, d loss / d logits), from
+    the definition: q = ((1 - eps) p + eps / C) w, row loss -sum q
+    log_softmax(x) + z_loss lse^2; "mean" over the rows (weighted or not,
+    as torch); for "none" the gradient is that of sum(loss)."""
+    x = np.asarray(logits).astype(np.float64)
+    x2 = x.reshape(-1, x.shape[-1])
+    p = np.asarray(probs).astype(np.float64).reshape(x2.shape)
+    classes = x.shape[-1]
+    eps = label_smoothing
+    w = np.ones(classes) if weight is None else np.asarray(weight, dtype=np.float64)
+    q = ((1 - eps) * p + eps / classes) * w
+    with np.errstate(all="ignore"):
+        m = x2.max(axis=-1, keepdims=True)
+        log_s = np.log(np.exp(x2 - m).sum(axis=-1, keepdims=True))
+        logp = (x2 - m) - log_s
+        lse = (m + log_s)[:, 0]
+        loss = -(q * logp).sum(axis=-1) + z_loss * lse**2
+        sum_q = q.sum(axis=-1, keepdims=True)
+        grad = np.exp(logp) * (sum_q + 2 * z_loss * lse[:, None]) - q
+    rows = x2.shape[0]
+    return _reduced(loss, grad, x.shape, reduction, rows, max(rows, 1))
+
+
 def compare_cross_entropy(
     got_loss: np.ndarray,
     got_grad: np.ndarray,

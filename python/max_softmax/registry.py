@@ -41,6 +41,10 @@ class OpSpec:
     `models.row_op_model` and the torch bridge's generic path run it;
     "loss": cross-entropy, on (rows, classes) logits, int64 targets and a
     float64 options tensor, with its own models (`models.cross_entropy_model`);
+    "soft_loss": cross-entropy against class probabilities, on (rows,
+    classes) logits and probabilities of one dtype and a float64 options
+    tensor (eps, z_loss[, class weights]): `graph(logits, probs, options,
+    reduction=...)`; the front doors reach it by a floating target;
     "masked": softmax / log_softmax of scale * x + mask (and causal), on an
     (outer, L, n) x, a (mask_rows, n) additive mask and a float64 options
     tensor (the scale; its length the mask / causal flags), with its own
@@ -106,6 +110,20 @@ OPS: dict[str, OpSpec] = {
             ops.cross_entropy_with_grad,
             "cross_entropy_with_grad_into",
             kind="loss",
+        ),
+        OpSpec(
+            "soft_cross_entropy",
+            ("logits", "probs", "options"),
+            ops.soft_cross_entropy_rows,
+            "soft_cross_entropy_into",
+            kind="soft_loss",
+        ),
+        OpSpec(
+            "soft_cross_entropy_with_grad",
+            ("logits", "probs", "options"),
+            ops.soft_cross_entropy_with_grad_rows,
+            "soft_cross_entropy_with_grad_into",
+            kind="soft_loss",
         ),
     )
 }

@@ -259,6 +259,32 @@ def cross_entropy_options(
     return np.concatenate([extended, weights, tail])
 
 
+SOFT_OPTIONS = 2
+"""Soft-target options before the class weights: (eps, z_loss)
+(op/soft_target_math.mojo)."""
+
+
+def soft_cross_entropy_options(
+    eps: float, z_loss: float = 0.0, weight: np.ndarray | None = None
+) -> np.ndarray:
+    """The float64 options the soft-target kernels read: (eps, z_loss),
+    then the class weights where given (their length tells the kernels)."""
+    head = np.array([eps, z_loss], dtype=np.float64)
+    if weight is None:
+        return head
+    return np.concatenate([head, np.asarray(weight, np.float64).reshape(-1)])
+
+
+def check_soft_targets(shape: Sequence[Any], target_shape: Sequence[Any]) -> None:
+    """Raise ValueError unless class probabilities of `target_shape` fit
+    logits of `shape` (the same shape, as torch's probability targets)."""
+    if list(shape) != list(target_shape):
+        raise ValueError(
+            f"max_softmax: cross_entropy with class-probability targets needs the target "
+            f"shaped as the input {tuple(shape)}, got {tuple(target_shape)}"
+        )
+
+
 def check_linear_cross_entropy_options(
     z_loss: float, softcap: float | None, chunk_rows: int | None
 ) -> tuple[float, float]:

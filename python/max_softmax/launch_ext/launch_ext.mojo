@@ -51,6 +51,7 @@ from op.op_call import (
 )
 from op.scale_ops import ScaleCall
 from op.sharded_ops import ShardedCall
+from op.soft_cross_entropy_ops import SoftCrossEntropyCall
 
 comptime GPU = not is_defined["MAX_SOFTMAX_CPU_ONLY"]()
 """Whether this build holds the GPU path: a host with no GPU builds with
@@ -80,6 +81,7 @@ comptime ENTRIES = (
     "softmax_masked",
     "log_softmax_masked",
     "cross_entropy",
+    "soft_cross_entropy",
     "scale_rows",
     "sharded_row_stats",
     "sharded_epilogue",
@@ -101,6 +103,10 @@ comptime ARGUMENTS = (
     ),
     (
         "(ctx, stream, dtype, reduction, loss, dlogits, logits, targets,"
+        " options, n_options, rows, n)"
+    ),
+    (
+        "(ctx, stream, dtype, reduction, loss, dlogits, logits, probs,"
         " options, n_options, rows, n)"
     ),
     "(ctx, stream, dtype, data, factor, rows, n, per_row)",
@@ -391,15 +397,17 @@ def _run[
             DeviceOptions(scale, 1 + flags),
         )
         _launch(ctx, torch_stream, call, view.size())
-    elif name == "cross_entropy":
+    elif name == "cross_entropy" or name == "soft_cross_entropy":
         # d loss / d logits into `dlogits` unless its address is 0 (it may
         # be `logits`' own where the kernels allow: torch/linear.py's
-        # `inplace_safe`); `n_options` options as `CrossEntropyCall` reads.
+        # `inplace_safe`); `n_options` options as the op's call reads;
+        # the targets are int64 class indices, or for soft_cross_entropy
+        # class probabilities of `dtype` shaped as the logits.
         var reduction = args.code("reduction", REDUCTION_COUNT)
         var loss = args.held[dtype]()
         var dlogits = args.int()
         var logits = args.int()
-        var targets = args.held[DType.int64]()
+        var targets = args.int()
         var values = args.held[DType.float64]()
         var options = DeviceOptions(values, args.int())
         var view = args.view(with_inner=False)
@@ -409,18 +417,31 @@ def _run[
                 if reduction == r and (dlogits != 0) == with_grad:
                     # No gradient: the kernels never write through dlogits,
                     # so the logits stand in (as MAX's op).
-                    var grad = dlogits if with_grad else logits
-                    var call = CrossEntropyCall[
-                        dtype, with_grad, _reduction_of[r]()
-                    ](
-                        HeldRows[dtype](unsafe_from_address=logits),
-                        targets,
-                        view,
-                        options,
-                        loss,
-                        HeldRows[dtype](unsafe_from_address=grad),
+                    var grad = HeldRows[dtype](
+                        unsafe_from_address=dlogits if with_grad else logits
                     )
-                    _launch(ctx, torch_stream, call, view.size())
+                    var x = HeldRows[dtype](unsafe_from_address=logits)
+                    comptime rd = _reduction_of[r]()
+                    comptime if name == "soft_cross_entropy":
+                        var call = SoftCrossEntropyCall[dtype, with_grad, rd](
+                            x,
+                            HeldRows[dtype](unsafe_from_address=targets),
+                            view,
+                            options,
+                            loss,
+                            grad,
+                        )
+                        _launch(ctx, torch_stream, call, view.size())
+                    else:
+                        var call = CrossEntropyCall[dtype, with_grad, rd](
+                            x,
+                            HeldRows[DType.int64](unsafe_from_address=targets),
+                            view,
+                            options,
+                            loss,
+                            grad,
+                        )
+                        _launch(ctx, torch_stream, call, view.size())
     elif name == "scale_rows":
         # GPU contexts only: on the CPU the caller reads the factor itself.
         if torch_stream is PythonObject(None):

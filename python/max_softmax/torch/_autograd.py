@@ -41,6 +41,16 @@ variants, which `choose` and `pick` take only where no transform is active
 and no tensor is wrapped."""
 
 
+def forward_mode() -> bool:
+    """Whether forward-mode AD is on (a dual level is open)."""
+    return _forward_ad._current_level >= 0
+
+
+def is_wrapped(t: torch.Tensor) -> bool:
+    """Whether a torch.func transform wraps `t` (live or dead)."""
+    return _is_wrapped(t)
+
+
 def needs_function(*tensors: torch.Tensor) -> bool:
     """Whether a call must go through an autograd Function: autograd records
     it, forward-mode AD is on, or a `torch.func` transform wraps a tensor.

@@ -10,7 +10,10 @@ MAX_SOFTMAX_LAUNCH=graph, the op's destination-passing models
 Its forward writes the gradient too, and the first-order backward only
 scales it. Higher-order, forward-mode and
 `torch.func` derivatives recompute the gradient with our softmax and torch
-ops. Class-probability targets use our log_softmax and torch ops (not fused).
+ops. Class-probability targets run the fused soft_cross_entropy op the
+same way (`SoftCrossEntropyFn`), through the launch extension; softcap,
+gradients in the target, forward mode, `torch.func` and torch.compile take
+our log_softmax and torch ops (not fused).
 """
 
 from __future__ import annotations
@@ -29,11 +32,19 @@ from ..validation import (
     check_targets_in_range,
 )
 from . import _launch as torch_launch
-from ._autograd import for_compile, for_eager, leading, needs_function, pick
+from ._autograd import (
+    for_compile,
+    for_eager,
+    forward_mode,
+    is_wrapped,
+    leading,
+    needs_function,
+    pick,
+)
 from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._functional import log_softmax, softmax
-from ._graph_path import execute
+from ._graph_path import cached, execute
 from ._options import NO_EXTRAS, options_tensor
 from .linear import cross_entropy_inplace
 
@@ -285,7 +296,7 @@ def _host_values(targets: torch.Tensor, shape: tuple) -> Any:
         return targets.numpy()
 
 
-def _soft_cross_entropy(
+def _soft_cross_entropy_unfused(
     input: torch.Tensor,
     target: torch.Tensor,
     reduction: str,
@@ -296,12 +307,8 @@ def _soft_cross_entropy(
     -(q * w * log_softmax(input)).sum over classes, q = target smoothed by
     eps (w: torch's class weights, the mean over the rows as torch), plus
     z_loss lse^2 a row, softcap first. Our log_softmax kernel and torch ops
-    (not fused); autograd follows."""
-    if target.shape != input.shape:
-        raise ValueError(
-            f"max_softmax: cross_entropy with class-probability targets needs the target "
-            f"shaped as the input {tuple(input.shape)}, got {tuple(target.shape)}"
-        )
+    (not fused); autograd follows: every derivative, in the input, the
+    target and the weight."""
     dim = 0 if input.dim() == 1 else 1
     classes = input.shape[dim]
     weight, z_loss, cap = extras
@@ -329,6 +336,146 @@ def _soft_cross_entropy(
     elif reduction == "mean":
         loss = loss.sum() / (input.numel() / classes) if classes else loss.sum() / 0.0
     return loss.to(out_dtype)
+
+
+def _soft_options(device: torch.device, eps: float, z_loss: float, weight: Any) -> torch.Tensor:
+    """The soft-target kernels' float64 options on `device`
+    (`validation.soft_cross_entropy_options`): (eps, z_loss), made once per
+    (device, values), then the class weights joined on the device."""
+    values = [eps, z_loss]
+    head = cached(
+        ("soft_cross_entropy", device, *values),
+        lambda: torch.tensor(values, dtype=torch.float64, device=device),
+    )
+    if weight is None:
+        return head
+    return torch.cat([head, weight.detach().to(device=device, dtype=torch.float64)])
+
+
+def _soft_rows(
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    options: torch.Tensor,
+    reduction: str,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(loss, dlogits or None) of contiguous (rows, classes) `logits` and
+    `probs` of their dtype, by the fused soft_cross_entropy op through the
+    launch extension: the loss (1,) for "mean"/"sum", (rows,) for "none"."""
+    rows = logits.shape[0]
+    loss = torch.empty(
+        (rows,) if reduction == "none" else (1,), dtype=logits.dtype, device=logits.device
+    )
+    dlogits = torch.empty_like(logits) if with_grad else None
+    torch_launch.cross_entropy(loss, dlogits, logits, probs, options, reduction, soft=True)
+    return loss, dlogits
+
+
+def _soft_gradient(
+    logits: torch.Tensor, probs: torch.Tensor, options: torch.Tensor, reduction: str
+) -> torch.Tensor:
+    """d loss / d logits of (rows, classes) `logits` by our softmax and
+    torch ops, differentiable in the logits: (S + 2 z lse) softmax - q, q =
+    ((1 - eps) p + eps / C) w, S = sum q (over the rows for "mean")."""
+    classes = logits.shape[-1]
+    eps, z_loss = (float(v) for v in options[:2].tolist())
+    q = probs.to(logits.dtype) * (1.0 - eps) + eps / classes
+    if options.shape[0] > 2:
+        q = q * options[2:].to(logits.dtype)
+    factor = q.sum(-1, keepdim=True)
+    if z_loss:
+        factor = factor + 2 * z_loss * torch.logsumexp(logits, -1, keepdim=True)
+    g = softmax(logits, -1) * factor - q
+    if reduction == "mean":
+        g = g / logits.shape[0]
+    return g
+
+
+class SoftCrossEntropyFn(torch.autograd.Function):
+    """Cross-entropy of (rows, classes) logits against class probabilities
+    whose forward also writes the gradient (one fused pass); backward hands
+    it on, scaled (in place). A second-order backward (create_graph)
+    recomputes it with torch ops, differentiable. Callers take the
+    unfused path for forward mode, torch.func and gradients in the target."""
+
+    @staticmethod
+    def forward(ctx: Any, logits, probs, options, reduction):  # type: ignore[override]
+        loss, dlogits = _soft_rows(logits, probs, options, reduction, True)
+        ctx.save_for_backward(logits, probs, options)
+        ctx.dlogits = dlogits
+        ctx.reduction = reduction
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss):  # type: ignore[override]
+        logits, probs, options = ctx.saved_tensors
+        reduction = ctx.reduction
+        none = (None, None, None)
+        if torch.is_grad_enabled():  # create_graph: differentiable
+            ctx.dlogits = None
+            scale = grad_loss.unsqueeze(-1) if reduction == "none" else grad_loss
+            return (_soft_gradient(logits, probs, options, reduction) * scale, *none)
+        dlogits, ctx.dlogits = ctx.dlogits, None
+        if dlogits is None:  # a second backward (retain_graph): compute it again
+            dlogits = _soft_rows(logits, probs, options, reduction, True)[1]
+        if not grad_loss.is_cuda and reduction != "none" and float(grad_loss) == 1.0:
+            return (dlogits, *none)
+        _scale_rows(dlogits, grad_loss.to(dlogits.dtype).contiguous())
+        return (dlogits, *none)
+
+
+def _fused_soft(input: torch.Tensor, target: torch.Tensor, extras: tuple) -> bool:
+    """Whether a probability-target call takes the fused op: the launch
+    extension is there, no softcap, and nothing asks for what its
+    first-order Function does not give (a gradient in the target or the
+    weight, forward mode, torch.func, torch.compile)."""
+    weight, _, cap = extras
+    if cap or torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled() and (
+        target.requires_grad or (weight is not None and weight.requires_grad)
+    ):
+        return False
+    if forward_mode() or is_wrapped(input) or is_wrapped(target):
+        return False
+    return torch_launch.available(input.is_cuda)
+
+
+def _soft_cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    reduction: str,
+    eps: float,
+    extras: tuple = NO_EXTRAS,
+) -> torch.Tensor:
+    """Cross-entropy with class-probability targets, as F.cross_entropy: by
+    the fused soft_cross_entropy op (the forward writes d loss / d input,
+    the first-order backward scales it) where `_fused_soft`, else by our
+    log_softmax and torch ops (`_soft_cross_entropy_unfused`: softcap,
+    gradients in the target, forward mode, torch.func, torch.compile)."""
+    if target.shape != input.shape:
+        raise ValueError(
+            f"max_softmax: cross_entropy with class-probability targets needs the target "
+            f"shaped as the input {tuple(input.shape)}, got {tuple(target.shape)}"
+        )
+    if not _fused_soft(input, target, extras):
+        return _soft_cross_entropy_unfused(input, target, reduction, eps, extras)
+    weight, z_loss, _ = extras
+    logits = input.unsqueeze(0) if input.dim() == 1 else input
+    probs = target.unsqueeze(0) if target.dim() == 1 else target
+    if logits.dim() > 2:
+        logits, probs = logits.movedim(1, -1), probs.movedim(1, -1)
+    classes = logits.shape[-1]
+    logits = logits.reshape(-1, classes).contiguous()
+    probs = probs.detach().to(logits.dtype).reshape(-1, classes).contiguous()
+    options = _soft_options(logits.device, eps, z_loss, weight)
+    if logits.requires_grad and torch.is_grad_enabled():
+        loss = SoftCrossEntropyFn.apply(logits, probs, options, reduction)
+    else:
+        loss, _ = _soft_rows(logits, probs, options, reduction, False)
+    if reduction == "none":
+        return loss.reshape(input.shape[:1] + input.shape[2:] if input.dim() > 1 else ())
+    return loss.reshape(())
 
 
 def check_no_legacy_reduction(size_average: bool | None, reduce: bool | None) -> None:
@@ -363,9 +510,11 @@ def cross_entropy(
         input: Logits (C,), (N, C) or (N, C, d1, ...): classes on dim 1 (or
             0 for 1-D), as torch; float32/float16/bfloat16/float64, CPU or CUDA.
         target: Integer class indices, () / (N,) / (N, d1, ...); or class
-            probabilities, a floating tensor shaped as `input` (computed by
-            our log_softmax kernel and torch ops, not fused; ignore_index
-            does not apply, as torch).
+            probabilities, a floating tensor shaped as `input` (the fused
+            soft-target op, first-order; ignore_index does not apply, as
+            torch; "mean" over the rows; softcap, a target that requires
+            grad, forward mode and torch.func take our log_softmax and
+            torch ops, not fused).
         weight: Class weights (C,), on the input's device, as torch (row loss
             w[t] (lse - x_t); with smoothing (1 - eps) of that plus eps / C
             sum_c w_c (lse - x_c); "mean" over the sum of w[t] of the kept

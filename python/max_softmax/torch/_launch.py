@@ -134,9 +134,12 @@ def cross_entropy(
     targets: torch.Tensor,
     options: torch.Tensor,
     reduction: str,
+    soft: bool = False,
 ) -> None:
     """Cross-entropy of contiguous (rows, classes) `logits` against (rows,)
-    int64 `targets` into `loss` ((1,) for "mean"/"sum", (rows,) for "none"),
+    int64 `targets` (with `soft`: class probabilities of the logits' shape
+    and dtype, `options` the soft-target ones) into `loss` ((1,) for
+    "mean"/"sum", (rows,) for "none"),
     and d loss / d logits into `dlogits` where given (it may be `logits`
     where torch/linear.py's `inplace_safe` allows). `options` is the
     contiguous float64 options tensor on the logits' device
@@ -162,6 +165,7 @@ def cross_entropy(
         rows,
         classes,
         options.shape[0],
+        soft,
     )
 
 

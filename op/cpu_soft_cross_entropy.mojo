@@ -1,0 +1,221 @@
+"""Vectorized, multithreaded CPU cross-entropy against class probabilities
+(soft targets), fused: the loss and, with it, d loss / d logits.
+
+Rows are split into tasks of whole rows (`run_in_tasks`). A row takes a
+sweep for its max (the logits only), one for its statistics (s, S, T of
+soft_target_math, logits and probabilities read together, W lanes summed
+`SUM_BLOCK` at a time as cpu_sweeps' `blocked_sum`), then, with the
+gradient, one sweep writing it (both read again, from cache for rows that
+fit it). Row losses are summed in float64 for "mean" and "sum"
+(`reduce_row_losses`).
+"""
+
+from std.sys import simd_width_of
+
+from .cpu_cross_entropy import reduce_row_losses
+from .cpu_rows import _max_of
+from .cpu_sweeps import SUM_BLOCK, RowPieces, each_piece
+from .cpu_tasks import run_in_tasks
+from .gpu_launch import HeldRows, held, kernel_arg
+from .row_math import accum_dtype, exp_nan, online_sum_guard
+from .soft_target_math import (
+    SOFT_OPTIONS,
+    soft_grad,
+    soft_p_factor,
+    soft_q,
+    soft_row_loss,
+    soft_weighted,
+)
+
+
+def soft_cross_entropy_cpu[
+    dtype: DType, with_grad: Bool, reduction: StaticString
+](
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    probs: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    n_options: Int,
+    rows: Int,
+    n: Int,
+) raises:
+    """Cross-entropy of `rows` rows of `n` logits against as many rows of
+    class probabilities.
+
+    Parameters:
+        dtype: Element type of logits, probabilities, loss and gradient.
+        with_grad: Also write d loss / d logits into `dlogits`.
+        reduction: "mean" (over the rows, torch's rule for probability
+            targets), "sum" (one loss) or "none" (a loss a row).
+
+    Args:
+        loss: One element ("mean", "sum") or `rows` ("none").
+        dlogits: `rows * n` elements (unused without the gradient).
+        logits: `rows * n` elements, row-major.
+        probs: `rows * n` elements, row-major.
+        options: (eps, z_loss[, n class weights]) (soft_target_math).
+        n_options: Their count.
+        rows: Number of rows.
+        n: Classes (row length).
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime mean = reduction == "mean"
+    comptime reduce = reduction != "none"
+    var weighted = soft_weighted(n_options, n)
+    var row = SoftRow[dtype](
+        held(options.unsafe_offset(SOFT_OPTIONS)),
+        weighted,
+        options[unsafe_offset=0].cast[acc](),
+        options[unsafe_offset=1].cast[acc](),
+        Scalar[acc](1) / Scalar[acc](rows) if mean else Scalar[acc](1),
+        n,
+    )
+    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
+    var losses = row_losses.unsafe_ptr()
+
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        for r in range(begin, end):
+            var value = row.run[with_grad](
+                dlogits.unsafe_offset(r * n),
+                logits.unsafe_offset(r * n),
+                probs.unsafe_offset(r * n),
+            )
+            comptime if reduce:
+                losses[unsafe_offset=r] = value
+            else:
+                loss[unsafe_offset=r] = value.cast[dtype]()
+
+    run_in_tasks(task_rows, rows, n)
+    comptime if reduce:
+        reduce_row_losses[mean](loss, row_losses, Float64(rows))
+    _ = row_losses^
+
+
+@fieldwise_init
+struct SoftRow[dtype: DType](ImplicitlyCopyable):
+    """What every row shares: the options and the reduction's scale."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+    comptime W = simd_width_of[Self.acc]()
+
+    var weights: HeldRows[DType.float64]
+    """The class weights (read where `weighted`)."""
+    var weighted: Bool
+    """Whether the options carry class weights."""
+    var eps: Scalar[Self.acc]
+    """Label smoothing."""
+    var z_loss: Scalar[Self.acc]
+    """The z-loss' factor."""
+    var scale: Scalar[Self.acc]
+    """The reduction's factor on the gradient (1 / rows for "mean")."""
+    var n: Int
+    """Classes."""
+
+    @always_inline
+    def q[
+        w: Int
+    ](self, p: Pointer[Scalar[Self.dtype], MutAnyOrigin], j: Int) -> SIMD[
+        Self.acc, w
+    ]:
+        """The w targets q at class j."""
+        var pv = p.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc]()
+        var weight = SIMD[Self.acc, w](1)
+        if self.weighted:
+            weight = (
+                kernel_arg(self.weights)
+                .unsafe_offset(j)
+                .unsafe_load[width=w]()
+                .cast[Self.acc]()
+            )
+        return soft_q[Self.acc, w](
+            pv, weight, 1 - self.eps, self.eps / Scalar[Self.acc](self.n)
+        )
+
+    @always_inline
+    def run[
+        with_grad: Bool
+    ](
+        self,
+        y: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        x: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        p: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ) -> Scalar[Self.acc]:
+        """One row's loss; with the gradient, its gradient row into y."""
+        comptime acc = Self.acc
+        comptime W = Self.W
+        var n = self.n
+        var m = _max_of[Self.dtype](x, n)
+        var n_vec = n - n % W
+        var s = Scalar[acc](0)
+        var sum_q = Scalar[acc](0)
+        var t = Scalar[acc](0)
+        for b in range(0, n_vec, SUM_BLOCK):
+            var sv = SIMD[acc, W](0)
+            var qv = SIMD[acc, W](0)
+            var tv = SIMD[acc, W](0)
+            for j in range(b, min(b + SUM_BLOCK, n_vec), W):
+                var d = (
+                    x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]() - m
+                )
+                var q = self.q[W](p, j)
+                sv += exp_nan[acc, W](d)
+                qv += q
+                tv += q * d
+            s += sv.reduce_add()
+            sum_q += qv.reduce_add()
+            t += tv.reduce_add()
+        for j in range(n_vec, n):
+            var d = x[unsafe_offset=j].cast[acc]() - m
+            var q = self.q[1](p, j)[0]
+            s += exp_nan[acc, 1](d)
+            sum_q += q
+            t += q * d
+        s = online_sum_guard[acc](m, s)
+        comptime if with_grad:
+            each_piece[W](
+                SoftGradWrite[Self.dtype](
+                    self,
+                    held(y),
+                    held(x),
+                    held(p),
+                    m,
+                    soft_p_factor[acc](m, s, sum_q, self.z_loss),
+                ),
+                n,
+            )
+        return soft_row_loss[acc](m, s, sum_q, t, self.z_loss)
+
+
+@fieldwise_init
+struct SoftGradWrite[dtype: DType](RowPieces):
+    """Writes a row's gradient (exp(x - m) p_factor - q) scale."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var row: SoftRow[Self.dtype]
+    """The options."""
+    var y: HeldRows[Self.dtype]
+    """The gradient row."""
+    var x: HeldRows[Self.dtype]
+    """The logits row."""
+    var p: HeldRows[Self.dtype]
+    """The probabilities row."""
+    var m: Scalar[Self.acc]
+    """The row's max."""
+    var p_factor: Scalar[Self.acc]
+    """`soft_p_factor` of the row."""
+
+    @always_inline
+    def put[w: Int](self, j: Int):
+        """Write the gradient at j."""
+        var xv = kernel_arg(self.x).unsafe_offset(j).unsafe_load[width=w]()
+        var g = soft_grad[Self.acc, w](
+            xv.cast[Self.acc](),
+            self.row.q[w](kernel_arg(self.p), j),
+            self.m,
+            self.p_factor,
+            self.row.scale,
+        )
+        kernel_arg(self.y).unsafe_offset(j).unsafe_store(g.cast[Self.dtype]())

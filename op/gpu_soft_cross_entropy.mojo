@@ -1,0 +1,264 @@
+"""GPU cross-entropy against class probabilities (soft targets), fused:
+a row's logits and probabilities are read once for its statistics (max,
+sum of exp, S, T: soft_target_math), its loss written once a row, and,
+with the gradient, d loss / d logits written once.
+
+Launches, in stream order, with no host synchronisation (the op stays
+capturable for device-graph replay):
+
+1. the rows: where both rows fit one SM (`smem_capacity(V, 2)`),
+   `soft_smem_kernel` (gpu_soft_smem_rows: both read once, held on chip,
+   the gradient written from there); longer rows `soft_block_kernel`, a
+   block a row of any length: an online pass over both tensors for the
+   statistics, then, with the gradient, a second pass that re-reads the
+   row (mostly from L2) to write it. Each row's loss goes to the output
+   ("none") or to a workspace in the accumulator type;
+2. for "mean" and "sum": `soft_reduce_kernel`, one block summing the row
+   losses in float64 in a fixed order, over the rows for "mean" (torch's
+   rule for probability targets, weighted or not).
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu.host import DeviceBuffer, DeviceContext
+from std.utils import StaticTuple
+
+from .gpu_launch import aligned16, aligned_flag_of
+from .gpu_reductions import block_max, block_sum
+from .gpu_smem_rows import (
+    SMEM_HALF_THREADS,
+    SMEM_THREADS,
+    OnchipLaunch,
+    smem_capacity,
+)
+from .gpu_soft_smem_rows import SOFT_TENSORS, soft_smem_kernel
+from .row_math import accum_dtype, online_sum_guard, vector_width
+from .soft_target_math import (
+    SOFT_OPTIONS,
+    soft_add,
+    soft_grad,
+    soft_p_factor,
+    soft_q,
+    soft_row_loss,
+    soft_shift,
+    soft_weighted,
+)
+
+comptime SOFT_BLOCK_THREADS = 512
+"""Threads a row of `soft_block_kernel`."""
+
+comptime SOFT_REDUCE_THREADS = 1024
+"""Threads of the one block of `soft_reduce_kernel`."""
+
+
+@always_inline
+def soft_scale[acc: DType, mean: Bool](rows: Int) -> Scalar[acc]:
+    """The reduction's factor on the gradient: 1 / rows for "mean"."""
+    comptime if mean:
+        return Scalar[acc](1) / Scalar[acc](rows)
+    return Scalar[acc](1)
+
+
+@always_inline
+def soft_q_at[
+    dtype: DType, acc: DType
+](
+    p: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    weighted: Bool,
+    keep: Scalar[acc],
+    smooth: Scalar[acc],
+    j: Int,
+) -> Scalar[acc]:
+    """q at class j of a row (`p` its probabilities)."""
+    var weight = Scalar[acc](1)
+    if weighted:
+        weight = options[unsafe_offset=SOFT_OPTIONS + j].cast[acc]()
+    return soft_q[acc, 1](p[unsafe_offset=j].cast[acc](), weight, keep, smooth)
+
+
+@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
+def soft_block_kernel[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    probs: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    weighted: Int32,
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+):
+    """Soft-target cross-entropy of rows of any length, a block of T
+    threads a row: the statistics online over the row (each thread its
+    strided elements, then the block's), the row's loss by thread 0, then
+    the gradient from a second read.
+
+    Parameters:
+        dtype: Element type of logits, probabilities, loss and gradient.
+        with_grad: Also write d loss / d logits.
+        mean: Divide the gradient by the rows.
+        reduce: Row losses to `row_losses` ("mean", "sum"), else to `loss`.
+        T: Threads a row.
+
+    Args:
+        dlogits: Gradient rows (unused without the gradient).
+        logits: Logit rows.
+        probs: Probability rows.
+        options: (eps, z_loss[, n class weights]).
+        weighted: Nonzero when the options carry class weights.
+        row_losses: A row loss a row, in the accumulator type (`reduce`).
+        loss: A loss a row ("none").
+        rows: Number of rows.
+        n: Row length.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var start = row * len
+    var x = logits.unsafe_offset(start)
+    var p = probs.unsafe_offset(start)
+    var is_weighted = weighted != 0
+    var eps = options[unsafe_offset=0].cast[acc]()
+    var z_loss = options[unsafe_offset=1].cast[acc]()
+    var keep = 1 - eps
+    var smooth = eps / Scalar[acc](len)
+    var m = Scalar[acc](-1) / Scalar[acc](0)
+    var s = Scalar[acc](0)
+    var sum_q = Scalar[acc](0)
+    var t_sum = Scalar[acc](0)
+    for j in range(t, len, T):
+        var q = soft_q_at[dtype, acc](p, options, is_weighted, keep, smooth, j)
+        soft_add[acc](x[unsafe_offset=j].cast[acc](), q, m, s, sum_q, t_sum)
+    var row_max = block_max[acc, T](m)
+    soft_shift[acc](m, row_max, s, sum_q, t_sum)
+    var row_sum = online_sum_guard[acc](row_max, block_sum[acc, T](s))
+    var row_q = block_sum[acc, T](sum_q)
+    var row_t = block_sum[acc, T](t_sum)
+    if t == 0:
+        var value = soft_row_loss[acc](row_max, row_sum, row_q, row_t, z_loss)
+        comptime if reduce:
+            row_losses[unsafe_offset=row] = value
+        else:
+            loss[unsafe_offset=row] = value.cast[dtype]()
+    comptime if with_grad:
+        var y = dlogits.unsafe_offset(start)
+        var p_factor = soft_p_factor[acc](row_max, row_sum, row_q, z_loss)
+        var scale = soft_scale[acc, mean](Int(rows))
+        for j in range(t, len, T):
+            var q = soft_q_at[dtype, acc](
+                p, options, is_weighted, keep, smooth, j
+            )
+            y[unsafe_offset=j] = soft_grad[acc, 1](
+                x[unsafe_offset=j].cast[acc](), q, row_max, p_factor, scale
+            )[0].cast[dtype]()
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(SOFT_REDUCE_THREADS)
+    )
+)
+def soft_reduce_kernel[
+    dtype: DType, mean: Bool
+](
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    rows: Int64,
+):
+    """`loss[0]` = the sum of the row losses (over the rows for "mean"),
+    one block in a fixed order, summed and divided in float64."""
+    comptime assert accum_dtype[dtype]().is_floating_point()
+    var t = Int(thread_idx.x)
+    var s = Float64(0)
+    for r in range(t, Int(rows), SOFT_REDUCE_THREADS):
+        s += row_losses[unsafe_offset=r].cast[DType.float64]()
+    var total = block_sum[DType.float64, SOFT_REDUCE_THREADS](s)
+    if t == 0:
+        comptime if mean:
+            total = total / Float64(rows)
+        loss[unsafe_offset=0] = total.cast[dtype]()
+
+
+def launch_soft_cross_entropy[
+    dtype: DType, with_grad: Bool, reduction: StaticString
+](
+    ctx: DeviceContext,
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    probs: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    n_options: Int,
+    rows: Int,
+    n: Int,
+) raises:
+    """Queue soft-target cross-entropy of `rows` rows of `n` on `ctx`:
+    the rows, then for "mean"/"sum" the reduction. Arguments as
+    `soft_cross_entropy_cpu`, on the device."""
+    comptime acc = accum_dtype[dtype]()
+    comptime mean = reduction == "mean"
+    comptime reduce = reduction != "none"
+    var weighted = soft_weighted(n_options, n)
+    var row_losses = ctx.enqueue_create_buffer[acc](
+        max(rows, 1) if reduce else 1
+    )
+    var losses = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        row_losses.unsafe_ptr()
+    )
+    if rows == 0 or n == 0:
+        raise Error("max_softmax: soft_cross_entropy needs rows and classes")
+    if n <= smem_capacity(vector_width[dtype](), SOFT_TENSORS):
+        # A block a row with the shared memory its part of both tensors
+        # needs (`OnchipLaunch`), of 512 or 1024 threads.
+        var aligned = aligned16(Int(logits), Int(probs), Int(dlogits))
+        var launch = OnchipLaunch[dtype, 1](
+            ctx, "soft cross-entropy's on-chip kernel", rows, n, SOFT_TENSORS
+        )
+        comptime V = vector_width[dtype]()
+        comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
+            if launch.threads == T:
+                launch.enqueue[
+                    soft_smem_kernel[dtype, with_grad, mean, reduce, V, T], T
+                ](
+                    ctx,
+                    dlogits,
+                    logits,
+                    probs,
+                    options,
+                    Int32(1 if weighted else 0),
+                    losses,
+                    loss,
+                    Int64(rows),
+                    Int64(n),
+                    aligned_flag_of(aligned),
+                )
+    else:
+        comptime T = SOFT_BLOCK_THREADS
+        comptime kernel = soft_block_kernel[dtype, with_grad, mean, reduce, T]
+        ctx.enqueue_function[kernel](
+            dlogits,
+            logits,
+            probs,
+            options,
+            Int32(1 if weighted else 0),
+            losses,
+            loss,
+            Int64(rows),
+            Int64(n),
+            grid_dim=rows,
+            block_dim=T,
+        )
+    comptime if reduce:
+        comptime reduce_kernel = soft_reduce_kernel[dtype, mean]
+        ctx.enqueue_function[reduce_kernel](
+            loss,
+            losses,
+            Int64(rows),
+            grid_dim=1,
+            block_dim=SOFT_REDUCE_THREADS,
+        )
+    _ = row_losses^

@@ -1,0 +1,465 @@
+"""Soft-target cross-entropy on chip: `SoftTargetRow`, a `RowOp` of the
+on-chip strategy (gpu_smem_rows' `onchip_rows`), a block a row. The
+logits and the probabilities are read once (each thread's first
+`SOFT_REG_CHUNKS` vectors of each in registers, the rest of both rows in
+dynamic shared memory by cp.async, the logits' part then the
+probabilities'), the row's loss written once (`finish`) and, with the
+gradient, d loss / d logits written once from chip (`write`).
+
+`fold` takes the row's max over the held logits first, then (s, S, T)
+(soft_target_math) over the held values with that max, so no running
+statistic is rescaled. Rows to `smem_capacity(V, 2)` (~37K float32, ~74K
+16-bit values); longer rows take the block-a-row kernel
+(gpu_soft_cross_entropy).
+"""
+
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
+from max.gpu.host import DeviceContext
+from max.gpu.memory import async_copy_wait_all
+from std.utils import StaticTuple
+from std.utils.numerics import inf
+
+from .gpu_launch import HeldRows, held, kernel_arg
+from .gpu_reductions import block_max, block_sum
+from .gpu_smem_rows import (
+    CLUSTER_SLOTS,
+    REG_CHUNKS,
+    SMEM_HALF_THREADS,
+    SMEM_THREADS,
+    onchip_rows,
+    start_row_copy,
+)
+from .gpu_split_chunks import SharedBuffer
+from .row_math import (
+    accum_dtype,
+    exp_nan,
+    load_widened,
+    online_sum_guard,
+    vector_width,
+)
+from .row_op import RowOp
+from .row_part import RowPart
+from .soft_target_math import (
+    SOFT_OPTIONS,
+    soft_grad,
+    soft_p_factor,
+    soft_q,
+    soft_row_loss,
+)
+
+# The logits and the probabilities share the forward's registers and
+# shared memory.
+comptime SOFT_TENSORS = 2
+# 16-byte vectors of each tensor a thread holds in registers.
+comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
+
+
+trait HeldVisitor:
+    """What a sweep over a row's held values does with w of them: the
+    logits `x` and the probabilities `p` widened, from class `c` on."""
+
+    comptime dtype: DType
+    """Element type of the tensors."""
+
+    def visit[
+        w: Int
+    ](
+        mut self,
+        x: SIMD[accum_dtype[Self.dtype](), w],
+        p: SIMD[accum_dtype[Self.dtype](), w],
+        c: Int,
+    ):
+        """Handle the w values at classes c ..< c + w."""
+        ...
+
+
+struct SoftTargetRow[
+    dtype_: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+](ImplicitlyCopyable, RowOp):
+    """Soft-target cross-entropy of a row of logits and probabilities as a
+    `RowOp` (a block a row): `fold` holds both on chip and folds the row's
+    (m, s, S, T); `finish` writes its loss; `write` its gradient."""
+
+    comptime dtype = Self.dtype_
+    comptime width = Self.V
+    comptime threads = Self.T
+    comptime cluster_slots = CLUSTER_SLOTS
+    comptime acc = accum_dtype[Self.dtype_]()
+
+    var dlogits: HeldRows[Self.dtype]
+    """Gradient rows (unused without the gradient)."""
+    var logits: HeldRows[Self.dtype]
+    """Logit rows."""
+    var probs: HeldRows[Self.dtype]
+    """Probability rows."""
+    var weights: HeldRows[DType.float64]
+    """The class weights (read where `weighted`)."""
+    var row_losses: HeldRows[Self.acc]
+    """A row loss a row, in the accumulator type (`reduce`)."""
+    var loss: HeldRows[Self.dtype]
+    """A loss a row ("none")."""
+    var weighted: Bool
+    """Whether the options carry class weights."""
+    var keep: Scalar[Self.acc]
+    """1 - eps."""
+    var smooth: Scalar[Self.acc]
+    """eps / C."""
+    var z_loss: Scalar[Self.acc]
+    """The z-loss' factor."""
+    var scale: Scalar[Self.acc]
+    """The reduction's factor on the gradient."""
+    var start: Int
+    """Element of the tensors where the row starts."""
+    var regs_x: SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS]
+    """The thread's first vectors of the logits."""
+    var regs_p: SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS]
+    """The thread's first vectors of the probabilities."""
+    var edge_x: SIMD[accum_dtype[Self.dtype_](), 2]
+    """The thread's head and tail logits (where `RowPart` says it has
+    them)."""
+    var edge_p: SIMD[accum_dtype[Self.dtype_](), 2]
+    """The thread's head and tail probabilities."""
+    var m: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's max."""
+    var s: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's sum of exp(x - m)."""
+    var sum_q: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's S."""
+    var t_sum: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's T."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dlogits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        probs: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        options: Pointer[Float64, MutAnyOrigin],
+        weighted: Bool,
+        row_losses: Pointer[Scalar[Self.acc], MutAnyOrigin],
+        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        rows: Int,
+        n: Int,
+    ):
+        """The op on these tensors and options."""
+        self.dlogits = held(dlogits)
+        self.logits = held(logits)
+        self.probs = held(probs)
+        self.weights = held(options.unsafe_offset(SOFT_OPTIONS))
+        self.row_losses = held(row_losses)
+        self.loss = held(loss)
+        self.weighted = weighted
+        var eps = options[unsafe_offset=0].cast[Self.acc]()
+        self.keep = 1 - eps
+        self.smooth = eps / Scalar[Self.acc](n)
+        self.z_loss = options[unsafe_offset=1].cast[Self.acc]()
+        self.scale = Scalar[Self.acc](1)
+        comptime if Self.mean:
+            self.scale = Scalar[Self.acc](1) / Scalar[Self.acc](rows)
+        self.start = 0
+        self.regs_x = SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS](0)
+        self.regs_p = SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS](0)
+        self.edge_x = SIMD[Self.acc, 2](0)
+        self.edge_p = SIMD[Self.acc, 2](0)
+        self.m = 0
+        self.s = 0
+        self.sum_q = 0
+        self.t_sum = 0
+
+    @always_inline
+    def q[w: Int](self, p: SIMD[Self.acc, w], c: Int) -> SIMD[Self.acc, w]:
+        """The targets q of the w probabilities at classes c ..< c + w."""
+        var weight = SIMD[Self.acc, w](1)
+        if self.weighted:
+            weight = (
+                kernel_arg(self.weights)
+                .unsafe_offset(c)
+                .unsafe_load[width=w]()
+                .cast[Self.acc]()
+            )
+        return soft_q[Self.acc, w](p, weight, self.keep, self.smooth)
+
+    @always_inline
+    def _p_part(
+        self, p: RowPart, smem: SharedBuffer[Self.dtype]
+    ) -> SharedBuffer[Self.dtype]:
+        """Where the probabilities' shared part starts: after the logits',
+        a whole number of 16-byte vectors."""
+        return smem.unsafe_offset(
+            max(0, p.nvec - SOFT_REG_CHUNKS * Self.T) * Self.V
+        )
+
+    @always_inline
+    def visit_held[
+        Vis: HeldVisitor
+    ](self, p: RowPart, smem: SharedBuffer[Self.dtype], mut vis: Vis):
+        """`vis` over the thread's held values in a fixed order: its
+        register vectors, its shared-memory vectors, its edge pair, then
+        a long head (unaligned rows) re-read from memory."""
+        comptime acc = Self.acc
+        comptime R = SOFT_REG_CHUNKS
+        comptime A = accum_dtype[Vis.dtype]()
+        var sp = self._p_part(p, smem)
+        comptime for k in range(R):
+            var i = k * Self.T + p.t
+            if i < p.nvec:
+                vis.visit[Self.V](
+                    rebind[SIMD[A, Self.V]](
+                        self.regs_x.slice[Self.V, offset=k * Self.V]().cast[
+                            acc
+                        ]()
+                    ),
+                    rebind[SIMD[A, Self.V]](
+                        self.regs_p.slice[Self.V, offset=k * Self.V]().cast[
+                            acc
+                        ]()
+                    ),
+                    p.head + i * Self.V,
+                )
+        for i in range(R * Self.T + p.t, p.nvec, Self.T):
+            var at = (i - R * Self.T) * Self.V
+            vis.visit[Self.V](
+                rebind[SIMD[A, Self.V]](load_widened[Self.V](smem, at)),
+                rebind[SIMD[A, Self.V]](load_widened[Self.V](sp, at)),
+                p.head + i * Self.V,
+            )
+        if p.has_head:
+            vis.visit[1](
+                rebind[Scalar[A]](self.edge_x[0]),
+                rebind[Scalar[A]](self.edge_p[0]),
+                p.t,
+            )
+        if p.has_tail:
+            vis.visit[1](
+                rebind[Scalar[A]](self.edge_x[1]),
+                rebind[Scalar[A]](self.edge_p[1]),
+                p.tail_begin + p.t,
+            )
+        var rx = kernel_arg(self.logits).unsafe_offset(self.start)
+        var rp = kernel_arg(self.probs).unsafe_offset(self.start)
+        for e in range(p.lead, p.head, Self.T):
+            vis.visit[1](
+                rebind[Scalar[A]](rx[unsafe_offset=e].cast[acc]()),
+                rebind[Scalar[A]](rp[unsafe_offset=e].cast[acc]()),
+                e,
+            )
+
+    @always_inline
+    def begin(
+        mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
+    ) -> Bool:
+        """Every row is folded."""
+        self.start = start
+        return True
+
+    @always_inline
+    def fold[
+        C: Int
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+    ):
+        """Load both rows on chip, then fold the row's max and, with it,
+        (s, S, T) over the block (a block a row: C = 1)."""
+        comptime assert C == 1, "soft targets hold a row a block"
+        comptime acc = Self.acc
+        comptime assert acc.is_floating_point()
+        comptime R = SOFT_REG_CHUNKS
+        var rx = kernel_arg(self.logits).unsafe_offset(self.start)
+        var rp = kernel_arg(self.probs).unsafe_offset(self.start)
+        start_row_copy[Self.dtype, Self.V, Self.T, R](
+            rx, smem, p.t, p.head, p.nvec
+        )
+        start_row_copy[Self.dtype, Self.V, Self.T, R](
+            rp, self._p_part(p, smem), p.t, p.head, p.nvec
+        )
+        var m = -inf[acc]()
+        comptime for k in range(R):
+            var i = k * Self.T + p.t
+            if i < p.nvec:
+                var at = p.head + i * Self.V
+                var vx = rx.unsafe_offset(at).unsafe_load[
+                    width=Self.V, alignment=16
+                ]()
+                var vp = rp.unsafe_offset(at).unsafe_load[
+                    width=Self.V, alignment=16
+                ]()
+                self.regs_x = self.regs_x.insert[offset=k * Self.V](vx)
+                self.regs_p = self.regs_p.insert[offset=k * Self.V](vp)
+                m = max(m, vx.cast[acc]().reduce_max())
+        if p.has_head:
+            self.edge_x[0] = rx[unsafe_offset=p.t].cast[acc]()
+            self.edge_p[0] = rp[unsafe_offset=p.t].cast[acc]()
+            m = max(m, self.edge_x[0])
+        if p.has_tail:
+            self.edge_x[1] = rx[unsafe_offset=p.tail_begin + p.t].cast[acc]()
+            self.edge_p[1] = rp[unsafe_offset=p.tail_begin + p.t].cast[acc]()
+            m = max(m, self.edge_x[1])
+        for e in range(p.lead, p.head, Self.T):
+            m = max(m, rx[unsafe_offset=e].cast[acc]())
+        async_copy_wait_all()
+        for i in range(R * Self.T + p.t, p.nvec, Self.T):
+            var v = smem.unsafe_offset((i - R * Self.T) * Self.V).unsafe_load[
+                width=Self.V, alignment=16
+            ]()
+            m = max(m, v.cast[acc]().reduce_max())
+        self.m = block_max[acc, Self.T](m)
+        var stats = SoftSweep[
+            Self.dtype,
+            Self.with_grad,
+            Self.mean,
+            Self.reduce,
+            Self.V,
+            Self.T,
+            False,
+        ](self)
+        self.visit_held(p, smem, stats)
+        self.s = online_sum_guard[acc](self.m, block_sum[acc, Self.T](stats.s))
+        self.sum_q = block_sum[acc, Self.T](stats.sum_q)
+        self.t_sum = block_sum[acc, Self.T](stats.t_sum)
+
+    @always_inline
+    def finish(self, p: RowPart, row: Int, rank: Int):
+        """Thread 0 writes the row's loss."""
+        if p.t == 0:
+            var value = soft_row_loss[Self.acc](
+                self.m, self.s, self.sum_q, self.t_sum, self.z_loss
+            )
+            comptime if Self.reduce:
+                kernel_arg(self.row_losses)[unsafe_offset=row] = value
+            else:
+                kernel_arg(self.loss)[unsafe_offset=row] = value.cast[
+                    Self.dtype
+                ]()
+
+    @always_inline
+    def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
+        """With the gradient: the row's d loss / d logits from chip."""
+        comptime if Self.with_grad:
+            var grad = SoftSweep[
+                Self.dtype,
+                Self.with_grad,
+                Self.mean,
+                Self.reduce,
+                Self.V,
+                Self.T,
+                True,
+            ](
+                self,
+                soft_p_factor[Self.acc](
+                    self.m, self.s, self.sum_q, self.z_loss
+                ),
+            )
+            self.visit_held(p, smem, grad)
+
+
+struct SoftSweep[
+    dtype_: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+    writes: Bool,
+](HeldVisitor):
+    """A sweep over a thread's held values: sums their (s, S, T) given the
+    row's max, or (`writes`) writes their d loss / d logits."""
+
+    comptime dtype = Self.dtype_
+    comptime acc = accum_dtype[Self.dtype_]()
+    comptime Row = SoftTargetRow[
+        Self.dtype_, Self.with_grad, Self.mean, Self.reduce, Self.V, Self.T
+    ]
+
+    var row: Self.Row
+    """The op (options, statistics)."""
+    var p_factor: Scalar[Self.acc]
+    """`soft_p_factor` of the row (`writes`)."""
+    var s: Scalar[Self.acc]
+    """Sum of exp(x - m)."""
+    var sum_q: Scalar[Self.acc]
+    """Sum of q."""
+    var t_sum: Scalar[Self.acc]
+    """Sum of q (x - m)."""
+
+    @always_inline
+    def __init__(out self, row: Self.Row, p_factor: Scalar[Self.acc] = 0):
+        """A sweep of `row`, nothing summed yet."""
+        self.row = row
+        self.p_factor = p_factor
+        self.s = 0
+        self.sum_q = 0
+        self.t_sum = 0
+
+    @always_inline
+    def visit[
+        w: Int
+    ](
+        mut self,
+        x: SIMD[accum_dtype[Self.dtype](), w],
+        p: SIMD[accum_dtype[Self.dtype](), w],
+        c: Int,
+    ):
+        """Add the w values' terms, or write their gradient."""
+        var xa = rebind[SIMD[Self.acc, w]](x)
+        var q = self.row.q[w](rebind[SIMD[Self.acc, w]](p), c)
+        comptime if Self.writes:
+            var g = soft_grad[Self.acc, w](
+                xa, q, self.row.m, self.p_factor, self.row.scale
+            ).cast[Self.dtype]()
+            var y = kernel_arg(self.row.dlogits).unsafe_offset(
+                self.row.start + c
+            )
+            comptime if w == 1:
+                y[unsafe_offset=0] = g[0]
+            else:
+                y.unsafe_store[alignment=16](g)
+        else:
+            var d = xa - self.row.m
+            self.s += exp_nan[Self.acc, w](d).reduce_add()
+            self.sum_q += q.reduce_add()
+            self.t_sum += (q * d).reduce_add()
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def soft_smem_kernel[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    probs: Pointer[Scalar[dtype], MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    weighted: Int32,
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    aligned_flag: Int32,
+):
+    """Soft-target cross-entropy of rows of `n` (to `smem_capacity(V,
+    2)`): `onchip_rows` of `SoftTargetRow`, a block of T threads a row.
+    Arguments as `soft_block_kernel`; `aligned_flag` is nonzero when the
+    logits, probabilities and gradient start 16-byte aligned."""
+    var op = SoftTargetRow[dtype, with_grad, mean, reduce, V, T](
+        dlogits,
+        logits,
+        probs,
+        options,
+        weighted != 0,
+        row_losses,
+        loss,
+        Int(rows),
+        Int(n),
+    )
+    onchip_rows[C=1](op, row_losses, n, aligned_flag)
