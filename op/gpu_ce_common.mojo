@@ -3,12 +3,37 @@
 goes (`store_row_loss`), and the pieces of a row laid out as a scalar head,
 an aligned vector body and a scalar tail (gpu_ce_block_rows,
 gpu_ce_smem_rows): the gradient of an element outside the body, the fill of
-a row not kept, and the thread that writes the target's entry.
+a row not kept, and the thread that writes the target's entry; which rows
+hold exps on chip (`holds_exp`).
 """
+
+from std.sys import size_of
 
 from .cross_entropy_math import KEPT, grad_of
 from .row_math import accum_dtype, exp_nan
 from .row_part import RowPart
+
+# 16-bit rows on chip: after sweep 2, the cross-entropy's on-chip op
+# (gpu_ce_smem_rows) keeps exp(x - max) * 2^HELD_EXP_SHIFT (`held_exp`; under
+# a softcap, times its chain factor) in place of each logit, in the logits'
+# own type, so the gradient sweep computes no exp (`holds_exp`). The shift
+# keeps float16's full precision down to exp(x - max) = 2^-29 (subnormals
+# to 2^-39), below which a float16 gradient is subnormal or 0 anyway; the
+# largest value, 2^15, stays under float16's 65504. bfloat16 holds any exp,
+# rounded to 8 bits: without label smoothing the gradient, rounded again, is
+# within one bfloat16 ulp of the correctly rounded value (~74% equal on
+# normal logits), float16 within one float16 ulp; with smoothing, entries
+# where p ~ eps / V nearly cancel and keep the held exp's absolute error (up
+# to 2^-9 x eps / V x scale in bfloat16), many ulps of a result near 0.
+
+
+@always_inline
+def holds_exp[dtype: DType]() -> Bool:
+    """Whether the on-chip cross-entropy holds exps (2^HELD_EXP_SHIFT times
+    them) in place of the logits after sweep 2: 16-bit rows, where two exps
+    a value (one for the sum, one for the gradient) kept the SM busy while
+    HBM idled (78-81% of copy against float32's 96%)."""
+    return size_of[dtype]() == 2
 
 
 @always_inline
