@@ -352,7 +352,6 @@ struct CrossEntropyRow[
         self.start = start
         self.first = first
         self.len_row = len_row
-        self.x = self.logits.unsafe_offset(start - first)
         comptime if Self.terms == OPTION_TERMS:
             self.eps = options[unsafe_offset=1].cast[acc]()
             self.z_loss = options[unsafe_offset=2].cast[acc]()
@@ -371,6 +370,7 @@ struct CrossEntropyRow[
                 self.tgt, Int64(options[unsafe_offset=0]), len_row
             )
         else:
+            self.x = self.logits.unsafe_offset(start - first)
             var opts = ce_options[acc](options)
             self.eps = opts[1]
             self.tgt = self.targets[unsafe_offset=row]
@@ -505,7 +505,7 @@ struct CrossEntropyRow[
         cap stands in for the max); then the row's loss and the gradient's
         factor."""
         comptime acc = accum_dtype[Self.dtype]()
-        var row = kernel_arg(self.x)
+        var row = kernel_arg(self.logits).unsafe_offset(self.start - self.first)
         self.x_t = softcap_of[acc, 1](
             row[unsafe_offset=Int(self.tgt)].cast[acc](), self.cap
         )[0]
@@ -629,20 +629,25 @@ struct CrossEntropyRow[
             )
             fill_part[Self.dtype, Self.V, Self.T](y, p, fill)
             return
+        var cap = Softcap[acc].of_cap(self.cap)
         var scale = grad_scale[acc, Self.mean](
             rebind[Pointer[Float64, MutAnyOrigin]](self.count)
         )
+        var target_term = (1 - self.eps) * self.w_t
         var smooth = smoothing_of[acc](self.eps, self.len_row)
+        # The target relative to the part: with C > 1 it may lie outside.
+        var tgt: Int
         comptime if Self.terms == OPTION_TERMS:
+            tgt = Int(self.tgt) - self.first
             var x = kernel_arg(self.logits).unsafe_offset(self.start)
             var grad = OptionGrad[Self.dtype](
-                Softcap[acc].of_cap(self.cap),
+                cap,
                 self.row_max,
                 self.inv_s,
                 smooth,
-                (1 - self.eps) * self.w_t,
+                target_term,
                 scale,
-                -1 if self.holds else Int(self.tgt) - self.first,
+                -1 if self.holds else tgt,
                 self.has_weight,
                 self._weights(),
             )
@@ -673,8 +678,7 @@ struct CrossEntropyRow[
                     self.row_max, self.inv_s, smooth, scale
                 ),
             )
-        # The target relative to the part: with C > 1 it may lie outside.
-        var tgt = Int(self.tgt) - self.first
+            tgt = Int(self.tgt) - self.first
         comptime if C > 1:
             if tgt < 0 or tgt >= p.len:
                 return
