@@ -26,7 +26,6 @@ from .cross_entropy_math import (
     OUT_OF_RANGE,
     extended_p_factor,
     extended_row_loss,
-    grad_of,
     row_loss,
     smoothing_of,
     softcap_chain,
@@ -36,9 +35,9 @@ from .cross_entropy_math import (
 )
 from .gpu_ce_block_strategy import block_stats
 from .gpu_ce_common import (
+    CrossEntropyGrad,
     ce_options,
     grad_scale,
-    scalar_grad,
     store_row_loss,
     target_owner,
 )
@@ -87,10 +86,7 @@ def _write_grad[
     p: RowPart,
     kind: Int,
     fill: Scalar[dtype],
-    row_max: Scalar[accum_dtype[dtype]()],
-    inv_s: Scalar[accum_dtype[dtype]()],
-    smooth: Scalar[accum_dtype[dtype]()],
-    scale: Scalar[accum_dtype[dtype]()],
+    g: CrossEntropyGrad[dtype, False],
 ):
     """Thread `p.t`'s share of the row's gradient into `y` (`fill` for rows
     not kept), from a second read of the logits `x`: the vector body, then
@@ -102,23 +98,32 @@ def _write_grad[
     for i in range(t, p.nvec, T):
         var out = SIMD[dtype, V](fill)
         if kind == KEPT:
-            var v = (
+            out = g.edge[V](
                 x.unsafe_offset(head + i * V)
                 .unsafe_load[width=V, alignment=16]()
                 .cast[acc]()
             )
-            out = grad_of[acc, V](
-                exp_nan[acc, V](v - row_max), inv_s, smooth, scale
-            ).cast[dtype]()
         y.unsafe_offset(head + i * V).unsafe_store[alignment=16](out)
     for e in range(t, head, T):
-        y[unsafe_offset=e] = scalar_grad[dtype](
-            x, e, kind, fill, row_max, inv_s, smooth, scale
-        )
+        y[unsafe_offset=e] = _scalar_grad(x, e, kind, fill, g)
     for e in range(tail_begin + t, p.len, T):
-        y[unsafe_offset=e] = scalar_grad[dtype](
-            x, e, kind, fill, row_max, inv_s, smooth, scale
-        )
+        y[unsafe_offset=e] = _scalar_grad(x, e, kind, fill, g)
+
+
+@always_inline
+def _scalar_grad[
+    dtype: DType
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    e: Int,
+    kind: Int,
+    fill: Scalar[dtype],
+    g: CrossEntropyGrad[dtype, False],
+) -> Scalar[dtype]:
+    """The gradient of element `e` outside the row's vector body."""
+    if kind != KEPT:
+        return fill
+    return g.edge[1](x[unsafe_offset=e].cast[accum_dtype[dtype]()]())[0]
 
 
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
@@ -198,7 +203,12 @@ def ce_block_kernel[
         var y = dlogits.unsafe_offset(start)
         var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
         _write_grad[dtype, V, T](
-            y, x, p, kind, fill, row_max, inv_s, smooth, scale
+            y,
+            x,
+            p,
+            kind,
+            fill,
+            CrossEntropyGrad[dtype, False](row_max, inv_s, smooth, scale),
         )
         # The target's entry, by the thread that wrote it (its vector or
         # scalar store above came first in program order).

@@ -27,7 +27,6 @@ from .cross_entropy_math import (
     Z_TERMS,
     extended_p_factor,
     extended_row_loss,
-    grad_of,
     row_loss,
     smoothing_of,
     softcap_of,
@@ -35,6 +34,7 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_common import (
+    CrossEntropyGrad,
     ce_options,
     fill_part,
     grad_scale,
@@ -59,7 +59,6 @@ from .gpu_smem_rows import (
     SMEM_THREADS,
     HELD_EXP_SHIFT,
     OnchipLaunch,
-    HeldMap,
     cluster_exchange,
     load_part_max,
     onchip_rows,
@@ -112,71 +111,6 @@ def smem_row_stats[
     var row_sum = block_sum[acc, T](part[0])
     var sum_x = block_sum[acc, T](part[1]) if eps != 0 else Scalar[acc](0)
     return (row_sum, sum_x)
-
-
-struct CrossEntropyGrad[dtype_: DType, holds_exp: Bool](HeldMap):
-    """The gradient of held logits, (exp(x - max) / sum - eps / V) *
-    scale; with `holds_exp`, the held body values are `held_exp`s already
-    and each takes one FMA."""
-
-    comptime dtype = Self.dtype_
-
-    var row_max: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's max."""
-    var inv_s: Scalar[accum_dtype[Self.dtype_]()]
-    """1 / the row's sum of exp(x - max)."""
-    var smooth: Scalar[accum_dtype[Self.dtype_]()]
-    """eps / V (`smoothing_of`)."""
-    var scale: Scalar[accum_dtype[Self.dtype_]()]
-    """The gradient's scale (`grad_scale`)."""
-    var per_held: Scalar[accum_dtype[Self.dtype_]()]
-    """scale / sum / 2^HELD_EXP_SHIFT: a held exp's factor."""
-    var shift: Scalar[accum_dtype[Self.dtype_]()]
-    """-eps / V * scale."""
-
-    @always_inline
-    def __init__(
-        out self,
-        row_max: Scalar[accum_dtype[Self.dtype_]()],
-        inv_s: Scalar[accum_dtype[Self.dtype_]()],
-        smooth: Scalar[accum_dtype[Self.dtype_]()],
-        scale: Scalar[accum_dtype[Self.dtype_]()],
-    ):
-        """The map of a row with these terms."""
-        comptime acc = accum_dtype[Self.dtype_]()
-        self.row_max = row_max
-        self.inv_s = inv_s
-        self.smooth = smooth
-        self.scale = scale
-        self.per_held = 0
-        self.shift = 0
-        comptime if Self.holds_exp:
-            self.per_held = inv_s * Scalar[acc](2.0**-HELD_EXP_SHIFT) * scale
-            self.shift = -smooth * scale
-
-    @always_inline
-    def body[w: Int](self, v: SIMD[Self.dtype, w]) -> SIMD[Self.dtype, w]:
-        """The gradient of held body values."""
-        comptime if Self.holds_exp:
-            return (
-                v.cast[accum_dtype[Self.dtype]()]()
-                .fma(self.per_held, self.shift)
-                .cast[Self.dtype]()
-            )
-        return self.edge[w](v.cast[accum_dtype[Self.dtype]()]())
-
-    @always_inline
-    def edge[
-        w: Int
-    ](self, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[Self.dtype, w]:
-        """The gradient of logits in the accumulator type."""
-        comptime acc = accum_dtype[Self.dtype]()
-        return grad_of[acc, w](
-            exp_nan[acc, w](v - self.row_max),
-            self.inv_s,
-            self.smooth,
-            self.scale,
-        ).cast[Self.dtype]()
 
 
 # A row's accumulators for a cluster's exchanges, each in a 128-byte line of
@@ -649,7 +583,7 @@ struct CrossEntropyRow[
                 scale,
                 -1 if self.holds else tgt,
                 self.has_weight,
-                self._weights(),
+                held(self._weights()),
             )
             if not self.holds:
                 visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
