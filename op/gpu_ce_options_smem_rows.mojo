@@ -374,7 +374,6 @@ struct OptionSums[dtype_: DType](HeldVisit):
         return SIMD[Self.dtype, w](0)
 
 
-@fieldwise_init
 struct OptionGrad[dtype_: DType](HeldVisit):
     """Sweep 3: the gradient of a kept row's logits,
     (p_c * factor - eps / V * u_c - [c == t] (1 - eps) w_t) * scale, times
@@ -400,6 +399,30 @@ struct OptionGrad[dtype_: DType](HeldVisit):
     """The smoothing term takes the class weights (else 1)."""
     var weights: HeldRows[DType.float64]
     """The part's class weights (its element 0's weight first)."""
+
+    @always_inline
+    def __init__(
+        out self,
+        cap: Softcap[accum_dtype[Self.dtype_]()],
+        row_max: Scalar[accum_dtype[Self.dtype_]()],
+        p_factor: Scalar[accum_dtype[Self.dtype_]()],
+        smooth: Scalar[accum_dtype[Self.dtype_]()],
+        target_term: Scalar[accum_dtype[Self.dtype_]()],
+        scale: Scalar[accum_dtype[Self.dtype_]()],
+        tgt: Int,
+        weighted: Bool,
+        weights: Pointer[Float64, MutAnyOrigin],
+    ):
+        """The gradient map of a row with these terms."""
+        self.cap = cap
+        self.row_max = row_max
+        self.p_factor = p_factor
+        self.smooth = smooth
+        self.target_term = target_term
+        self.scale = scale
+        self.tgt = tgt
+        self.weighted = weighted
+        self.weights = held(weights)
 
     @always_inline
     def visit[

@@ -583,7 +583,7 @@ struct CrossEntropyRow[
                 scale,
                 -1 if self.holds else tgt,
                 self.has_weight,
-                held(self._weights()),
+                self._weights(),
             )
             if not self.holds:
                 visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
