@@ -269,7 +269,7 @@ def launch_ce_block[
 
 
 @fieldwise_init
-struct _OptionTerms[dtype: DType, T: Int](ImplicitlyCopyable):
+struct _OptionTerms[dtype: DType, T: Int]:
     """What a thread's elements of an extended options' row are folded or
     written with: the options, then (the gradient) the row's statistics;
     its elements lie T apart (`_gather`)."""
@@ -284,18 +284,13 @@ struct _OptionTerms[dtype: DType, T: Int](ImplicitlyCopyable):
     """The softcap (0: none)."""
     var tgt: Int
     """The row's target."""
-    var row_max: Scalar[accum_dtype[Self.dtype]()]
-    """The row's capped max."""
-    var inv_s: Scalar[accum_dtype[Self.dtype]()]
-    """1 / the row's sum of exp(y - max)."""
     var factor: Scalar[accum_dtype[Self.dtype]()]
     """What multiplies p in the gradient (`extended_p_factor`)."""
-    var smooth: Scalar[accum_dtype[Self.dtype]()]
-    """eps / V."""
     var target_term: Scalar[accum_dtype[Self.dtype]()]
     """(1 - eps) w_t."""
-    var scale: Scalar[accum_dtype[Self.dtype]()]
-    """The gradient's scale."""
+    var g: CrossEntropyGrad[Self.dtype, False]
+    """The row's max, 1 / its sum of exp(y - max), eps / V and the
+    gradient's scale."""
 
     @always_inline
     def capped[
@@ -357,10 +352,7 @@ def _options_row[
         0,
         0,
         0,
-        0,
-        0,
-        0,
-        1,
+        CrossEntropyGrad[dtype, False](0, 0, 0, 1),
     )
     var z_loss = options[unsafe_offset=2].cast[acc]()
     f.cap = options[unsafe_offset=3].cast[acc]()
@@ -408,15 +400,15 @@ def _options_row[
         )
         store_row_loss[dtype, reduce](row_losses, loss, row, value)
     comptime if with_grad:
-        f.scale = grad_scale[acc, mean](count)
+        var scale = grad_scale[acc, mean](count)
         f.factor = extended_p_factor[acc](
             row_max, row_sum, w_t, su, f.eps, z_loss, len
         )
-        f.row_max = row_max
-        f.inv_s = 1 / row_sum
-        f.smooth = f.eps / Scalar[acc](len)
+        var inv_s = 1 / row_sum
+        var smooth = f.eps / Scalar[acc](len)
         f.target_term = (1 - f.eps) * w_t
         f.tgt = Int(tgt)
+        f.g = CrossEntropyGrad[dtype, False](row_max, inv_s, smooth, scale)
         var g_c = t
         while g_c + (U - 1) * T < len:
             _grad_step[dtype, T, U](y_out, x, g_c, f)
@@ -476,12 +468,12 @@ def _grad_step[
     before it is written: in-place safe)."""
     comptime acc = accum_dtype[dtype]()
     var y = f.capped[W](x, c)
-    var g = exp_nan[acc, W](y - f.row_max) * f.inv_s * f.factor
+    var g = exp_nan[acc, W](y - f.g.row_max) * f.g.inv_s * f.factor
     if f.eps != 0:
-        g -= f.weights_at[W](c) * f.smooth
+        g -= f.weights_at[W](c) * f.g.smooth
     comptime for k in range(W):
         if c + k * T == f.tgt:
             g[k] = g[k] - f.target_term
-    g = g * f.scale * softcap_chain[acc, W](y, f.cap)
+    g = g * f.g.scale * softcap_chain[acc, W](y, f.cap)
     comptime for k in range(W):
         y_out[unsafe_offset=c + k * T] = g[k].cast[dtype]()
