@@ -138,6 +138,17 @@ comptime HINT_NO_WEIGHTED_SMOOTHING = 2
 comptime ALL_HINTS = HINT_NO_SOFTCAP | HINT_NO_WEIGHTED_SMOOTHING
 comptime MAX_UNWEIGHTED = EXTENDED_OPTIONS + ALL_HINTS
 
+# What a GPU row folds and writes beside the plain loss (a kernel's
+# compile-time `terms`): nothing (NO_TERMS, PLAIN_OPTIONS); of extended
+# options, their scalar terms alone, z-loss (Z_TERMS) or z-loss and the
+# target's class weight (WEIGHTED_TERMS), over the plain loss's sweeps; or
+# every option (OPTION_TERMS: a softcap, class weights inside the smoothing
+# term), over sweeps of their own.
+comptime NO_TERMS = 0
+comptime Z_TERMS = 1
+comptime WEIGHTED_TERMS = 2
+comptime OPTION_TERMS = 3
+
 
 @fieldwise_init
 struct ExtendedLayout(ImplicitlyCopyable):
@@ -148,11 +159,14 @@ struct ExtendedLayout(ImplicitlyCopyable):
     var hints: Int
     """`HINT_*` bits: terms the options promise to leave out."""
 
-    def scalar_terms(self) -> Bool:
-        """No softcap, and no class weight inside the smoothing term: the
-        options change only a row's scalars (z-loss, the target's weight),
-        which the plain on-chip kernel takes as compile-time terms."""
-        return self.hints == ALL_HINTS
+    def terms(self) -> Int:
+        """The terms the options hold: without a softcap and a class weight
+        inside the smoothing term (both hints), only a row's scalars
+        (Z_TERMS, WEIGHTED_TERMS: z-loss, the target's weight), which the
+        plain on-chip sweeps take; else OPTION_TERMS."""
+        if self.hints != ALL_HINTS:
+            return OPTION_TERMS
+        return WEIGHTED_TERMS if self.weighted else Z_TERMS
 
 
 def extended_layout(n_options: Int, n: Int) raises -> ExtendedLayout:

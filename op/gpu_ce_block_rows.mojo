@@ -5,6 +5,10 @@ the row (mostly from L2) to write it. Loss-only reads the row once.
 `ce_kernel_for` (gpu_cross_entropy) gives it the rows the other families
 do not take (rows longer than theirs, or fewer) and, for the loss alone,
 every row past the register plans: a loss needs no row held on chip.
+Under the extended options (OPTION_TERMS: z-loss, softcap, class weights)
+it takes the loss alone, few rows and rows past a pair's capacity; a
+thread then folds its elements a block apart (`_options_row`), the
+softcap and the class weights elementwise.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
@@ -14,24 +18,38 @@ from std.utils import StaticTuple
 from std.utils.numerics import nan
 
 from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
     IGNORED,
     KEPT,
-    grad_of,
+    NO_TERMS,
+    OPTION_TERMS,
+    OUT_OF_RANGE,
+    extended_p_factor,
+    extended_row_loss,
     row_loss,
     smoothing_of,
+    softcap_chain,
+    softcap_of,
     target_grad,
     target_kind,
 )
 from .gpu_ce_block_strategy import block_stats
 from .gpu_ce_common import (
+    CrossEntropyGrad,
     ce_options,
     grad_scale,
-    scalar_grad,
     store_row_loss,
     target_owner,
 )
-from .gpu_launch import aligned_flag_of
-from .row_math import accum_dtype, exp_nan, vector_width
+from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_reductions import block_max_sum, block_sum
+from .row_math import (
+    accum_dtype,
+    exp_nan,
+    online_add,
+    online_sum_guard,
+    vector_width,
+)
 from .row_part import RowPart, row_part
 
 # Rows longer than the register plans: a block of this many threads a row.
@@ -46,6 +64,10 @@ comptime CE_BLOCK_UNROLL = 1
 # registers) leave one block an SM and lose (benchmarks/RESULTS.md,
 # "Cross-entropy", the loss-only sweep).
 comptime CE_BLOCK_LOSS_UNROLL = 4
+# Under OPTION_TERMS: threads a row, and elements a thread loads before it
+# uses them.
+comptime CE_OPTIONS_THREADS = 512
+comptime CE_OPTIONS_UNROLL = 4
 
 
 def ce_block_loss_threads[dtype: DType]() -> Int:
@@ -64,10 +86,7 @@ def _write_grad[
     p: RowPart,
     kind: Int,
     fill: Scalar[dtype],
-    row_max: Scalar[accum_dtype[dtype]()],
-    inv_s: Scalar[accum_dtype[dtype]()],
-    smooth: Scalar[accum_dtype[dtype]()],
-    scale: Scalar[accum_dtype[dtype]()],
+    g: CrossEntropyGrad[dtype, False],
 ):
     """Thread `p.t`'s share of the row's gradient into `y` (`fill` for rows
     not kept), from a second read of the logits `x`: the vector body, then
@@ -79,23 +98,32 @@ def _write_grad[
     for i in range(t, p.nvec, T):
         var out = SIMD[dtype, V](fill)
         if kind == KEPT:
-            var v = (
+            out = g.edge[V](
                 x.unsafe_offset(head + i * V)
                 .unsafe_load[width=V, alignment=16]()
                 .cast[acc]()
             )
-            out = grad_of[acc, V](
-                exp_nan[acc, V](v - row_max), inv_s, smooth, scale
-            ).cast[dtype]()
         y.unsafe_offset(head + i * V).unsafe_store[alignment=16](out)
     for e in range(t, head, T):
-        y[unsafe_offset=e] = scalar_grad[dtype](
-            x, e, kind, fill, row_max, inv_s, smooth, scale
-        )
+        y[unsafe_offset=e] = _scalar_grad(x, e, kind, fill, g)
     for e in range(tail_begin + t, p.len, T):
-        y[unsafe_offset=e] = scalar_grad[dtype](
-            x, e, kind, fill, row_max, inv_s, smooth, scale
-        )
+        y[unsafe_offset=e] = _scalar_grad(x, e, kind, fill, g)
+
+
+@always_inline
+def _scalar_grad[
+    dtype: DType
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    e: Int,
+    kind: Int,
+    fill: Scalar[dtype],
+    g: CrossEntropyGrad[dtype, False],
+) -> Scalar[dtype]:
+    """The gradient of element `e` outside the row's vector body."""
+    if kind != KEPT:
+        return fill
+    return g.edge[1](x[unsafe_offset=e].cast[accum_dtype[dtype]()]())[0]
 
 
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
@@ -107,6 +135,7 @@ def ce_block_kernel[
     V: Int,
     T: Int,
     U: Int,
+    terms: Int = NO_TERMS,
 ](
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
     logits: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -116,22 +145,31 @@ def ce_block_kernel[
     row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
     loss: Pointer[Scalar[dtype], MutAnyOrigin],
     n: Int64,
-    aligned_flag: Int32,
+    flag: Int32,
 ):
     """Cross-entropy of rows of any length, a block of T threads a row:
     online (max, sum of exp) over the row, then the gradient from a second
-    read. Arguments as `ce_register_kernel`; `aligned_flag` is nonzero when
-    the buffers start 16-byte aligned (each row then has a scalar head,
-    an aligned vector body and a scalar tail, as in gpu_smem_rows). The
-    first pass loads U vectors a thread at a time (`block_stats`)."""
+    read. Arguments as `ce_register_kernel`; `flag` is nonzero when the
+    buffers start 16-byte aligned (each row then has a scalar head, an
+    aligned vector body and a scalar tail, as in gpu_smem_rows). The first
+    pass loads U vectors a thread at a time (`block_stats`).
+
+    OPTION_TERMS: the extended options' row (`_options_row`), U elements a
+    thread at a time, `flag` nonzero where `options` holds a weight a
+    class."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
+    comptime if terms == OPTION_TERMS:
+        _options_row[dtype, with_grad, mean, reduce, T, U](
+            dlogits, logits, targets, options, count, row_losses, loss, n, flag
+        )
+        return
     var t = Int(thread_idx.x)
     var row = Int(block_idx.x)
     var len = Int(n)
     var start = row * len
     var x = logits.unsafe_offset(start)
-    var p = row_part[V, T](t, start, len, aligned_flag)
+    var p = row_part[V, T](t, start, len, flag)
     var opts = ce_options[acc](options)
     var eps = opts[1]
     var tgt = targets[unsafe_offset=row]
@@ -165,7 +203,12 @@ def ce_block_kernel[
         var y = dlogits.unsafe_offset(start)
         var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
         _write_grad[dtype, V, T](
-            y, x, p, kind, fill, row_max, inv_s, smooth, scale
+            y,
+            x,
+            p,
+            kind,
+            fill,
+            CrossEntropyGrad[dtype, False](row_max, inv_s, smooth, scale),
         )
         # The target's entry, by the thread that wrote it (its vector or
         # scalar store above came first in program order).
@@ -183,6 +226,7 @@ def launch_ce_block[
     reduce: Bool,
     U: Int,
     T: Int,
+    terms: Int = NO_TERMS,
 ](
     ctx: DeviceContext,
     dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -195,12 +239,15 @@ def launch_ce_block[
     rows: Int,
     n: Int,
     aligned: Bool,
+    has_weight: Int32 = 0,
 ) raises:
     """Launch `ce_block_kernel` on `rows` rows of `n`, a block of `T`
     threads a row (any length), its first pass `U` vectors a thread at a
-    time."""
+    time; under OPTION_TERMS its flag is `has_weight`, else `aligned`."""
     comptime V = vector_width[dtype]()
-    comptime kernel = ce_block_kernel[dtype, with_grad, mean, reduce, V, T, U]
+    comptime kernel = ce_block_kernel[
+        dtype, with_grad, mean, reduce, V, T, U, terms
+    ]
     ctx.enqueue_function[kernel](
         dlogits,
         logits,
@@ -210,7 +257,223 @@ def launch_ce_block[
         row_losses,
         loss,
         Int64(n),
-        aligned_flag_of(aligned),
+        has_weight if terms == OPTION_TERMS else aligned_flag_of(aligned),
         grid_dim=rows,
         block_dim=T,
     )
+
+
+# ===----------------------------------------------------------------------=== #
+# The extended options' row (OPTION_TERMS)
+# ===----------------------------------------------------------------------=== #
+
+
+@fieldwise_init
+struct _OptionTerms[dtype: DType, T: Int]:
+    """What a thread's elements of an extended options' row are folded or
+    written with: the options, then (the gradient) the row's statistics;
+    its elements lie T apart (`_gather`)."""
+
+    var weights: HeldRows[DType.float64]
+    """The class weights (read where `has_weight`)."""
+    var has_weight: Int32
+    """`options` holds a weight a class."""
+    var eps: Scalar[accum_dtype[Self.dtype]()]
+    """Label smoothing."""
+    var cap: Scalar[accum_dtype[Self.dtype]()]
+    """The softcap (0: none)."""
+    var tgt: Int
+    """The row's target."""
+    var factor: Scalar[accum_dtype[Self.dtype]()]
+    """What multiplies p in the gradient (`extended_p_factor`)."""
+    var target_term: Scalar[accum_dtype[Self.dtype]()]
+    """(1 - eps) w_t."""
+    var g: CrossEntropyGrad[Self.dtype, False]
+    """The row's max, 1 / its sum of exp(y - max), eps / V and the
+    gradient's scale."""
+
+    @always_inline
+    def capped[
+        W: Int
+    ](self, x: Pointer[Scalar[Self.dtype], MutAnyOrigin], c: Int) -> SIMD[
+        accum_dtype[Self.dtype](), W
+    ]:
+        """The capped logits of W of the thread's elements from `c`."""
+        comptime acc = accum_dtype[Self.dtype]()
+        return softcap_of[acc, W](
+            _gather[Self.dtype, acc, W, Self.T](x, c), self.cap
+        )
+
+    @always_inline
+    def weights_at[W: Int](self, c: Int) -> SIMD[accum_dtype[Self.dtype](), W]:
+        """The class weights u of W of the thread's elements from `c` (1
+        without weights)."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var u = SIMD[acc, W](1)
+        if self.has_weight != 0:
+            u = _gather[DType.float64, acc, W, Self.T](
+                kernel_arg(self.weights), c
+            )
+        return u
+
+
+@always_inline
+def _options_row[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int, U: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    n: Int64,
+    has_weight: Int32,
+):
+    """One row (block) of the extended cross-entropy: an online (max, sum
+    of exp) pass over the capped logits (with, under label smoothing, the
+    weighted sums the loss needs), its loss to `row_losses` (`reduce`) or
+    `loss`, and `with_grad` its gradient from a second read."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var t = Int(thread_idx.x)
+    var row = Int(block_idx.x)
+    var len = Int(n)
+    var x = logits.unsafe_offset(row * len)
+    var y_out = dlogits.unsafe_offset(row * len)
+    var ignore_index = Int64(options[unsafe_offset=0])
+    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
+    var f = _OptionTerms[dtype, T](
+        held(weights),
+        has_weight,
+        options[unsafe_offset=1].cast[acc](),
+        0,
+        0,
+        0,
+        0,
+        CrossEntropyGrad[dtype, False](0, 0, 0, 1),
+    )
+    var z_loss = options[unsafe_offset=2].cast[acc]()
+    f.cap = options[unsafe_offset=3].cast[acc]()
+    var tgt = targets[unsafe_offset=row]
+    var kind = target_kind(tgt, ignore_index, len)
+    if kind != KEPT:
+        # Ignored: loss 0 and gradient 0; out of range: NaN (the host
+        # cannot be told without a sync).
+        var fill = Scalar[acc](0) if kind != OUT_OF_RANGE else nan[acc]()
+        comptime if with_grad:
+            for c in range(t, len, T):
+                y_out[unsafe_offset=c] = fill.cast[dtype]()
+        if t == 0:
+            store_row_loss[dtype, reduce](row_losses, loss, row, fill)
+        return
+    var m = Scalar[acc](-1) / Scalar[acc](0)
+    var s = Scalar[acc](0)
+    var su = Scalar[acc](0)
+    var suy = Scalar[acc](0)
+    # U elements a thread are loaded before they are used (loads in
+    # flight), then the rest one at a time.
+    var c = t
+    while c + (U - 1) * T < len:
+        _stats_step[dtype, T, U](x, c, f, m, s, su, suy)
+        c += U * T
+    while c < len:
+        _stats_step[dtype, T, 1](x, c, f, m, s, su, suy)
+        c += T
+    # The target's logit and weight are read before the block's first
+    # barrier: the gradient may be written over the logits (in place), and
+    # no thread writes before every thread has passed that barrier.
+    var w_t = Scalar[acc](1)
+    if has_weight != 0:
+        w_t = weights[unsafe_offset=Int(tgt)].cast[acc]()
+    var y_t = softcap_of[acc, 1](x[unsafe_offset=Int(tgt)].cast[acc](), f.cap)
+    var stats = block_max_sum[acc, T](m, s)
+    var row_max = stats[0]
+    var row_sum = online_sum_guard[acc](row_max, stats[1])
+    if f.eps != 0:
+        su = block_sum[acc, T](su)
+        suy = block_sum[acc, T](suy)
+    if t == 0:
+        var value = extended_row_loss[acc](
+            row_max, row_sum, y_t, w_t, su, suy, f.eps, z_loss, len
+        )
+        store_row_loss[dtype, reduce](row_losses, loss, row, value)
+    comptime if with_grad:
+        var scale = grad_scale[acc, mean](count)
+        f.factor = extended_p_factor[acc](
+            row_max, row_sum, w_t, su, f.eps, z_loss, len
+        )
+        var inv_s = 1 / row_sum
+        var smooth = f.eps / Scalar[acc](len)
+        f.target_term = (1 - f.eps) * w_t
+        f.tgt = Int(tgt)
+        f.g = CrossEntropyGrad[dtype, False](row_max, inv_s, smooth, scale)
+        var g_c = t
+        while g_c + (U - 1) * T < len:
+            _grad_step[dtype, T, U](y_out, x, g_c, f)
+            g_c += U * T
+        while g_c < len:
+            _grad_step[dtype, T, 1](y_out, x, g_c, f)
+            g_c += T
+
+
+@always_inline
+def _gather[
+    dtype: DType, acc: DType, W: Int, T: Int
+](p: Pointer[Scalar[dtype], MutAnyOrigin], c: Int) -> SIMD[acc, W]:
+    """Elements c, c + T, ..., c + (W - 1) T of `p` (a thread's share,
+    coalesced across the block), all loaded before any is used."""
+    var v = SIMD[acc, W](0)
+    comptime for k in range(W):
+        v[k] = p[unsafe_offset=c + k * T].cast[acc]()
+    return v
+
+
+@always_inline
+def _stats_step[
+    dtype: DType, T: Int, W: Int
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Int,
+    f: _OptionTerms[dtype, T],
+    mut m: Scalar[accum_dtype[dtype]()],
+    mut s: Scalar[accum_dtype[dtype]()],
+    mut su: Scalar[accum_dtype[dtype]()],
+    mut suy: Scalar[accum_dtype[dtype]()],
+):
+    """Fold W of a thread's elements from `c` into its online (max, sum of
+    exp) pair and, under label smoothing, its weighted sums."""
+    comptime acc = accum_dtype[dtype]()
+    var y = f.capped[W](x, c)
+    var pair = online_add[acc, W](m, s, y)
+    m = pair[0]
+    s = pair[1]
+    if f.eps != 0:
+        var u = f.weights_at[W](c)
+        su += u.reduce_add()
+        suy += (u * y).reduce_add()
+
+
+@always_inline
+def _grad_step[
+    dtype: DType, T: Int, W: Int
+](
+    y_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Int,
+    f: _OptionTerms[dtype, T],
+):
+    """Write the gradient of W of a thread's elements from `c` (each read
+    before it is written: in-place safe)."""
+    comptime acc = accum_dtype[dtype]()
+    var y = f.capped[W](x, c)
+    var g = exp_nan[acc, W](y - f.g.row_max) * f.g.inv_s * f.factor
+    if f.eps != 0:
+        g -= f.weights_at[W](c) * f.g.smooth
+    comptime for k in range(W):
+        if c + k * T == f.tgt:
+            g[k] = g[k] - f.target_term
+    g = g * f.g.scale * softcap_chain[acc, W](y, f.cap)
+    comptime for k in range(W):
+        y_out[unsafe_offset=c + k * T] = g[k].cast[dtype]()

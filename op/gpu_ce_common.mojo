@@ -2,13 +2,39 @@
 (ignore_index, label smoothing), the gradient's scale, where a row's loss
 goes (`store_row_loss`), and the pieces of a row laid out as a scalar head,
 an aligned vector body and a scalar tail (gpu_ce_block_rows,
-gpu_ce_smem_rows): the gradient of an element outside the body, the fill of
-a row not kept, and the thread that writes the target's entry.
+gpu_ce_smem_rows): the gradient of a kept row's logits (`CrossEntropyGrad`),
+the fill of a row not kept, and the thread that writes the target's entry;
+which rows hold exps on chip (`holds_exp`).
 """
 
-from .cross_entropy_math import KEPT, grad_of
+from std.sys import size_of
+
+from .cross_entropy_math import grad_of
+from .gpu_smem_rows import HELD_EXP_SHIFT, HeldMap
 from .row_math import accum_dtype, exp_nan
 from .row_part import RowPart
+
+# 16-bit rows on chip: after sweep 2, the cross-entropy's on-chip op
+# (gpu_ce_smem_rows) keeps exp(x - max) * 2^HELD_EXP_SHIFT (`held_exp`; under
+# a softcap, times its chain factor) in place of each logit, in the logits'
+# own type, so the gradient sweep computes no exp (`holds_exp`). The shift
+# keeps float16's full precision down to exp(x - max) = 2^-29 (subnormals
+# to 2^-39), below which a float16 gradient is subnormal or 0 anyway; the
+# largest value, 2^15, stays under float16's 65504. bfloat16 holds any exp,
+# rounded to 8 bits: without label smoothing the gradient, rounded again, is
+# within one bfloat16 ulp of the correctly rounded value (~74% equal on
+# normal logits), float16 within one float16 ulp; with smoothing, entries
+# where p ~ eps / V nearly cancel and keep the held exp's absolute error (up
+# to 2^-9 x eps / V x scale in bfloat16), many ulps of a result near 0.
+
+
+@always_inline
+def holds_exp[dtype: DType]() -> Bool:
+    """Whether the on-chip cross-entropy holds exps (2^HELD_EXP_SHIFT times
+    them) in place of the logits after sweep 2: 16-bit rows, where two exps
+    a value (one for the sum, one for the gradient) kept the SM busy while
+    HBM idled (78-81% of copy against float32's 96%)."""
+    return size_of[dtype]() == 2
 
 
 @always_inline
@@ -50,29 +76,69 @@ def store_row_loss[
         loss[unsafe_offset=row] = value.cast[dtype]()
 
 
-@always_inline
-def scalar_grad[
-    dtype: DType
-](
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    e: Int,
-    kind: Int,
-    fill: Scalar[dtype],
-    row_max: Scalar[accum_dtype[dtype]()],
-    inv_s: Scalar[accum_dtype[dtype]()],
-    smooth: Scalar[accum_dtype[dtype]()],
-    scale: Scalar[accum_dtype[dtype]()],
-) -> Scalar[dtype]:
-    """The gradient of element `e` outside the row's vector body."""
-    comptime acc = accum_dtype[dtype]()
-    if kind != KEPT:
-        return fill
-    return grad_of[acc, 1](
-        exp_nan[acc, 1](x[unsafe_offset=e].cast[acc]() - row_max),
-        inv_s,
-        smooth,
-        scale,
-    ).cast[dtype]()
+struct CrossEntropyGrad[dtype_: DType, holds_exp: Bool](HeldMap):
+    """The gradient of held logits, (exp(x - max) / sum - eps / V) *
+    scale; with `holds_exp`, the held body values are `held_exp`s already
+    and each takes one FMA."""
+
+    comptime dtype = Self.dtype_
+
+    var row_max: Scalar[accum_dtype[Self.dtype_]()]
+    """The row's max."""
+    var inv_s: Scalar[accum_dtype[Self.dtype_]()]
+    """1 / the row's sum of exp(x - max)."""
+    var smooth: Scalar[accum_dtype[Self.dtype_]()]
+    """eps / V (`smoothing_of`)."""
+    var scale: Scalar[accum_dtype[Self.dtype_]()]
+    """The gradient's scale (`grad_scale`)."""
+    var per_held: Scalar[accum_dtype[Self.dtype_]()]
+    """scale / sum / 2^HELD_EXP_SHIFT: a held exp's factor."""
+    var shift: Scalar[accum_dtype[Self.dtype_]()]
+    """-eps / V * scale."""
+
+    @always_inline
+    def __init__(
+        out self,
+        row_max: Scalar[accum_dtype[Self.dtype_]()],
+        inv_s: Scalar[accum_dtype[Self.dtype_]()],
+        smooth: Scalar[accum_dtype[Self.dtype_]()],
+        scale: Scalar[accum_dtype[Self.dtype_]()],
+    ):
+        """The map of a row with these terms."""
+        comptime acc = accum_dtype[Self.dtype_]()
+        self.row_max = row_max
+        self.inv_s = inv_s
+        self.smooth = smooth
+        self.scale = scale
+        self.per_held = 0
+        self.shift = 0
+        comptime if Self.holds_exp:
+            self.per_held = inv_s * Scalar[acc](2.0**-HELD_EXP_SHIFT) * scale
+            self.shift = -smooth * scale
+
+    @always_inline
+    def body[w: Int](self, v: SIMD[Self.dtype, w]) -> SIMD[Self.dtype, w]:
+        """The gradient of held body values."""
+        comptime if Self.holds_exp:
+            return (
+                v.cast[accum_dtype[Self.dtype]()]()
+                .fma(self.per_held, self.shift)
+                .cast[Self.dtype]()
+            )
+        return self.edge[w](v.cast[accum_dtype[Self.dtype]()]())
+
+    @always_inline
+    def edge[
+        w: Int
+    ](self, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[Self.dtype, w]:
+        """The gradient of logits in the accumulator type."""
+        comptime acc = accum_dtype[Self.dtype]()
+        return grad_of[acc, w](
+            exp_nan[acc, w](v - self.row_max),
+            self.inv_s,
+            self.smooth,
+            self.scale,
+        ).cast[Self.dtype]()
 
 
 @always_inline

@@ -1,16 +1,19 @@
 """The cross-entropy's op on chip: `CrossEntropyRow`, the fused
 cross-entropy as a `RowOp` of the on-chip strategy (gpu_smem_rows'
 `onchip_rows`), a row per block or per cluster of C blocks, read once, the
-gradient written once from chip.
+gradient written once from chip; its compile-time `terms` say what a row
+folds and writes beside the plain loss (z-loss, the target's class weight,
+or every extended option: a softcap and weighted smoothing).
 
 `ce_kernel_for` (gpu_cross_entropy) gives it at least SPLIT_BELOW_ROWS
 rows: a block a row to `smem_capacity(V)` (~74K fp32, ~148K 16-bit
-classes), a cluster of two to `pair_capacity(V)` (gpu_ce_pair_rows).
+classes), a cluster of two to `pair_capacity(V)` (gpu_ce_pair_rows); the
+extended options' launch (`launch_cross_entropy_options`) gives it rows
+with a gradient to a pair's capacity.
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
-from std.sys import size_of
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -18,20 +21,35 @@ from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
     KEPT,
+    NO_TERMS,
+    OPTION_TERMS,
+    WEIGHTED_TERMS,
+    Z_TERMS,
     extended_p_factor,
     extended_row_loss,
-    grad_of,
     row_loss,
     smoothing_of,
+    softcap_of,
     target_grad,
     target_kind,
 )
 from .gpu_ce_common import (
+    CrossEntropyGrad,
     ce_options,
     fill_part,
     grad_scale,
+    holds_exp,
     store_row_loss,
     target_owner,
+)
+from .gpu_ce_options_smem_rows import (
+    SOFTCAP_AS_MAX,
+    OptionGrad,
+    OptionSums,
+    Softcap,
+    hold_capped_exp,
+    visit_held,
+    write_capped_held,
 )
 from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
 from .gpu_reductions import block_sum
@@ -41,7 +59,6 @@ from .gpu_smem_rows import (
     SMEM_THREADS,
     HELD_EXP_SHIFT,
     OnchipLaunch,
-    HeldMap,
     cluster_exchange,
     load_part_max,
     onchip_rows,
@@ -52,27 +69,6 @@ from .gpu_split_chunks import SharedBuffer
 from .row_math import accum_dtype, exp_nan, vector_width
 from .row_op import RowOp
 from .row_part import RowPart
-
-# 16-bit rows on chip: after sweep 2, `CrossEntropyRow` keeps exp(x - max)
-# * 2^HELD_EXP_SHIFT (`held_exp`) in place of each logit, in the logits' own
-# type, so the gradient sweep computes no exp (`_holds_exp`). The shift
-# keeps float16's full precision down to exp(x - max) = 2^-29 (subnormals
-# to 2^-39), below which a float16 gradient is subnormal or 0 anyway; the
-# largest value, 2^15, stays under float16's 65504. bfloat16 holds any exp,
-# rounded to 8 bits: without label smoothing the gradient, rounded again, is
-# within one bfloat16 ulp of the correctly rounded value (~74% equal on
-# normal logits), float16 within one float16 ulp; with smoothing, entries
-# where p ~ eps / V nearly cancel and keep the held exp's absolute error (up
-# to 2^-9 x eps / V x scale in bfloat16), many ulps of a result near 0.
-
-
-@always_inline
-def _holds_exp[dtype: DType]() -> Bool:
-    """Whether `CrossEntropyRow` holds exp(x - max) instead of the logits
-    after sweep 2: 16-bit rows, where two exps a value (one for the sum,
-    one for the gradient) kept the SM busy while HBM idled (78-81% of copy
-    against float32's 96%)."""
-    return size_of[dtype]() == 2
 
 
 @always_inline
@@ -90,10 +86,10 @@ def smem_row_stats[
     """Sweep 2 of `CrossEntropyRow` and its block reductions: the row's sum
     of exp(x - max) and, with label smoothing (`eps` != 0, the same for
     every thread), its sum of x. 16-bit rows hold their exps from here on
-    for the gradient (`_holds_exp`; the loss alone needs no second exp).
+    for the gradient (`holds_exp`; the loss alone needs no second exp).
     """
     comptime acc = accum_dtype[dtype]()
-    comptime if with_grad and _holds_exp[dtype]():
+    comptime if with_grad and holds_exp[dtype]():
         # The sum of x only with smoothing: two loops, not a select a value.
         var part = (Scalar[acc](0), Scalar[acc](0))
         if eps != 0:
@@ -117,81 +113,12 @@ def smem_row_stats[
     return (row_sum, sum_x)
 
 
-struct CrossEntropyGrad[dtype_: DType, holds_exp: Bool](HeldMap):
-    """The gradient of held logits, (exp(x - max) / sum - eps / V) *
-    scale; with `holds_exp`, the held body values are `held_exp`s already
-    and each takes one FMA."""
-
-    comptime dtype = Self.dtype_
-
-    var row_max: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's max."""
-    var inv_s: Scalar[accum_dtype[Self.dtype_]()]
-    """1 / the row's sum of exp(x - max)."""
-    var smooth: Scalar[accum_dtype[Self.dtype_]()]
-    """eps / V (`smoothing_of`)."""
-    var scale: Scalar[accum_dtype[Self.dtype_]()]
-    """The gradient's scale (`grad_scale`)."""
-    var per_held: Scalar[accum_dtype[Self.dtype_]()]
-    """scale / sum / 2^HELD_EXP_SHIFT: a held exp's factor."""
-    var shift: Scalar[accum_dtype[Self.dtype_]()]
-    """-eps / V * scale."""
-
-    @always_inline
-    def __init__(
-        out self,
-        row_max: Scalar[accum_dtype[Self.dtype_]()],
-        inv_s: Scalar[accum_dtype[Self.dtype_]()],
-        smooth: Scalar[accum_dtype[Self.dtype_]()],
-        scale: Scalar[accum_dtype[Self.dtype_]()],
-    ):
-        """The map of a row with these terms."""
-        comptime acc = accum_dtype[Self.dtype_]()
-        self.row_max = row_max
-        self.inv_s = inv_s
-        self.smooth = smooth
-        self.scale = scale
-        self.per_held = 0
-        self.shift = 0
-        comptime if Self.holds_exp:
-            self.per_held = inv_s * Scalar[acc](2.0**-HELD_EXP_SHIFT) * scale
-            self.shift = -smooth * scale
-
-    @always_inline
-    def body[w: Int](self, v: SIMD[Self.dtype, w]) -> SIMD[Self.dtype, w]:
-        """The gradient of held body values."""
-        comptime if Self.holds_exp:
-            return (
-                v.cast[accum_dtype[Self.dtype]()]()
-                .fma(self.per_held, self.shift)
-                .cast[Self.dtype]()
-            )
-        return self.edge[w](v.cast[accum_dtype[Self.dtype]()]())
-
-    @always_inline
-    def edge[
-        w: Int
-    ](self, v: SIMD[accum_dtype[Self.dtype](), w]) -> SIMD[Self.dtype, w]:
-        """The gradient of logits in the accumulator type."""
-        comptime acc = accum_dtype[Self.dtype]()
-        return grad_of[acc, w](
-            exp_nan[acc, w](v - self.row_max),
-            self.inv_s,
-            self.smooth,
-            self.scale,
-        ).cast[Self.dtype]()
-
-
-# A row's accumulators for a cluster's exchanges: the parts' max, then
-# their sums, each in a 128-byte line of its own (float64: two).
+# A row's accumulators for a cluster's exchanges, each in a 128-byte line of
+# its own (float64: two): the parts' max, then their sums; under
+# OPTION_TERMS, the max, the sums of exp and of the capped logits, and the
+# weight sums.
 comptime CE_CLUSTER_SLOTS = 64
-
-# The scalar terms `CrossEntropyRow` may take from extended options without
-# a softcap or weighted smoothing (`ExtendedLayout.scalar_terms`): none
-# (the plain loss), z-loss, or z-loss and the target's class weight.
-comptime NO_TERMS = 0
-comptime Z_TERMS = 1
-comptime WEIGHTED_TERMS = 2
+comptime CE_OPTIONS_CLUSTER_SLOTS = 128
 
 
 struct CrossEntropyRow[
@@ -216,14 +143,25 @@ struct CrossEntropyRow[
     scales its row (`extended_row_loss`, `extended_p_factor`, with the
     smoothing term unweighted). The sweeps are the plain loss's.
 
+    OPTION_TERMS (with the gradient) reads every extended option (a weight
+    a class where `has_weight`): the raw row's max, capped after; the sums
+    of exp(y - max) and, with label smoothing, of u and u * y over the
+    capped logits y (u: the class weights, else 1); the gradient divided by
+    the weighted count for `mean`.
+
     16-bit rows keep exp(x - max) * 2^HELD_EXP_SHIFT on chip in place of
-    the logits after the sums (`_holds_exp`: computing exp twice kept the
-    SM busy while HBM idled), so the gradient sweep computes no exp."""
+    the logits after the sums (`holds_exp`: computing exp twice kept the
+    SM busy while HBM idled), so the gradient sweep computes no exp; under
+    a softcap without smoothing every row holds its exps (times the chain
+    factor, `hold_capped_exp`)."""
 
     comptime dtype = Self.dtype_
     comptime width = Self.V
     comptime threads = Self.T
-    comptime cluster_slots = CE_CLUSTER_SLOTS
+    comptime cluster_slots = (
+        CE_OPTIONS_CLUSTER_SLOTS if Self.terms
+        == OPTION_TERMS else CE_CLUSTER_SLOTS
+    )
 
     var dlogits: HeldRows[Self.dtype]
     """Gradient rows (`with_grad`)."""
@@ -232,15 +170,18 @@ struct CrossEntropyRow[
     var targets: Pointer[Int64, MutUntrackedOrigin]
     """A target class a row."""
     var options: Pointer[Float64, MutUntrackedOrigin]
-    """(ignore_index, label smoothing) (`ce_options`)."""
+    """(ignore_index, label smoothing) (`ce_options`), then with `terms`
+    the extended options and their class weights."""
     var count: Pointer[Float64, MutUntrackedOrigin]
-    """Rows kept, for "mean"."""
+    """The (weighted) count of kept rows, for "mean"."""
     var row_losses: Pointer[
         Scalar[accum_dtype[Self.dtype_]()], MutUntrackedOrigin
     ]
     """Per-row losses in the accumulator type (`reduce`)."""
     var loss: HeldRows[Self.dtype]
     """Per-row losses (not `reduce`)."""
+    var has_weight: Bool
+    """`options` holds a weight a class (OPTION_TERMS)."""
     var x: HeldRows[Self.dtype]
     """The row's logits."""
     var start: Int
@@ -256,13 +197,21 @@ struct CrossEntropyRow[
     var eps: Scalar[accum_dtype[Self.dtype_]()]
     """Label smoothing."""
     var x_t: Scalar[accum_dtype[Self.dtype_]()]
-    """The target logit."""
+    """The target logit (capped under a softcap)."""
     var z_loss: Scalar[accum_dtype[Self.dtype_]()]
     """The z-loss weight (`terms`)."""
+    var cap: Scalar[accum_dtype[Self.dtype_]()]
+    """The softcap (OPTION_TERMS; 0: none)."""
     var w_t: Scalar[accum_dtype[Self.dtype_]()]
-    """The target's class weight (WEIGHTED_TERMS; else 1)."""
+    """The target's class weight (with weights; else 1)."""
+    var holds: Bool
+    """OPTION_TERMS with a softcap and no label smoothing: sweep 2 leaves
+    each value's h on chip (`hold_capped_exp`)."""
+    var cap_as_max: Bool
+    """`holds`, and the cap stands in for the row's max: sweeps 1 and 2 in
+    one (`SOFTCAP_AS_MAX`)."""
     var row_max: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's max."""
+    """The row's (capped) max."""
     var inv_s: Scalar[accum_dtype[Self.dtype_]()]
     """1 / the row's sum of exp(x - max) (with `terms`, times what
     multiplies p in the gradient)."""
@@ -283,6 +232,7 @@ struct CrossEntropyRow[
         count: Pointer[Float64, MutAnyOrigin],
         row_losses: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
         loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        has_weight: Int32 = 0,
     ):
         """The op on these tensors."""
         comptime acc = accum_dtype[Self.dtype]()
@@ -295,6 +245,7 @@ struct CrossEntropyRow[
             row_losses
         )
         self.loss = held(loss)
+        self.has_weight = has_weight != 0
         self.x = self.logits
         self.start = 0
         self.first = 0
@@ -304,7 +255,10 @@ struct CrossEntropyRow[
         self.eps = 0
         self.x_t = 0
         self.z_loss = 0
+        self.cap = 0
         self.w_t = 1
+        self.holds = False
+        self.cap_as_max = False
         self.row_max = 0
         self.inv_s = 0
         self.value = 0
@@ -312,24 +266,52 @@ struct CrossEntropyRow[
         self.edge = SIMD[acc, 2](-inf[acc]())
 
     @always_inline
+    def _options(self) -> Pointer[Float64, MutAnyOrigin]:
+        """The options as the kernels take them."""
+        return rebind[Pointer[Float64, MutAnyOrigin]](self.options)
+
+    @always_inline
+    def _weights(self) -> Pointer[Float64, MutAnyOrigin]:
+        """The class weights of the block's part (element 0's first)."""
+        return self._options().unsafe_offset(EXTENDED_OPTIONS + self.first)
+
+    @always_inline
     def begin(
         mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
     ) -> Bool:
-        """Read the row's target: only a kept row is folded (a row not kept
-        loads nothing)."""
+        """Read the options and the row's target: only a kept row is folded
+        (a row not kept loads nothing)."""
         comptime acc = accum_dtype[Self.dtype]()
+        var options = self._options()
         self.start = start
         self.first = first
         self.len_row = len_row
-        self.x = self.logits.unsafe_offset(start - first)
-        var options = rebind[Pointer[Float64, MutAnyOrigin]](self.options)
-        var opts = ce_options[acc](options)
-        self.eps = opts[1]
-        self.tgt = self.targets[unsafe_offset=row]
-        self.kind = target_kind(self.tgt, opts[0], len_row)
+        comptime if Self.terms == OPTION_TERMS:
+            self.eps = options[unsafe_offset=1].cast[acc]()
+            self.z_loss = options[unsafe_offset=2].cast[acc]()
+            self.cap = options[unsafe_offset=3].cast[acc]()
+            self.holds = self.eps == 0 and self.cap != 0
+            comptime if (
+                Self.dtype == DType.float32 or Self.dtype == DType.bfloat16
+            ):
+                self.cap_as_max = (
+                    self.holds
+                    and self.cap > 0
+                    and self.cap <= Scalar[acc](SOFTCAP_AS_MAX)
+                )
+            self.tgt = self.targets[unsafe_offset=row]
+            self.kind = target_kind(
+                self.tgt, Int64(options[unsafe_offset=0]), len_row
+            )
+        else:
+            self.x = self.logits.unsafe_offset(start - first)
+            var opts = ce_options[acc](options)
+            self.eps = opts[1]
+            self.tgt = self.targets[unsafe_offset=row]
+            self.kind = target_kind(self.tgt, opts[0], len_row)
         if self.kind != KEPT and self.kind != IGNORED:
             self.value = nan[acc]()
-        comptime if Self.terms != NO_TERMS:
+        comptime if Self.terms == Z_TERMS or Self.terms == WEIGHTED_TERMS:
             self.z_loss = options[unsafe_offset=2].cast[acc]()
             comptime if Self.terms == WEIGHTED_TERMS:
                 if self.kind == KEPT:
@@ -337,6 +319,58 @@ struct CrossEntropyRow[
                         unsafe_offset=EXTENDED_OPTIONS + Int(self.tgt)
                     ].cast[acc]()
         return self.kind == KEPT
+
+    @always_inline
+    def _cluster_max[
+        C: Int
+    ](
+        self,
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+        t: Int,
+        part_max: Scalar[accum_dtype[Self.dtype]()],
+    ) -> Scalar[accum_dtype[Self.dtype]()]:
+        """The row's max from its parts' (C > 1), in the first slots."""
+        comptime if C > 1:
+            return cluster_exchange[accum_dtype[Self.dtype](), C](
+                slots, rank, t, part_max, 0
+            )[0].reduce_max()
+        return part_max
+
+    @always_inline
+    def _close_extended(
+        mut self,
+        s: Scalar[accum_dtype[Self.dtype]()],
+        su: Scalar[accum_dtype[Self.dtype]()],
+        suy: Scalar[accum_dtype[Self.dtype]()],
+    ):
+        """The row's loss and the gradient's factor (over the sum `s`)
+        under extended options, from the row's sums (`su`, `suy`: only
+        read with label smoothing)."""
+        comptime acc = accum_dtype[Self.dtype]()
+        self.value = extended_row_loss[acc](
+            self.row_max,
+            s,
+            self.x_t,
+            self.w_t,
+            su,
+            suy,
+            self.eps,
+            self.z_loss,
+            self.len_row,
+        )
+        self.inv_s = (
+            extended_p_factor[acc](
+                self.row_max,
+                s,
+                self.w_t,
+                su,
+                self.eps,
+                self.z_loss,
+                self.len_row,
+            )
+            / s
+        )
 
     @always_inline
     def fold[
@@ -349,20 +383,24 @@ struct CrossEntropyRow[
         rank: Int,
     ):
         """Sweep 1 loads the part and its max; sweep 2 sums exp(x - max)
-        and x (label smoothing) over the on-chip copy (`smem_row_stats`);
-        then the row's loss."""
+        and x (label smoothing) over the on-chip copy (`smem_row_stats`;
+        OPTION_TERMS: `_fold_options`); then the row's loss."""
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
+        comptime if Self.terms == OPTION_TERMS:
+            self._fold_options[C](p, smem, slots, rank)
+            return
         var x = kernel_arg(self.x)
         self.x_t = x[unsafe_offset=Int(self.tgt)].cast[acc]()
         var xp = x.unsafe_offset(self.first)
-        self.row_max = load_part_max[Self.dtype, Self.V, Self.T](
-            xp, smem, p, self.regs, self.edge
+        self.row_max = self._cluster_max[C](
+            slots,
+            rank,
+            p.t,
+            load_part_max[Self.dtype, Self.V, Self.T](
+                xp, smem, p, self.regs, self.edge
+            ),
         )
-        comptime if C > 1:
-            self.row_max = cluster_exchange[acc, C](
-                slots, rank, p.t, self.row_max, 0
-            )[0].reduce_max()
         var sums = smem_row_stats[Self.dtype, Self.with_grad, Self.V, Self.T](
             xp, smem, p, self.regs, self.edge, self.row_max, self.eps
         )
@@ -382,30 +420,119 @@ struct CrossEntropyRow[
             self.inv_s = 1 / sums[0]
         else:
             # Unweighted smoothing: the sum of the weights is V.
-            var su = Scalar[acc](self.len_row)
-            self.value = extended_row_loss[acc](
+            self._close_extended(sums[0], Scalar[acc](self.len_row), sums[1])
+
+    @always_inline
+    def _fold_options[
+        C: Int
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
+        rank: Int,
+    ):
+        """`fold` under OPTION_TERMS: sweep 1 loads the part and its max
+        (capped once the row's is known: the softcap is monotonic); sweep 2
+        sums over the capped values on chip (`OptionSums`; without
+        smoothing `hold_capped_exp`, which also loads the part where the
+        cap stands in for the max); then the row's loss and the gradient's
+        factor."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var row = kernel_arg(self.logits).unsafe_offset(self.start - self.first)
+        self.x_t = softcap_of[acc, 1](
+            row[unsafe_offset=Int(self.tgt)].cast[acc](), self.cap
+        )[0]
+        if self.has_weight:
+            self.w_t = self._options()[
+                unsafe_offset=EXTENDED_OPTIONS + Int(self.tgt)
+            ].cast[acc]()
+        var xp = row.unsafe_offset(self.first)
+        var smoothing = self.eps != 0
+        var weighted = smoothing and self.has_weight
+        var part_s = Scalar[acc](0)
+        var part_su = Scalar[acc](0)
+        var part_suy = Scalar[acc](0)
+        if self.cap_as_max:
+            self.row_max = self.cap
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, True](
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                Softcap[acc].of_cap(self.cap),
                 self.row_max,
-                sums[0],
-                self.x_t,
-                self.w_t,
-                su,
-                sums[1],
-                self.eps,
-                self.z_loss,
-                self.len_row,
             )
-            self.inv_s = (
-                extended_p_factor[acc](
-                    self.row_max,
-                    sums[0],
-                    self.w_t,
+        else:
+            var raw_max = self._cluster_max[C](
+                slots,
+                rank,
+                p.t,
+                load_part_max[Self.dtype, Self.V, Self.T](
+                    xp, smem, p, self.regs, self.edge
+                ),
+            )
+            self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
+        if self.holds and not self.cap_as_max:
+            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, False](
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+            )
+        elif not self.holds:
+            var sums = OptionSums[Self.dtype](
+                Softcap[acc].of_cap(self.cap),
+                self.row_max,
+                smoothing,
+                weighted,
+                self._weights(),
+            )
+            visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
+                kernel_arg(self.dlogits),
+                xp,
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                sums,
+            )
+            part_s = sums.s
+            part_su = sums.su
+            part_suy = sums.suy
+        var s = block_sum[acc, Self.T](part_s)
+        comptime if holds_exp[Self.dtype]():
+            if self.holds:
+                s *= Scalar[acc](2.0**-HELD_EXP_SHIFT)
+        var suy = Scalar[acc](0)
+        var su = Scalar[acc](self.len_row)
+        if smoothing:
+            suy = block_sum[acc, Self.T](part_suy)
+            if weighted:
+                su = block_sum[acc, Self.T](part_su)
+        comptime if C > 1:
+            var both = cluster_exchange[acc, C](
+                slots.unsafe_offset(CE_OPTIONS_CLUSTER_SLOTS // 4),
+                rank,
+                p.t,
+                s,
+                suy,
+            )
+            s = both[0].reduce_add()
+            suy = both[1].reduce_add()
+            if weighted:
+                su = cluster_exchange[acc, C](
+                    slots.unsafe_offset(CE_OPTIONS_CLUSTER_SLOTS // 2),
+                    rank,
+                    p.t,
                     su,
-                    self.eps,
-                    self.z_loss,
-                    self.len_row,
-                )
-                / sums[0]
-            )
+                    0,
+                )[0].reduce_add()
+        self._close_extended(s, su, suy)
 
     @always_inline
     def finish(self, p: RowPart, row: Int, rank: Int):
@@ -420,10 +547,11 @@ struct CrossEntropyRow[
 
     @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
-        """Sweep 3 (`with_grad`): the part's gradient from chip, then the
-        target's entry by the thread that wrote it (its store came first in
-        program order); a row not kept is filled (0 ignored, NaN for a bad
-        target)."""
+        """Sweep 3 (`with_grad`): the part's gradient from chip (under
+        OPTION_TERMS `OptionGrad`, the target's entry included, unless the
+        part holds its exps), then the target's entry by the thread that
+        wrote it (its store came first in program order); a row not kept
+        is filled (0 ignored, NaN for a bad target)."""
         comptime acc = accum_dtype[Self.dtype]()
         comptime if not Self.with_grad:
             return
@@ -435,42 +563,88 @@ struct CrossEntropyRow[
             )
             fill_part[Self.dtype, Self.V, Self.T](y, p, fill)
             return
+        var cap = Softcap[acc].of_cap(self.cap)
         var scale = grad_scale[acc, Self.mean](
             rebind[Pointer[Float64, MutAnyOrigin]](self.count)
         )
+        var target_term = (1 - self.eps) * self.w_t
         var smooth = smoothing_of[acc](self.eps, self.len_row)
-        write_held[
-            Self.V,
-            Self.T,
-            CrossEntropyGrad[Self.dtype, _holds_exp[Self.dtype]()],
-        ](
-            y,
-            kernel_arg(self.x).unsafe_offset(self.first),
-            smem,
-            p,
-            self.regs,
-            self.edge,
-            CrossEntropyGrad[Self.dtype, _holds_exp[Self.dtype]()](
-                self.row_max, self.inv_s, smooth, scale
-            ),
-        )
         # The target relative to the part: with C > 1 it may lie outside.
-        var tgt = Int(self.tgt) - self.first
+        var tgt: Int
+        comptime if Self.terms == OPTION_TERMS:
+            tgt = Int(self.tgt) - self.first
+            var x = kernel_arg(self.logits).unsafe_offset(self.start)
+            var grad = OptionGrad[Self.dtype](
+                cap,
+                self.row_max,
+                self.inv_s,
+                smooth,
+                target_term,
+                scale,
+                -1 if self.holds else tgt,
+                self.has_weight,
+                self._weights(),
+            )
+            if not self.holds:
+                visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
+                    y, x, smem, p, self.regs, self.edge, grad
+                )
+                return
+            var per_held = self.inv_s * scale
+            comptime if holds_exp[Self.dtype]():
+                per_held *= Scalar[acc](2.0**-HELD_EXP_SHIFT)
+            write_capped_held[Self.V, Self.T, Self.dtype](
+                y, x, smem, p, self.regs, self.edge, per_held, grad
+            )
+        else:
+            write_held[
+                Self.V,
+                Self.T,
+                CrossEntropyGrad[Self.dtype, holds_exp[Self.dtype]()],
+            ](
+                y,
+                kernel_arg(self.x).unsafe_offset(self.first),
+                smem,
+                p,
+                self.regs,
+                self.edge,
+                CrossEntropyGrad[Self.dtype, holds_exp[Self.dtype]()](
+                    self.row_max, self.inv_s, smooth, scale
+                ),
+            )
+            tgt = Int(self.tgt) - self.first
         comptime if C > 1:
             if tgt < 0 or tgt >= p.len:
                 return
         if p.t == target_owner[Self.V, Self.T](tgt, p.head, p.tail_begin):
-            var p_t = exp_nan[acc, 1](self.x_t - self.row_max) * self.inv_s
-            comptime if Self.terms == NO_TERMS:
-                y[unsafe_offset=tgt] = target_grad[acc](
-                    p_t, smooth, self.eps, scale
-                ).cast[Self.dtype]()
-            else:
-                # p_t carries the terms' factor (in inv_s); the target
-                # loses (1 - eps) w_t.
-                y[unsafe_offset=tgt] = (
-                    (p_t - smooth - (1 - self.eps) * self.w_t) * scale
-                ).cast[Self.dtype]()
+            y[unsafe_offset=tgt] = self._target_grad(smooth, scale)
+
+    @always_inline
+    def _target_grad(
+        self,
+        smooth: Scalar[accum_dtype[Self.dtype]()],
+        scale: Scalar[accum_dtype[Self.dtype]()],
+    ) -> Scalar[Self.dtype]:
+        """The target's entry of the gradient, from its exact terms."""
+        comptime acc = accum_dtype[Self.dtype]()
+        var p_t = exp_nan[acc, 1](self.x_t - self.row_max) * self.inv_s
+        comptime if Self.terms == NO_TERMS:
+            return target_grad[acc](p_t, smooth, self.eps, scale).cast[
+                Self.dtype
+            ]()
+        elif Self.terms == OPTION_TERMS:
+            # Written here only where the part holds its exps: no label
+            # smoothing; the softcap's chain factor scales the entry.
+            return (
+                (p_t - (1 - self.eps) * self.w_t)
+                * scale
+                * Softcap[acc].of_cap(self.cap).chain[1](self.x_t)
+            ).cast[Self.dtype]()
+        # p_t carries the terms' factor (in inv_s); the target loses
+        # (1 - eps) w_t.
+        return ((p_t - smooth - (1 - self.eps) * self.w_t) * scale).cast[
+            Self.dtype
+        ]()
 
 
 @__llvm_metadata(
@@ -502,9 +676,37 @@ def ce_smem_kernel[
     C = 1, `cluster_capacity(V, 1, C)` for C > 1) held on chip, read once:
     `onchip_rows` of `CrossEntropyRow`, a row per cluster of C blocks of
     `T` threads. Arguments as `ce_block_kernel`; `partials`:
-    `CE_CLUSTER_SLOTS` a row (C > 1); `terms`: `CrossEntropyRow`'s."""
+    `cluster_slots` a row (C > 1); `terms`: `CrossEntropyRow`'s."""
     var op = CrossEntropyRow[dtype, with_grad, mean, reduce, V, T, terms](
         dlogits, logits, targets, options, count, row_losses, loss
+    )
+    onchip_rows[C=C](op, partials, n, aligned_flag)
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
+    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+)
+def ce_options_smem_kernel[
+    dtype: DType, mean: Bool, reduce: Bool, V: Int, T: Int, C: Int
+](
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    count: Pointer[Float64, MutAnyOrigin],
+    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    n: Int64,
+    aligned_flag: Int32,
+    has_weight: Int32,
+):
+    """`ce_smem_kernel` under OPTION_TERMS, with the gradient: the one
+    argument more, `has_weight`, says whether `options` holds a weight a
+    class."""
+    var op = CrossEntropyRow[dtype, True, mean, reduce, V, T, OPTION_TERMS](
+        dlogits, logits, targets, options, count, row_losses, loss, has_weight
     )
     onchip_rows[C=C](op, partials, n, aligned_flag)
 
@@ -528,40 +730,60 @@ def launch_ce_parts[
     rows: Int,
     n: Int,
     aligned: Bool,
+    has_weight: Int32 = 0,
 ) raises:
-    """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
-    with the shared memory its part needs, and
-    `CE_CLUSTER_SLOTS` partials a row for C > 1 (`OnchipLaunch`); `terms`:
-    `CrossEntropyRow`'s (extended options of scalar terms). Raises past the
-    capacity."""
+    """Launch `ce_smem_kernel` (under OPTION_TERMS `ce_options_smem_kernel`,
+    given `has_weight`) on `rows` rows of `n`, C blocks a row, each with
+    the shared memory its part needs, and the op's `cluster_slots`
+    partials a row for C > 1 (`OnchipLaunch`); `terms`:
+    `CrossEntropyRow`'s. Raises past the capacity."""
     comptime V = vector_width[dtype]()
+    comptime slots = CrossEntropyRow[
+        dtype, with_grad, mean, reduce, V, SMEM_THREADS, terms
+    ].cluster_slots
     var launch = OnchipLaunch[dtype, C](
-        ctx,
-        "the cross-entropy on-chip kernel",
-        rows,
-        n,
-        1,
-        CE_CLUSTER_SLOTS,
-        "classes",
+        ctx, "the cross-entropy on-chip kernel", rows, n, 1, slots, "classes"
     )
+    var aligned_flag = aligned_flag_of(aligned)
+    var partials = launch.partials.ptr(row_losses)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
-            launch.enqueue[
-                ce_smem_kernel[dtype, with_grad, mean, reduce, V, T, C, terms],
-                T,
-            ](
-                ctx,
-                dlogits,
-                logits,
-                targets,
-                options,
-                count,
-                row_losses,
-                loss,
-                launch.partials.ptr(row_losses),
-                Int64(n),
-                aligned_flag_of(aligned),
-            )
+            comptime if terms == OPTION_TERMS:
+                launch.enqueue[
+                    ce_options_smem_kernel[dtype, mean, reduce, V, T, C], T
+                ](
+                    ctx,
+                    dlogits,
+                    logits,
+                    targets,
+                    options,
+                    count,
+                    row_losses,
+                    loss,
+                    partials,
+                    Int64(n),
+                    aligned_flag,
+                    has_weight,
+                )
+            else:
+                launch.enqueue[
+                    ce_smem_kernel[
+                        dtype, with_grad, mean, reduce, V, T, C, terms
+                    ],
+                    T,
+                ](
+                    ctx,
+                    dlogits,
+                    logits,
+                    targets,
+                    options,
+                    count,
+                    row_losses,
+                    loss,
+                    partials,
+                    Int64(n),
+                    aligned_flag,
+                )
 
 
 # `launch_ce_parts` with a block a row (to `smem_capacity(V)`).

@@ -29,6 +29,12 @@ capturable for device-graph replay):
    A row's loss goes to a float32 (float64 for float64) workspace for
    "mean"/"sum", or straight to the output for "none". What the families
    share is in gpu_ce_common.
+   Extended options (z-loss, softcap, class weights: `n_options` past
+   PLAIN_OPTIONS) take the same families with the row's `terms`
+   (`ExtendedLayout.terms`): many rows with a gradient on chip
+   (`options_onchip_parts`), the rest `ce_block_kernel` under OPTION_TERMS;
+   "mean" then counts the kept rows' class weights
+   (`ce_weighted_count_kernel`: torch divides by the sum of w[t]).
 3. "mean"/"sum": `ce_reduce_kernel`, one block, sums the row losses in a
    fixed order (repeatable, unlike atomics) and divides by the count.
 
@@ -42,17 +48,30 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
+from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
+    KEPT,
+    OPTION_TERMS,
+    ExtendedLayout,
+    PLAIN_OPTIONS,
+    WEIGHTED_TERMS,
+    Z_TERMS,
+    extended_layout,
+    target_kind,
+)
 from .dispatch import SPLIT_BELOW_ROWS, launch_register_strategy
 from .gpu_ce_block_rows import (
     CE_BLOCK_LOSS_UNROLL,
     CE_BLOCK_THREADS,
     CE_BLOCK_UNROLL,
+    CE_OPTIONS_THREADS,
+    CE_OPTIONS_UNROLL,
     ce_block_loss_threads,
     launch_ce_block,
 )
 from .gpu_ce_pair_rows import launch_ce_pair
 from .gpu_ce_register_rows import ce_register_kernel
-from .gpu_ce_smem_rows import launch_ce_smem
+from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
 from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
@@ -94,6 +113,37 @@ def ce_count_kernel(
     for r in range(t, Int(rows), CE_SMALL_THREADS):
         if targets[unsafe_offset=r] != ignore_index:
             c += 1
+    var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
+    if t == 0:
+        count[unsafe_offset=0] = total
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(CE_SMALL_THREADS)
+    )
+)
+def ce_weighted_count_kernel(
+    count: Pointer[Float64, MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    rows: Int64,
+    n: Int64,
+    has_weight: Int32,
+):
+    """`count[0]` = the sum over kept rows of w[target] (1 without weights);
+    out-of-range targets add nothing (their rows are NaN). One block of
+    CE_SMALL_THREADS."""
+    var t = Int(thread_idx.x)
+    var ignore_index = Int64(options[unsafe_offset=0])
+    var c = Float64(0)
+    for r in range(t, Int(rows), CE_SMALL_THREADS):
+        var tgt = targets[unsafe_offset=r]
+        if target_kind(tgt, ignore_index, Int(n)) == KEPT:
+            if has_weight != 0:
+                c += options[unsafe_offset=EXTENDED_OPTIONS + Int(tgt)]
+            else:
+                c += 1
     var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
     if t == 0:
         count[unsafe_offset=0] = total
@@ -180,6 +230,20 @@ struct CEWorkspace[dtype: DType, mean: Bool, reduce: Bool](Movable):
             )
 
 
+def options_onchip_parts(rows: Int, n: Int, V: Int) -> Int:
+    """The blocks a row the on-chip op takes for `rows` rows of `n`
+    classes with a gradient under extended options (1 or 2), or 0 where
+    the block kernel should: too few rows to fill the GPU a row a block,
+    or rows past a pair's capacity."""
+    if rows < SPLIT_BELOW_ROWS:
+        return 0
+    if n <= smem_capacity(V):
+        return 1
+    if n <= pair_capacity(V):
+        return 2
+    return 0
+
+
 def ce_kernel_for(
     rows: Int, n: Int, V: Int, with_grad: Bool = True
 ) -> Strategy:
@@ -236,9 +300,10 @@ comptime CELauncher[dtype: DType] = def(
     Int,
     Int,
     Bool,
+    Int32,
 ) raises thin -> None
 """A cross-entropy family's launcher on (ctx, dlogits, logits, targets,
-options, count, row_losses, loss, rows, n, aligned)."""
+options, count, row_losses, loss, rows, n, aligned, has_weight)."""
 
 
 @fieldwise_init
@@ -332,9 +397,12 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         else:
             no_strategy(Self.op_name())
 
-    def call[launcher: CELauncher[Self.dtype]](self, ctx: DeviceContext) raises:
+    def call[
+        launcher: CELauncher[Self.dtype]
+    ](self, ctx: DeviceContext, has_weight: Int32 = 0) raises:
         """Call a family's launcher (`launch_ce_smem`, `launch_ce_pair`,
-        `launch_ce_block`) on these rows."""
+        `launch_ce_block`, `launch_ce_parts`) on these rows (`has_weight`:
+        under OPTION_TERMS)."""
         launcher(
             ctx,
             kernel_arg(self.dlogits),
@@ -347,6 +415,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
             self.rows,
             self.n,
             self.aligned,
+            has_weight,
         )
 
     def enqueue[
@@ -388,41 +457,119 @@ def launch_cross_entropy[
     options: Pointer[Float64, MutAnyOrigin],
     rows: Int,
     n: Int,
+    n_options: Int = PLAIN_OPTIONS,
 ) raises:
     """Enqueue the cross-entropy of `rows` rows of `n` logits (see the
     module docstring): the count ("mean"), the row kernel the row length
     picks (or `variant` forces: `CERows`), the reduction ("mean", "sum").
-    Arguments as `cross_entropy_cpu`, with `options` on the device."""
+    Arguments as `cross_entropy_cpu`, with `options` on the device, of
+    `n_options` float64 values: past PLAIN_OPTIONS, (ignore_index, eps,
+    z_loss, softcap[, V class weights]) and hints (`extended_layout`),
+    whose rows `_launch_extended_rows` picks (`variant` is the plain
+    loss's)."""
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
+    var extended = n_options > PLAIN_OPTIONS
+    var layout = ExtendedLayout(False, 0)
+    if extended:
+        layout = extended_layout(n_options, n)
+    var has_weight = Int32(1) if layout.weighted else Int32(0)
     var workspace = CEWorkspace[dtype, mean, reduce](ctx, rows)
     var count_ptr = workspace.count_ptr()
     var losses_ptr = workspace.losses_ptr()
     comptime if mean:
-        ctx.enqueue_function[ce_count_kernel](
-            count_ptr,
-            targets,
-            options,
-            Int64(rows),
-            grid_dim=1,
-            block_dim=CE_SMALL_THREADS,
-        )
-    if rows > 0:
+        if extended:
+            ctx.enqueue_function[ce_weighted_count_kernel](
+                count_ptr,
+                targets,
+                options,
+                Int64(rows),
+                Int64(n),
+                has_weight,
+                grid_dim=1,
+                block_dim=CE_SMALL_THREADS,
+            )
+        else:
+            ctx.enqueue_function[ce_count_kernel](
+                count_ptr,
+                targets,
+                options,
+                Int64(rows),
+                grid_dim=1,
+                block_dim=CE_SMALL_THREADS,
+            )
+    var op = CERows[dtype, with_grad, mean, reduce](
+        held(dlogits),
+        held(logits),
+        held(targets),
+        held(options),
+        held(count_ptr),
+        held(losses_ptr),
+        held(loss),
+        rows,
+        n,
+        aligned16(Int(logits), Int(dlogits)),
+    )
+    if rows > 0 and extended:
+        _launch_extended_rows(op, ctx, layout.terms(), has_weight)
+    elif rows > 0:
         launch_strategy[CERows[dtype, with_grad, mean, reduce], variant](
-            CERows[dtype, with_grad, mean, reduce](
-                held(dlogits),
-                held(logits),
-                held(targets),
-                held(options),
-                held(count_ptr),
-                held(losses_ptr),
-                held(loss),
-                rows,
-                n,
-                aligned16(Int(logits), Int(dlogits)),
-            ),
-            ctx,
+            op, ctx
         )
     workspace.enqueue_reduce(ctx, loss, rows)
     # Freed in stream order, after the kernels.
     _ = workspace^
+
+
+def _launch_extended_rows[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+](
+    op: CERows[dtype, with_grad, mean, reduce],
+    ctx: DeviceContext,
+    terms: Int,
+    has_weight: Int32,
+) raises:
+    """The row kernel of extended options holding `terms`: many rows with
+    a gradient on chip (`options_onchip_parts`: scalar terms over the
+    plain sweeps, OPTION_TERMS over their own), the rest, the loss alone
+    included, `ce_block_kernel` under OPTION_TERMS."""
+    var parts = options_onchip_parts(
+        op.rows, op.n, vector_width[dtype]()
+    ) if with_grad else 0
+    comptime for C in [1, 2]:
+        comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
+            if parts == C and terms == T:
+                op.call[launch_ce_parts[dtype, True, mean, reduce, C, T]](
+                    ctx, has_weight
+                )
+    if parts == 0:
+        op.call[
+            launch_ce_block[
+                dtype,
+                with_grad,
+                mean,
+                reduce,
+                CE_OPTIONS_UNROLL,
+                CE_OPTIONS_THREADS,
+                OPTION_TERMS,
+            ]
+        ](ctx, has_weight)
+
+
+def launch_cross_entropy_options[
+    dtype: DType, with_grad: Bool, reduction: StaticString
+](
+    ctx: DeviceContext,
+    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    options: Pointer[Float64, MutAnyOrigin],
+    n_options: Int,
+    rows: Int,
+    n: Int,
+) raises:
+    """`launch_cross_entropy` of extended options (`n_options` values)."""
+    launch_cross_entropy[dtype, with_grad, reduction](
+        ctx, loss, dlogits, logits, targets, options, rows, n, n_options
+    )
