@@ -8,8 +8,8 @@ plain loss, or the extended options (z-loss, softcap, class weights; their
 layout is `extended_layout`'s, op/cross_entropy_math.mojo). Run-time
 values, so one compiled model per (op, dtype, reduction, device) serves all
 of them. The options' length (known on the host) picks the kernels:
-PLAIN_OPTIONS the plain families, more the extended ones (cpu_ce_options,
-gpu_ce_options_rows). `reduction` ("mean", "sum", "none") is a compile-time
+PLAIN_OPTIONS the plain kernels, more the extended terms (cpu_ce_options;
+on the GPU `launch_cross_entropy` with `n_options`). `reduction` ("mean", "sum", "none") is a compile-time
 parameter: it decides the loss's shape, (1,) or (rows,).
 
 `cross_entropy_with_grad` also writes dlogits = d loss / d logits (for
@@ -24,7 +24,6 @@ from max.gpu.host import DeviceContext
 from .cpu_ce_options import cross_entropy_options_cpu
 from .cpu_cross_entropy import cross_entropy_cpu
 from .cross_entropy_math import PLAIN_OPTIONS
-from .gpu_ce_options_rows import launch_cross_entropy_options
 from .gpu_cross_entropy import launch_cross_entropy
 from .gpu_launch import HeldRows, kernel_arg
 from .op_call import DeviceOptions, OpCall, RowsView
@@ -89,23 +88,8 @@ struct CrossEntropyCall[
                 loss, dlogits, logits, targets, ignore_index, eps, rows, n
             )
         elif target == "gpu":
-            if n_options > PLAIN_OPTIONS:
-                launch_cross_entropy_options[
-                    Self.dtype, Self.with_grad, Self.reduction
-                ](
-                    ctx,
-                    loss,
-                    dlogits,
-                    logits,
-                    targets,
-                    options,
-                    n_options,
-                    rows,
-                    n,
-                )
-                return
             launch_cross_entropy[
                 Self.dtype, Self.with_grad, Self.reduction, Self.variant
-            ](ctx, loss, dlogits, logits, targets, options, rows, n)
+            ](ctx, loss, dlogits, logits, targets, options, rows, n, n_options)
         else:
             raise Error("max_softmax: unsupported target " + String(target))

@@ -8,7 +8,7 @@ or every extended option: a softcap and weighted smoothing).
 `ce_kernel_for` (gpu_cross_entropy) gives it at least SPLIT_BELOW_ROWS
 rows: a block a row to `smem_capacity(V)` (~74K fp32, ~148K 16-bit
 classes), a cluster of two to `pair_capacity(V)` (gpu_ce_pair_rows); the
-extended options' launch (`launch_cross_entropy_options`) gives it rows
+extended options (`launch_cross_entropy` with `n_options`) give it rows
 with a gradient to a pair's capacity.
 """
 

@@ -181,8 +181,8 @@ def ce_reduce_kernel[
 
 
 struct CEWorkspace[dtype: DType, mean: Bool, reduce: Bool](Movable):
-    """What a cross-entropy launch sequence (`launch_cross_entropy`,
-    `launch_cross_entropy_options`) passes between its kernels: the
+    """What a cross-entropy launch sequence (`launch_cross_entropy`)
+    passes between its kernels: the
     "mean" count and the row losses, freed in stream order after them."""
 
     var count: DeviceBuffer[DType.float64]
@@ -554,22 +554,3 @@ def _launch_extended_rows[
                 OPTION_TERMS,
             ]
         ](ctx, has_weight)
-
-
-def launch_cross_entropy_options[
-    dtype: DType, with_grad: Bool, reduction: StaticString
-](
-    ctx: DeviceContext,
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    n_options: Int,
-    rows: Int,
-    n: Int,
-) raises:
-    """`launch_cross_entropy` of extended options (`n_options` values)."""
-    launch_cross_entropy[dtype, with_grad, reduction](
-        ctx, loss, dlogits, logits, targets, options, rows, n, n_options
-    )

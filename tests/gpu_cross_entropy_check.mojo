@@ -6,7 +6,6 @@
 from max.gpu.host import DeviceContext
 
 from gpu_check_common import CHECK_DTYPES, ptr
-from op.gpu_ce_options_rows import launch_cross_entropy_options
 from op.gpu_cross_entropy import launch_cross_entropy
 from op.gpu_sharded_rows import launch_epilogue, launch_row_stats
 from op.row_math import accum_dtype
@@ -36,12 +35,9 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             launch(ctx, loss, dlogits, logits, targets, options, 300, 100003)
             # The extended options (z-loss, softcap; with hints; class
             # weights: 8 + n).
-            comptime ext = launch_cross_entropy_options[
-                dtype, with_grad, reduction
-            ]
-            ext(ctx, loss, dlogits, logits, targets, options, 4, 16, 1000)
-            ext(ctx, loss, dlogits, logits, targets, options, 7, 300, 1000)
-            ext(ctx, loss, dlogits, logits, targets, options, 1008, 16, 1000)
+            launch(ctx, loss, dlogits, logits, targets, options, 16, 1000, 4)
+            launch(ctx, loss, dlogits, logits, targets, options, 300, 1000, 7)
+            launch(ctx, loss, dlogits, logits, targets, options, 16, 1000, 1008)
             # Each strategy forced (variant=): the same kernels.
             comptime for variant in ["register", "smem", "pair", "block"]:
                 comptime forced = launch_cross_entropy[

@@ -399,7 +399,7 @@ def test_gpu_on_chip_rows(
 ):
     """Many rows with a gradient take an on-chip kernel: the plain one with
     scalar terms where the options are z-loss and the target's weight alone
-    (no softcap, no weighted smoothing), else `CrossEntropyOptionsRow`; a
+    (no softcap, no weighted smoothing), else its `OPTION_TERMS` form; a
     block or a pair a row, the gradient also written over the logits; numpy
     arrays by the op's model, torch tensors by the launch extension."""
     from max_softmax.dtypes import DTYPE_NAMES

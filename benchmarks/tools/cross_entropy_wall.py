@@ -7,8 +7,8 @@ the benchmark of record.
 
     python benchmarks/tools/cross_entropy_wall.py float32:16384x32000 bfloat16:8192x50257
 
-A third field turns on the extended options (the kernels of
-op/gpu_ce_options_rows.mojo): any of z (z_loss 1e-4), cap (softcap 30), w
+A third field turns on the extended options (the kernels' extended terms,
+op/gpu_cross_entropy.mojo): any of z (z_loss 1e-4), cap (softcap 30), w
 (class weights), eps (label smoothing 0.1), joined by "+":
 
     python benchmarks/tools/cross_entropy_wall.py bfloat16:16384x32000:z+cap+w

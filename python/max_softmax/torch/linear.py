@@ -25,8 +25,8 @@ chunk i+1's logits GEMM runs on torch's stream (`overlap=True`); the
 chunk is halved to keep the budget.
 
 z_loss, softcap and class weights (`class_weight=`: `weight=` is the
-linear layer's) run the extended cross-entropy family (op/cpu_ce_options.mojo,
-op/gpu_ce_options_rows.mojo) through the launch extension as the plain
+linear layer's) run the extended cross-entropy terms (op/cpu_ce_options.mojo,
+on the GPU op/gpu_cross_entropy.mojo's launch) through the launch extension as the plain
 options do; its gradient carries the softcap's
 1 - tanh^2 and the z-loss term, so the GEMMs after it are unchanged.
 
