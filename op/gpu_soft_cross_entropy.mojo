@@ -23,6 +23,7 @@ from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_launch import aligned16, aligned_flag_of
+from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
@@ -143,10 +144,9 @@ def soft_reduce_kernel[
     one block in a fixed order, summed and divided in float64."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     var t = Int(thread_idx.x)
-    var s = Float64(0)
-    for r in range(t, Int(rows), SOFT_REDUCE_THREADS):
-        s += row_losses[unsafe_offset=r].cast[DType.float64]()
-    var total = block_sum[DType.float64, SOFT_REDUCE_THREADS](s)
+    var total = block_loss_sum[accum_dtype[dtype](), SOFT_REDUCE_THREADS](
+        t, row_losses, rows
+    )
     if t == 0:
         comptime if mean:
             total = total / Float64(rows)
