@@ -19,11 +19,11 @@ from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import accum_dtype, exp_nan, online_sum_guard
 from .soft_target_math import (
-    SOFT_OPTIONS,
+    SoftTargets,
     soft_grad,
     soft_p_factor,
-    soft_q,
     soft_row_loss,
+    soft_scale,
     soft_weighted,
 )
 
@@ -63,13 +63,10 @@ def soft_cross_entropy_cpu[
     comptime assert acc.is_floating_point()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    var weighted = soft_weighted(n_options, n)
     var row = SoftRow[dtype](
-        held(options.unsafe_offset(SOFT_OPTIONS)),
-        weighted,
-        options[unsafe_offset=0].cast[acc](),
+        SoftTargets[acc](options, soft_weighted(n_options, n), n),
         options[unsafe_offset=1].cast[acc](),
-        Scalar[acc](1) / Scalar[acc](rows) if mean else Scalar[acc](1),
+        soft_scale[acc, mean](rows),
         n,
     )
     var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
@@ -100,12 +97,8 @@ struct SoftRow[dtype: DType](ImplicitlyCopyable):
     comptime acc = accum_dtype[Self.dtype]()
     comptime W = simd_width_of[Self.acc]()
 
-    var weights: HeldRows[DType.float64]
-    """The class weights (read where `weighted`)."""
-    var weighted: Bool
-    """Whether the options carry class weights."""
-    var eps: Scalar[Self.acc]
-    """Label smoothing."""
+    var targets: SoftTargets[Self.acc]
+    """Label smoothing and class weights."""
     var z_loss: Scalar[Self.acc]
     """The z-loss' factor."""
     var scale: Scalar[Self.acc]
@@ -120,17 +113,8 @@ struct SoftRow[dtype: DType](ImplicitlyCopyable):
         Self.acc, w
     ]:
         """The w targets q at class j."""
-        var pv = p.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc]()
-        var weight = SIMD[Self.acc, w](1)
-        if self.weighted:
-            weight = (
-                kernel_arg(self.weights)
-                .unsafe_offset(j)
-                .unsafe_load[width=w]()
-                .cast[Self.acc]()
-            )
-        return soft_q[Self.acc, w](
-            pv, weight, 1 - self.eps, self.eps / Scalar[Self.acc](self.n)
+        return self.targets.q[w](
+            p.unsafe_offset(j).unsafe_load[width=w]().cast[Self.acc](), j
         )
 
     @always_inline

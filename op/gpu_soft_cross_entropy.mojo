@@ -23,6 +23,7 @@ from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_launch import aligned16, aligned_flag_of
+from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
@@ -33,12 +34,12 @@ from .gpu_smem_rows import (
 from .gpu_soft_smem_rows import SOFT_TENSORS, soft_smem_kernel
 from .row_math import accum_dtype, online_sum_guard, vector_width
 from .soft_target_math import (
-    SOFT_OPTIONS,
+    SoftTargets,
     soft_add,
     soft_grad,
     soft_p_factor,
-    soft_q,
     soft_row_loss,
+    soft_scale,
     soft_shift,
     soft_weighted,
 )
@@ -48,32 +49,6 @@ comptime SOFT_BLOCK_THREADS = 512
 
 comptime SOFT_REDUCE_THREADS = 1024
 """Threads of the one block of `soft_reduce_kernel`."""
-
-
-@always_inline
-def soft_scale[acc: DType, mean: Bool](rows: Int) -> Scalar[acc]:
-    """The reduction's factor on the gradient: 1 / rows for "mean"."""
-    comptime if mean:
-        return Scalar[acc](1) / Scalar[acc](rows)
-    return Scalar[acc](1)
-
-
-@always_inline
-def soft_q_at[
-    dtype: DType, acc: DType
-](
-    p: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    weighted: Bool,
-    keep: Scalar[acc],
-    smooth: Scalar[acc],
-    j: Int,
-) -> Scalar[acc]:
-    """q at class j of a row (`p` its probabilities)."""
-    var weight = Scalar[acc](1)
-    if weighted:
-        weight = options[unsafe_offset=SOFT_OPTIONS + j].cast[acc]()
-    return soft_q[acc, 1](p[unsafe_offset=j].cast[acc](), weight, keep, smooth)
 
 
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
@@ -121,17 +96,15 @@ def soft_block_kernel[
     var start = row * len
     var x = logits.unsafe_offset(start)
     var p = probs.unsafe_offset(start)
-    var is_weighted = weighted != 0
     var eps = options[unsafe_offset=0].cast[acc]()
     var z_loss = options[unsafe_offset=1].cast[acc]()
-    var keep = 1 - eps
-    var smooth = eps / Scalar[acc](len)
+    var targets = SoftTargets[acc](options, weighted != 0, eps, len)
     var m = Scalar[acc](-1) / Scalar[acc](0)
     var s = Scalar[acc](0)
     var sum_q = Scalar[acc](0)
     var t_sum = Scalar[acc](0)
     for j in range(t, len, T):
-        var q = soft_q_at[dtype, acc](p, options, is_weighted, keep, smooth, j)
+        var q = targets.q_at(p, j)
         soft_add[acc](x[unsafe_offset=j].cast[acc](), q, m, s, sum_q, t_sum)
     var row_max = block_max[acc, T](m)
     soft_shift[acc](m, row_max, s, sum_q, t_sum)
@@ -149,9 +122,7 @@ def soft_block_kernel[
         var p_factor = soft_p_factor[acc](row_max, row_sum, row_q, z_loss)
         var scale = soft_scale[acc, mean](Int(rows))
         for j in range(t, len, T):
-            var q = soft_q_at[dtype, acc](
-                p, options, is_weighted, keep, smooth, j
-            )
+            var q = targets.q_at(p, j)
             y[unsafe_offset=j] = soft_grad[acc, 1](
                 x[unsafe_offset=j].cast[acc](), q, row_max, p_factor, scale
             )[0].cast[dtype]()
@@ -173,10 +144,9 @@ def soft_reduce_kernel[
     one block in a fixed order, summed and divided in float64."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     var t = Int(thread_idx.x)
-    var s = Float64(0)
-    for r in range(t, Int(rows), SOFT_REDUCE_THREADS):
-        s += row_losses[unsafe_offset=r].cast[DType.float64]()
-    var total = block_sum[DType.float64, SOFT_REDUCE_THREADS](s)
+    var total = block_loss_sum[accum_dtype[dtype](), SOFT_REDUCE_THREADS](
+        t, row_losses, rows
+    )
     if t == 0:
         comptime if mean:
             total = total / Float64(rows)

@@ -40,11 +40,11 @@ from .row_math import (
 from .row_op import RowOp
 from .row_part import RowPart
 from .soft_target_math import (
-    SOFT_OPTIONS,
+    SoftTargets,
     soft_grad,
     soft_p_factor,
-    soft_q,
     soft_row_loss,
+    soft_scale,
 )
 
 # The logits and the probabilities share the forward's registers and
@@ -97,18 +97,12 @@ struct SoftTargetRow[
     """Logit rows."""
     var probs: HeldRows[Self.dtype]
     """Probability rows."""
-    var weights: HeldRows[DType.float64]
-    """The class weights (read where `weighted`)."""
     var row_losses: HeldRows[Self.acc]
     """A row loss a row, in the accumulator type (`reduce`)."""
     var loss: HeldRows[Self.dtype]
     """A loss a row ("none")."""
-    var weighted: Bool
-    """Whether the options carry class weights."""
-    var keep: Scalar[Self.acc]
-    """1 - eps."""
-    var smooth: Scalar[Self.acc]
-    """eps / C."""
+    var targets: SoftTargets[Self.acc]
+    """Label smoothing and class weights."""
     var z_loss: Scalar[Self.acc]
     """The z-loss' factor."""
     var scale: Scalar[Self.acc]
@@ -150,17 +144,11 @@ struct SoftTargetRow[
         self.dlogits = held(dlogits)
         self.logits = held(logits)
         self.probs = held(probs)
-        self.weights = held(options.unsafe_offset(SOFT_OPTIONS))
         self.row_losses = held(row_losses)
         self.loss = held(loss)
-        self.weighted = weighted
-        var eps = options[unsafe_offset=0].cast[Self.acc]()
-        self.keep = 1 - eps
-        self.smooth = eps / Scalar[Self.acc](n)
+        self.targets = SoftTargets[Self.acc](options, weighted, n)
         self.z_loss = options[unsafe_offset=1].cast[Self.acc]()
-        self.scale = Scalar[Self.acc](1)
-        comptime if Self.mean:
-            self.scale = Scalar[Self.acc](1) / Scalar[Self.acc](rows)
+        self.scale = soft_scale[Self.acc, Self.mean](rows)
         self.start = 0
         self.regs_x = SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS](0)
         self.regs_p = SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS](0)
@@ -170,19 +158,6 @@ struct SoftTargetRow[
         self.s = 0
         self.sum_q = 0
         self.t_sum = 0
-
-    @always_inline
-    def q[w: Int](self, p: SIMD[Self.acc, w], c: Int) -> SIMD[Self.acc, w]:
-        """The targets q of the w probabilities at classes c ..< c + w."""
-        var weight = SIMD[Self.acc, w](1)
-        if self.weighted:
-            weight = (
-                kernel_arg(self.weights)
-                .unsafe_offset(c)
-                .unsafe_load[width=w]()
-                .cast[Self.acc]()
-            )
-        return soft_q[Self.acc, w](p, weight, self.keep, self.smooth)
 
     @always_inline
     def _p_part(
@@ -410,7 +385,7 @@ struct SoftSweep[
     ):
         """Add the w values' terms, or write their gradient."""
         var xa = rebind[SIMD[Self.acc, w]](x)
-        var q = self.row.q[w](rebind[SIMD[Self.acc, w]](p), c)
+        var q = self.row.targets.q[w](rebind[SIMD[Self.acc, w]](p), c)
         comptime if Self.writes:
             var g = soft_grad[Self.acc, w](
                 xa, q, self.row.m, self.p_factor, self.row.scale

@@ -17,6 +17,7 @@ length without a sync, so it tells whether the kernels read weights.
 
 from std.math import log
 
+from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import exp_nan
 
 comptime SOFT_OPTIONS = 2
@@ -48,6 +49,91 @@ def soft_q[
 ) -> SIMD[acc, w]:
     """q = (keep p + smooth) weight, keep = 1 - eps and smooth = eps / C."""
     return (p * keep + smooth) * weight
+
+
+@always_inline
+def soft_scale[acc: DType, mean: Bool](rows: Int) -> Scalar[acc]:
+    """The reduction's factor on the gradient: 1 / rows for "mean"."""
+    comptime if mean:
+        return Scalar[acc](1) / Scalar[acc](rows)
+    return Scalar[acc](1)
+
+
+struct SoftTargets[acc: DType](ImplicitlyCopyable):
+    """What every target reads of the options to make a row's targets q
+    from its probabilities (`q`, `q_at`): label smoothing and class
+    weights."""
+
+    var weights: HeldRows[DType.float64]
+    """The class weights (read where `weighted`)."""
+    var weighted: Bool
+    """Whether the options carry class weights."""
+    var keep: Scalar[Self.acc]
+    """1 - eps."""
+    var smooth: Scalar[Self.acc]
+    """eps / C."""
+
+    @always_inline
+    def __init__(
+        out self,
+        options: Pointer[Float64, MutAnyOrigin],
+        weighted: Bool,
+        eps: Scalar[Self.acc],
+        n: Int,
+    ):
+        """The targets of rows of `n` under `options` (eps, z_loss[, n
+        class weights]), `eps` their first value as the caller read it (a
+        caller that reads the options itself keeps one read of eps)."""
+        self.weights = held(options.unsafe_offset(SOFT_OPTIONS))
+        self.weighted = weighted
+        self.keep = 1 - eps
+        self.smooth = eps / Scalar[Self.acc](n)
+
+    @always_inline
+    def __init__(
+        out self,
+        options: Pointer[Float64, MutAnyOrigin],
+        weighted: Bool,
+        n: Int,
+    ):
+        """The targets of rows of `n` under `options` (eps, z_loss[, n
+        class weights])."""
+        self.weights = held(options.unsafe_offset(SOFT_OPTIONS))
+        self.weighted = weighted
+        var eps = options[unsafe_offset=0].cast[Self.acc]()
+        self.keep = 1 - eps
+        self.smooth = eps / Scalar[Self.acc](n)
+
+    @always_inline
+    def weight[w: Int](self, c: Int) -> SIMD[Self.acc, w]:
+        """The class weights at classes c ..< c + w (1 unweighted)."""
+        var weight = SIMD[Self.acc, w](1)
+        if self.weighted:
+            weight = (
+                kernel_arg(self.weights)
+                .unsafe_offset(c)
+                .unsafe_load[width=w]()
+                .cast[Self.acc]()
+            )
+        return weight
+
+    @always_inline
+    def q[w: Int](self, p: SIMD[Self.acc, w], c: Int) -> SIMD[Self.acc, w]:
+        """The targets q of the w probabilities at classes c ..< c + w."""
+        return soft_q[Self.acc, w](p, self.weight[w](c), self.keep, self.smooth)
+
+    @always_inline
+    def q_at[
+        dtype: DType
+    ](self, p: Pointer[Scalar[dtype], MutAnyOrigin], c: Int) -> Scalar[
+        Self.acc
+    ]:
+        """The target q at class c of a row (`p` its probabilities), the
+        weight read before the probability."""
+        var weight = self.weight[1](c)
+        return soft_q[Self.acc, 1](
+            p[unsafe_offset=c].cast[Self.acc](), weight, self.keep, self.smooth
+        )[0]
 
 
 @always_inline
