@@ -11,7 +11,7 @@ import pytest
 from conftest import random_logits
 
 import max_softmax
-from max_softmax import arrays, launch, registry
+from max_softmax import arrays, host_pool, launch, registry
 from max_softmax.reference import compare, masked_reference
 
 OPS = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"]
@@ -241,13 +241,14 @@ def test_out_errors(rng):
         max_softmax.cross_entropy_with_grad(x, [0, 1, 2], device="cpu", out=np.empty(3, np.float32))
 
 
-def test_large_outputs_come_from_maxs_pool(rng, monkeypatch):
-    """An output from MAX's host pool holds its values after the Buffer's
-    last Python reference is gone and other outputs take pool memory."""
+def test_large_outputs_come_from_the_host_pool(rng, monkeypatch):
+    """An output on a pooled block (host_pool) holds its values while other
+    outputs take pooled blocks, and equals the numpy-allocated one."""
     monkeypatch.setattr(arrays, "POOLED_BYTES", 0)
     x = random_logits(rng, (4, 300), "bfloat16")
     first = max_softmax.softmax(x, device="cpu")
     assert first.base is not None and first.flags.c_contiguous and first.flags.writeable
+    assert first.ctypes.data % host_pool.HUGE_PAGE == 0
     want = first.copy()
     gc.collect()
     for _ in range(3):

@@ -3,6 +3,7 @@ block reused only once nothing views it, its values safe while anything does."""
 
 import gc
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -12,7 +13,13 @@ MIB = 1 << 20
 
 
 @pytest.mark.parametrize(
-    ("shape", "dtype"), [((1024, 2048), np.float32), ((3, 5, 4099), np.float64), ((7,), np.uint16)]
+    ("shape", "dtype"),
+    [
+        ((1024, 2048), np.float32),
+        ((3, 5, 4099), np.float64),
+        ((7,), np.uint16),
+        ((4, 300), ml_dtypes.bfloat16),
+    ],
 )
 def test_arrays_are_c_contiguous_writable_and_aligned(shape, dtype):
     """An array of the asked shape and dtype, C-contiguous and writable, on a

@@ -8,26 +8,22 @@ extension switched off or still building) the cached model runs on the
 
 Every function takes `out=`, a numpy array to write the result into (as
 numpy's ufuncs): the way to avoid a fresh output's page faults call after
-call. Without it, outputs of `POOLED_BYTES` and more come from MAX's host
-memory pool (a `Buffer` handed to numpy by DLPack, returned to the pool
-when the array is freed), so a repeated large call reuses mapped pages
-instead of taking fresh ones from the kernel; on Linux they are asked for
-2 MiB pages, as numpy asks for its own large arrays.
+call. Without it, outputs of `POOLED_BYTES` and more come from
+`host_pool`: blocks on 2 MiB pages, returned for reuse when the array is
+freed, so a repeated large call writes to mapped pages instead of taking
+fresh ones from the kernel.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
-import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from max.driver import Buffer
 from max.dtype import DType
 
-from . import eager, launch, models
+from . import eager, host_pool, launch, models
 from .devices import device, device_kind, resolve_device
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
 from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
@@ -445,61 +441,17 @@ _LAUNCH_CODES: dict[np.dtype, int] = {
 more than the launch on the per-call path)."""
 
 
-POOLED_BYTES = 32 << 20
-"""Outputs of at least this many bytes come from MAX's host memory pool
-(`empty`). glibc maps allocations this large afresh each time (its mmap
-threshold tops out at 32 MiB), so each numpy output of them pays page
-faults and zeroing: 10.1 ms against 2.6 ms pooled for a 64 MiB output
-filled once; smaller ones reuse glibc's heap and are cheaper from numpy
-(docs/drafts/cpu_roof.md)."""
+POOLED_BYTES = 8 << 20
+"""Outputs of this many bytes and more come from `host_pool` (huge pages,
+reused); smaller ones from numpy."""
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised C-contiguous host array: from MAX's host memory
-    pool at `POOLED_BYTES` and more (a byte `Buffer` handed to numpy by
-    DLPack, which keeps it alive and returns it to the pool when the array
-    is freed), else from numpy."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < POOLED_BYTES:
+    """An uninitialised C-contiguous host array: on a pooled huge-page block
+    at `POOLED_BYTES` and more (`host_pool`), else from numpy."""
+    if math.prod(shape) * dtype.itemsize < POOLED_BYTES:
         return np.empty(shape, dtype=dtype)
-    raw = np.from_dlpack(Buffer(DType.uint8, (nbytes,), device=device("cpu")))
-    _huge_pages(raw.ctypes.data, nbytes)
-    return raw.view(dtype).reshape(shape)
-
-
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-@functools.cache
-def _madvise() -> Any:
-    """libc's `madvise` on Linux, else None."""
-    if sys.platform != "linux":
-        return None
-    try:
-        fn = ctypes.CDLL(None).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _huge_pages(address: int, nbytes: int) -> None:
-    """Ask Linux for 2 MiB pages under the whole 2 MiB pages of [address,
-    address + nbytes) (a hint: its result is not checked). MAX's pool maps
-    its memory without the hint, where numpy gives it to its own large
-    arrays; with 4 KiB pages a 64 MiB output was written 1.55x slower (TLB
-    misses: benchmarks/RESULTS.md, CPU). Pages are huge from their first
-    touch on, so the hint is given on every hand-out (a block the pool
-    reuses may be new to it)."""
-    madvise = _madvise()
-    if madvise is None:
-        return
-    start = -(-address // _HUGE_PAGE) * _HUGE_PAGE
-    end = (address + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-    if end > start:
-        madvise(start, end - start, _MADV_HUGEPAGE)
+    return host_pool.empty(shape, dtype)
 
 
 def _execute(model: Any, arrays: list[np.ndarray], kind: str) -> list[Buffer]:

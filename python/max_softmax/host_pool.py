@@ -67,12 +67,12 @@ class _Lease:
     """One block while arrays view it: numpy holds the lease as their base,
     so it dies with the last of them and returns the block."""
 
-    def __init__(self, block: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(self, block: np.ndarray) -> None:
         self.block = block
         self.__array_interface__ = {
             "version": 3,
-            "shape": shape,
-            "typestr": dtype.str,
+            "shape": block.shape,
+            "typestr": "|u1",
             "data": (block.ctypes.data, False),
         }
 
@@ -87,4 +87,7 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     size = max(1, -(-nbytes // HUGE_PAGE)) * HUGE_PAGE
-    return np.asarray(_Lease(_POOL.take(size), tuple(shape), dtype))
+    # Bytes first, then the view: the array interface names only numpy's
+    # own types (bfloat16 from ml_dtypes would come out as raw 'V2').
+    raw = np.asarray(_Lease(_POOL.take(size)))
+    return raw[:nbytes].view(dtype).reshape(shape)
