@@ -579,24 +579,13 @@ def _soft_options(
     logits: TensorValue, eps: float, z_loss: float, weight: TensorValue | np.ndarray | None
 ) -> TensorValue:
     """The soft-target options tensor on the logits' device
-    (`validation.soft_cross_entropy_options`); a weight given as a graph
-    value is cast and appended in the graph."""
-    classes = logits.shape[-1]
-    static_classes = int(classes) if isinstance(classes, StaticDim) else classes
-    if weight is None or not isinstance(weight, (TensorValue, Value)):
-        array = None
-        if weight is not None:
-            array = np.asarray(weight)
-            check_class_weight_array(array, static_classes)
-        values = soft_cross_entropy_options(eps, z_loss, array)
-        return ops.constant(values, DType.float64, device=logits.device)
-    weight = TensorValue(weight)
-    check_class_weight(list(weight.shape), static_classes)
-    check_same_device("cross_entropy", "the weight", weight.device, logits.device, "the logits'")
-    head = ops.constant(
-        soft_cross_entropy_options(eps, z_loss), DType.float64, device=logits.device
+    (`validation.soft_cross_entropy_options`): (eps, z_loss[, weights])."""
+    return _weighted_options(
+        logits,
+        weight,
+        lambda array: soft_cross_entropy_options(eps, z_loss, array),
+        [eps, z_loss],
     )
-    return ops.concat([head, ops.cast(weight, DType.float64)], axis=0)
 
 
 def _cross_entropy_options(
@@ -608,9 +597,28 @@ def _cross_entropy_options(
     softcap: float | None,
 ) -> TensorValue:
     """The float64 options tensor on the logits' device
-    (`validation.cross_entropy_options`); a weight given as a graph value
-    is cast and appended in the graph."""
+    (`validation.cross_entropy_options`)."""
     z_loss, cap = check_cross_entropy_extras(z_loss, softcap)
+    return _weighted_options(
+        logits,
+        weight,
+        lambda array: cross_entropy_options(ignore_index, eps, z_loss, cap, array),
+        [ignore_index, eps, z_loss, cap],
+        [0.0] * extended_tail(eps, cap, weighted=True),
+    )
+
+
+def _weighted_options(
+    logits: TensorValue,
+    weight: TensorValue | np.ndarray | None,
+    host: Callable[[np.ndarray | None], np.ndarray],
+    head: list[float],
+    tail: list[float] | None = None,
+) -> TensorValue:
+    """An options tensor on the logits' device: `host(weights or None)`'s
+    float64 values as a constant where the weight is absent or a host
+    array; for a weight given as a graph value, the constant `head`, the
+    weight cast in the graph, and the constant `tail`."""
     classes = logits.shape[-1]
     static_classes = int(classes) if isinstance(classes, StaticDim) else classes
     if weight is None or not isinstance(weight, (TensorValue, Value)):
@@ -618,19 +626,19 @@ def _cross_entropy_options(
         if weight is not None:
             array = np.asarray(weight)
             check_class_weight_array(array, static_classes)
-        values = cross_entropy_options(ignore_index, eps, z_loss, cap, array)
-        return ops.constant(values, DType.float64, device=logits.device)
+        return ops.constant(host(array), DType.float64, device=logits.device)
     weight = TensorValue(weight)
     check_class_weight(list(weight.shape), static_classes)
     check_same_device("cross_entropy", "the weight", weight.device, logits.device, "the logits'")
-    head, tail = (
-        ops.constant(np.array(values, dtype=np.float64), DType.float64, device=logits.device)
-        for values in (
-            [ignore_index, eps, z_loss, cap],
-            [0.0] * extended_tail(eps, cap, weighted=True),
+    parts = [
+        ops.constant(np.array(head, dtype=np.float64), DType.float64, device=logits.device),
+        ops.cast(weight, DType.float64),
+    ]
+    if tail:
+        parts.append(
+            ops.constant(np.array(tail, dtype=np.float64), DType.float64, device=logits.device)
         )
-    )
-    return ops.concat([head, ops.cast(weight, DType.float64), tail], axis=0)
+    return ops.concat(parts, axis=0)
 
 
 def _row_op(
