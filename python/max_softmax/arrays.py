@@ -21,12 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from max.driver import Buffer
-from max.dtype import DType
 
-from . import eager, host_pool, launch, models
+from . import eager, host_pool, launch
 from .devices import device, device_kind, resolve_device
 from .dtypes import DTYPE_NAMES, max_dtype, to_buffer, to_numpy
-from .models import ModelKey, cross_entropy_model, masked_model, row_op_model
+from .models import (
+    ModelKey,
+    cross_entropy_model,
+    masked_model,
+    row_op_model,
+    soft_cross_entropy_model,
+)
 from .validation import (
     EMPTY_LOSS,
     canonical_shape,
@@ -355,38 +360,6 @@ def _is_floating(array: np.ndarray) -> bool:
     """Whether `array` holds floating values (bfloat16 included): class
     probabilities, as a cross-entropy target."""
     return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
-
-
-def soft_cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Any:
-    """The compiled model running soft-target cross-entropy (with its
-    gradient) on (rows, n) logits and probabilities of `dtype` and the
-    float64 options (any length), all symbolic: one per (op, dtype, device,
-    reduction). Its outputs: the loss ((1,), or (rows,) for "none") and,
-    `with_grad`, dlogits."""
-    from max.graph import TensorType
-
-    from . import ops as graph_ops
-
-    op = "soft_cross_entropy_with_grad" if with_grad else "soft_cross_entropy"
-    ref = models.device_ref(kind)
-    types = [
-        TensorType(dtype, ["rows", "n"], device=ref),
-        TensorType(dtype, ["rows", "n"], device=ref),
-        TensorType(DType.float64, ["n_options"], device=ref),
-    ]
-
-    def body(logits: Any, probs: Any, options: Any) -> list:
-        return graph_ops.soft_cross_entropy_rows(
-            logits, probs, options, reduction=reduction, with_grad=with_grad
-        )
-
-    tag = kind.replace(":", "")
-    return models.compiled(
-        (op, dtype, kind, reduction),
-        kind,
-        lambda: models.build_graph(f"max_softmax_{op}_{dtype.name}_{tag}_{reduction}", types, body),
-        f"{op} ({reduction}) {dtype.name}",
-    )
 
 
 def as_array(x: Any) -> np.ndarray:

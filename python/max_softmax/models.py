@@ -237,6 +237,30 @@ def cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str
     )
 
 
+def soft_cross_entropy_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Model:
+    """The compiled model running soft-target cross-entropy (with its
+    gradient) on (rows, n) logits and probabilities of `dtype` and the
+    float64 options (any length), all symbolic: one per (op, dtype, device,
+    reduction). Its outputs: the loss ((1,), or (rows,) for "none") and,
+    `with_grad`, dlogits."""
+    op = "soft_cross_entropy_with_grad" if with_grad else "soft_cross_entropy"
+    ref = device_ref(kind)
+    rows = TensorType(dtype, ["rows", "n"], device=ref)
+    types = [rows, rows, TensorType(DType.float64, ["n_options"], device=ref)]
+
+    def body(logits: TensorValue, probs: TensorValue, options: TensorValue) -> list:
+        return graph_ops.soft_cross_entropy_rows(
+            logits, probs, options, reduction=reduction, with_grad=with_grad
+        )
+
+    return compiled(
+        (op, dtype, kind, reduction),
+        kind,
+        lambda: build_graph(f"max_softmax_{op}_{dtype.name}_{_tag(kind)}_{reduction}", types, body),
+        f"{op} ({reduction}) {dtype.name}",
+    )
+
+
 def cross_entropy_into_model(with_grad: bool, dtype: DType, kind: str, reduction: str) -> Model:
     """The compiled model writing cross-entropy into given buffers, by the
     op's destination-passing twin: inputs loss ((1,), or (rows,) for
