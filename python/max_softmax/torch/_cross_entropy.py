@@ -29,6 +29,7 @@ from ..validation import (
     check_cross_entropy_extras,
     check_cross_entropy_options,
     check_same_device,
+    check_soft_targets,
     check_targets_in_range,
 )
 from . import _launch as torch_launch
@@ -453,11 +454,7 @@ def _soft_cross_entropy(
     the first-order backward scales it) where `_fused_soft`, else by our
     log_softmax and torch ops (`_soft_cross_entropy_unfused`: softcap,
     gradients in the target, forward mode, torch.func, torch.compile)."""
-    if target.shape != input.shape:
-        raise ValueError(
-            f"max_softmax: cross_entropy with class-probability targets needs the target "
-            f"shaped as the input {tuple(input.shape)}, got {tuple(target.shape)}"
-        )
+    check_soft_targets(list(input.shape), list(target.shape))
     if not _fused_soft(input, target, extras):
         return _soft_cross_entropy_unfused(input, target, reduction, eps, extras)
     weight, z_loss, _ = extras
