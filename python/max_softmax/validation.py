@@ -164,7 +164,7 @@ def check_cross_entropy_options(
         raise TypeError(f"max_softmax: ignore_index must be an int, got {ignore_index!r}")
     if not -(2**53) <= int(ignore_index) <= 2**53:
         raise ValueError(f"max_softmax: ignore_index {ignore_index} is out of range (|i| <= 2^53)")
-    if not _is_real(label_smoothing):
+    if type(label_smoothing) is not float and not _is_real(label_smoothing):
         raise TypeError(f"max_softmax: label_smoothing must be a float, got {label_smoothing!r}")
     smoothing = float(label_smoothing)
     if not 0.0 <= smoothing <= 1.0:
@@ -175,6 +175,8 @@ def check_cross_entropy_options(
 def check_cross_entropy_extras(z_loss: float, softcap: float | None) -> tuple[float, float]:
     """Return (z_loss, softcap) as the kernels take them (softcap None -> 0,
     off), or raise: both finite numbers >= 0."""
+    if softcap is None and type(z_loss) is float and z_loss == 0.0:
+        return 0.0, 0.0  # the defaults, answered without the checks below
     values = []
     for name, value in (("z_loss", z_loss), ("softcap", 0.0 if softcap is None else softcap)):
         if not _is_real(value):

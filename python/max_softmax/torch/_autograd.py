@@ -68,13 +68,20 @@ def needs_function(*tensors: torch.Tensor) -> bool:
     return False
 
 
+TRACED = object()
+"""`pick`'s answer for a call that torch.compile traces and autograd does not
+record: the op runs as is, by its traced path (a torch custom op)."""
+
+
 def pick(
     functions: tuple[type[torch.autograd.Function], ...], *tensors: torch.Tensor
-) -> type[torch.autograd.Function] | None:
+) -> type[torch.autograd.Function] | object | None:
     """The autograd Function of `functions` (`fn`, `for_eager(fn)`,
-    `for_compile(fn)`) that a call on `tensors` applies, or None where the op
-    runs as is (`needs_function` is False): the one decision a call makes,
-    with torch.compile asked once."""
+    `for_compile(fn)`) that a call on `tensors` applies; else `TRACED` where
+    the op runs as is under torch.compile, or None where it runs as is in
+    eager mode (`needs_function` is False): the one decision a call makes,
+    with torch.compile asked once, so an eager caller need not ask again
+    (`run_eager`)."""
     fn, eager, compiled = functions
     recorded = False
     for t in tensors:
@@ -82,7 +89,7 @@ def pick(
             recorded = _grad_enabled()
             break
     if torch.compiler.is_compiling():
-        return compiled if recorded else None
+        return compiled if recorded else TRACED
     for t in tensors:
         if _is_wrapped(t):  # live, or dead (fn's apply unwraps it)
             return fn
@@ -246,6 +253,8 @@ def row_backward(name: str, out: torch.Tensor, dy: torch.Tensor, dim: int) -> to
     transforms the call (`pick`)."""
     fn = pick(_BACKWARD_VARIANTS[name], out, dy)
     if fn is None:
+        return run_eager(name, dim, out, dy)
+    if fn is TRACED:
         return run(name, dim, out, dy)
     return fn.apply(out, dy, dim)
 

@@ -34,6 +34,7 @@ from ..validation import (
 )
 from . import _launch as torch_launch
 from ._autograd import (
+    TRACED,
     for_compile,
     for_eager,
     forward_mode,
@@ -47,6 +48,7 @@ from ._device import check_device, device_kind
 from ._functional import log_softmax, softmax
 from ._graph_path import cached, execute
 from ._options import NO_EXTRAS, options_tensor
+from ._rows import PLAN_LIMIT
 from .linear import cross_entropy_inplace
 
 _functorch = torch._C._functorch
@@ -84,6 +86,13 @@ def _cross_entropy_op(
     _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
 
 
+_plans: dict[tuple, torch_launch.CrossEntropyLauncher] = {}
+"""Launches of the plain cross-entropy (no z-loss, softcap or weights) by
+(rows, classes, dtype, device, reduction, ignore_index, label_smoothing),
+made by its first launch-extension call: a repeated call (a training step's
+loss) skips straight to the launch. At most `PLAN_LIMIT`, as the row ops'."""
+
+
 def _cross_entropy_rows(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -102,6 +111,11 @@ def _cross_entropy_rows(
         (rows,) if reduction == "none" else (1,), dtype=logits.dtype, device=logits.device
     )
     dlogits = torch.empty_like(logits) if with_grad else None
+    key = (rows, classes, logits.dtype, logits.device, reduction, ignore_index, eps)
+    plan = _plans.get(key) if extras is NO_EXTRAS else None
+    if plan is not None and not torch.compiler.is_compiling():
+        plan(loss, dlogits, logits, targets)
+        return loss, dlogits
     if rows == 0 or classes == 0:
         loss.fill_(EMPTY_LOSS[reduction])
         if dlogits is not None:
@@ -112,6 +126,12 @@ def _cross_entropy_rows(
     grad_out = dlogits if dlogits is not None else loss
     if torch.compiler.is_compiling():
         _cross_entropy_op(loss, grad_out, logits, targets, options, reduction, with_grad)
+    elif extras is NO_EXTRAS and torch_launch.available(logits.is_cuda):
+        plan = torch_launch.cross_entropy_launcher(logits, options, reduction)
+        plan(loss, dlogits, logits, targets)
+        if len(_plans) >= PLAN_LIMIT:
+            _plans.clear()
+        _plans[key] = plan
     else:
         head = (loss, grad_out) if with_grad else (loss,)
         _call_cross_entropy(reduction, with_grad, (*head, logits, targets, options))
@@ -571,7 +591,7 @@ def cross_entropy(
             )
         check_same_device("cross_entropy", "the weight", weight.device, input.device)
         check_class_weight(list(weight.shape), input.shape[0 if input.dim() == 1 else 1])
-    extras = (weight, z_loss, cap)
+    extras = NO_EXTRAS if weight is None and not z_loss and not cap else (weight, z_loss, cap)
     if target.is_floating_point():
         return _soft_cross_entropy(input, target, reduction, eps, extras)
     if target.is_complex() or target.dtype == torch.bool:
@@ -594,7 +614,9 @@ def cross_entropy(
     classes = logits.shape[-1]
     logits = logits.reshape(-1, classes).contiguous()
     targets = targets.reshape(-1).to(torch.int64).contiguous()
-    if not input.is_cuda and not torch.compiler.is_compiling():
+    fn = pick(_FUNCTIONS, logits, targets)
+    compiling = fn is TRACED or fn is _FUNCTIONS[2]
+    if not input.is_cuda and not compiling:
         # On the host numpy checks in a fraction of torch's time (65536
         # targets: 41 vs 630 us); CUDA targets are not checked (a host sync).
         check_targets_in_range(_host_values(targets, expected), classes, ignore_index)
@@ -603,12 +625,12 @@ def cross_entropy(
             "max_softmax: cross_entropy(inplace_backward=True) takes no weight, z_loss or "
             "softcap yet; leave inplace_backward off for them"
         )
-    if inplace_backward and logits.requires_grad and not torch.compiler.is_compiling():
+    if inplace_backward and logits.requires_grad and not compiling:
         loss = cross_entropy_inplace(logits, targets, ignore_index, reduction, eps)
-    elif (fn := pick(_FUNCTIONS, logits, targets)) is not None:
-        loss = fn.apply(logits, targets, ignore_index, reduction, eps, extras, [])
-    else:
+    elif fn is None or fn is TRACED:
         loss, _ = _cross_entropy_rows(logits, targets, ignore_index, reduction, eps, False, extras)
+    else:
+        loss = fn.apply(logits, targets, ignore_index, reduction, eps, extras, [])
     if reduction == "none":
         return loss.reshape(target.shape)
     return loss.reshape(())

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from ._autograd import (
+    TRACED,
     LogSoftmaxFn,
     LogSoftmaxFnCompiled,
     LogSoftmaxFnEager,
@@ -20,7 +21,7 @@ from ._autograd import (
 )
 from ._buffers import DTYPES
 from ._masked import masked
-from ._rows import run
+from ._rows import run, run_eager
 
 
 def _implicit_dim(rank: int, name: str) -> int:
@@ -89,6 +90,8 @@ def _row_op(
         return _scalar(name, x, dim)
     fn = pick(_FUNCTIONS[name], x)
     if fn is None:
+        return run_eager(name, dim, x)
+    if fn is TRACED:
         return run(name, dim, x)
     return fn.apply(x, dim)
 

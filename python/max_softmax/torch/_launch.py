@@ -30,7 +30,6 @@ checks again):
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import torch
 
@@ -59,6 +58,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 """The torch dtypes the extension takes, and their codes."""
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _context_and_stream(t: torch.Tensor) -> tuple[int, int | None]:
@@ -97,19 +97,19 @@ def launcher(op: str, like: torch.Tensor, outer: int, n: int, inner: int) -> Lau
         raise TypeError(f"max_softmax: no {op} launch for {like.dtype}")
     index = like.get_device()
     ctx = launch.cpu_context() if index < 0 else launch.gpu_context(index)
-    stream = (lambda: None) if index < 0 else partial(_raw_stream, index)
     if outer * n * inner == 0:
         return lambda out, *inputs: None
 
     def launch_call(out: torch.Tensor, *inputs: torch.Tensor) -> None:
-        # `launch.call` inlined: this is the bridge's per-call path.
+        # `launch.call` inlined: this is the bridge's per-call path (C
+        # calls only, no Python frame but this one).
         try:
             fn(
                 ctx,
-                stream(),
+                None if index < 0 else _raw_stream(index),
                 code,
                 out.data_ptr(),
-                *[t.data_ptr() for t in inputs],
+                *map(_data_ptr, inputs),
                 outer,
                 n,
                 inner,
@@ -150,23 +150,57 @@ def cross_entropy(
     bridge's graph path gives. Ordering and guarantees as `run`."""
     if fill_empty_cross_entropy(loss, dlogits, logits, reduction):
         return
+    cross_entropy_launcher(logits, options, reduction, soft)(loss, dlogits, logits, targets)
+
+
+CrossEntropyLauncher = Callable[
+    [torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor], None
+]
+"""`launch(loss, dlogits, logits, targets)`: cross-entropy of a fixed shape,
+dtype, device, reduction and options (see `cross_entropy_launcher`)."""
+
+
+def cross_entropy_launcher(
+    logits: torch.Tensor, options: torch.Tensor, reduction: str, soft: bool = False
+) -> CrossEntropyLauncher:
+    """`cross_entropy` with everything but the tensors' addresses (and
+    torch's current stream) looked up once: a caller that keeps the launcher
+    (the bridge's per-shape plans) pays one Python call a launch. `logits`
+    gives the shape (rows and classes >= 1), dtype and device; the launcher
+    holds `options` alive. Arguments and guarantees as `cross_entropy`."""
+    fn = launch.function("soft_cross_entropy" if soft else "cross_entropy")
     rows, classes = logits.shape
-    ctx, stream = _context_and_stream(logits)
-    launch.run_cross_entropy(
-        ctx,
-        stream,
-        DTYPE_CODES[logits.dtype],
-        reduction,
-        loss.data_ptr(),
-        None if dlogits is None else dlogits.data_ptr(),
-        logits.data_ptr(),
-        targets.data_ptr(),
-        options.data_ptr(),
-        rows,
-        classes,
-        options.shape[0],
-        soft,
-    )
+    index = logits.get_device()
+    ctx = launch.cpu_context() if index < 0 else launch.gpu_context(index)
+    code, reduction_code = DTYPE_CODES[logits.dtype], launch.REDUCTION_CODES[reduction]
+    address, n_options = options.data_ptr(), options.shape[0]
+
+    def launch_call(
+        loss: torch.Tensor,
+        dlogits: torch.Tensor | None,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> None:
+        try:
+            fn(
+                ctx,
+                None if index < 0 else _raw_stream(index),
+                code,
+                reduction_code,
+                loss.data_ptr(),
+                0 if dlogits is None else dlogits.data_ptr(),
+                logits.data_ptr(),
+                targets.data_ptr(),
+                address,
+                n_options,
+                rows,
+                classes,
+            )
+        except Exception as err:  # the extension raises plain Exception
+            raise LaunchError(str(err)) from None
+
+    launch_call.options = options  # type: ignore[attr-defined]
+    return launch_call
 
 
 def fill_empty_cross_entropy(

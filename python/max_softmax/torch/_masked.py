@@ -26,6 +26,7 @@ from ..validation import (
 )
 from . import _launch as torch_launch
 from ._autograd import (
+    TRACED,
     for_compile,
     for_eager,
     leading,
@@ -208,8 +209,8 @@ def masked(
     m = None if mask is None else _mask_rows(op, x, dim, last, mask)
     log_out = op == "log_softmax"
     fn = pick(_MASKED_FUNCTIONS, *((work,) if m is None else (work, m)))
-    if fn is not None:
-        y = fn.apply(work, m, value, log_out, causal)
-    else:
+    if fn is None or fn is TRACED:
         y = _run_masked(work, m, value, log_out, causal)
+    else:
+        y = fn.apply(work, m, value, log_out, causal)
     return y if last else y.movedim(-1, dim)
