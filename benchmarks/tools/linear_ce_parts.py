@@ -20,6 +20,11 @@ runs them (torch/linear.py `_passes`):
 
 and the floor's three GEMMs over all rows. CUDA events, median of `--reps`
 after warm-up; inputs are bf16 as in `linear_ce_bench.py`.
+
+`--profile` instead runs one whole `linear_cross_entropy` fwd + bwd (the
+default chunking) under torch.profiler and writes its GPU kernels summed by
+name (calls, ms), beside the call's CUDA-event time: what the parts above
+leave out.
 """
 
 from __future__ import annotations
@@ -106,6 +111,42 @@ def measure(shape: tuple[int, int, int], softcap: float | None, chunks: list[int
         yield {**base, "chunk_rows": rows, "chunks": 1, "part": part, "ms": round(ms, 4)}
 
 
+def profile(shape: tuple[int, int, int], softcap: float | None, reps: int):
+    """Yield the GPU kernels of one `linear_cross_entropy` fwd + bwd summed by
+    name (largest first), then the call's median CUDA-event time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from max_softmax.torch.linear import linear_cross_entropy
+
+    rows, hidden, vocab = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w /= hidden**0.5
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    t = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+
+    def step() -> None:
+        h.grad = w.grad = None
+        linear_cross_entropy(h, w, t, softcap=softcap).backward()
+
+    base = {"shape": f"{rows}x{hidden}x{vocab}", "softcap": softcap}
+    yield {**base, "part": "call", "ms": round(_time(step, reps), 4)}
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name[:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us() / 1000
+    for name, (calls, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        yield {**base, "part": "kernel", "name": name, "calls": calls, "ms": round(ms, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, time the parts and write JSON lines."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--softcap", type=float, default=None)
     p.add_argument("--chunks", default="1024,2048,4096", help="chunk rows, comma-separated")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="one whole call's kernels, by name")
     p.add_argument("--out", type=Path, default=None, help="JSON lines (default: stdout only)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -121,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = tuple(int(s) for s in args.shape.split("x"))
     chunks = [int(s) for s in args.chunks.split(",")]
     sink = args.out.open("a") if args.out else None
-    for record in measure(shape, args.softcap, chunks, args.reps):
+    records = (
+        profile(shape, args.softcap, args.reps)
+        if args.profile
+        else measure(shape, args.softcap, chunks, args.reps)
+    )
+    for record in records:
         line = json.dumps(record)
         print(line, flush=True)
         if sink:

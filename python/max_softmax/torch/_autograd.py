@@ -82,20 +82,19 @@ def pick(
     eager mode (`needs_function` is False): the one decision a call makes,
     with torch.compile asked once, so an eager caller need not ask again
     (`run_eager`)."""
-    fn, eager, compiled = functions
     recorded = False
     for t in tensors:
         if t.requires_grad:
             recorded = _grad_enabled()
             break
     if torch.compiler.is_compiling():
-        return compiled if recorded else TRACED
+        return functions[2] if recorded else TRACED
     for t in tensors:
         if _is_wrapped(t):  # live, or dead (fn's apply unwraps it)
-            return fn
+            return functions[0]
     if recorded or _forward_ad._current_level >= 0:
         # Under a transform only a setup_context Function may be applied.
-        return fn if _transforms_active() else eager
+        return functions[0] if _transforms_active() else functions[1]
     return None
 
 

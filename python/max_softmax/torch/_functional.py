@@ -86,7 +86,7 @@ def _row_op(
         x, dim = _prepare(name, x, dim, dtype)
     if scale is not None or mask is not None or causal:  # is_masked_call, inline
         return masked(name, x, dim, scale, mask, causal)
-    if x.dim() == 0:
+    if x.ndim == 0:
         return _scalar(name, x, dim)
     fn = pick(_FUNCTIONS[name], x)
     if fn is None:
