@@ -154,7 +154,7 @@ struct CrossEntropyRows[dtype: DType, with_grad: Bool](CpuRowOp):
             var inv_s = 1 / s
             var smooth = smoothing_of[acc](eps, n)
             each_piece[W](
-                GradWrite[Self.dtype, park_in_dst](
+                GradWrite[Self.dtype, park_in_dst, not park_in_dst](
                     ExpTerms[Self.dtype, park_in_dst, not park_in_dst, False](
                         held(y), at.scratch, held(x), m
                     ),
@@ -171,14 +171,17 @@ struct CrossEntropyRows[dtype: DType, with_grad: Bool](CpuRowOp):
 
 
 @fieldwise_init
-struct GradWrite[dtype: DType, park_in_dst: Bool](RowPieces):
+struct GradWrite[dtype: DType, park_in_dst: Bool, park_in_scratch: Bool](
+    RowPieces
+):
     """Writes a gradient row (p - eps/V) * scale from the exps parked in it
-    (`park_in_dst`) or in a float32 scratch row."""
+    (`park_in_dst`) or in a float32 scratch row (`park_in_scratch`), else
+    from exp(x - m)."""
 
     comptime acc = accum_dtype[Self.dtype]()
 
-    var row: ExpTerms[Self.dtype, Self.park_in_dst, not Self.park_in_dst, False]
-    """The gradient row (`y`) and where the exps are parked."""
+    var row: ExpTerms[Self.dtype, Self.park_in_dst, Self.park_in_scratch, False]
+    """The gradient row (`y`), where the exps are parked, and the max."""
     var inv_s: Scalar[Self.acc]
     """1 / the row's sum of exps."""
     var smooth: Scalar[Self.acc]
@@ -190,6 +193,8 @@ struct GradWrite[dtype: DType, park_in_dst: Bool](RowPieces):
     def put[w: Int](self, j: Int):
         """Write the gradient at j."""
         var e = self.row.value[w](j)
+        comptime if not (Self.park_in_dst or Self.park_in_scratch):
+            e = exp_nan[Self.acc, w](e - self.row.m)
         self.row.y.unsafe_offset(j).unsafe_store(
             grad_of[Self.acc, w](e, self.inv_s, self.smooth, self.scale).cast[
                 Self.dtype
