@@ -42,7 +42,10 @@ def row_stats_cpu[
     cpu_rows and cpu_cross_entropy."""
     each_row(
         SliceRows[dtype, "stats", with_target](
-            logits, logits, stats, targets, options
+            tensors_of(logits, logits, logits),
+            held(stats),
+            held(targets),
+            held(options),
         ),
         rows,
         n,
@@ -68,12 +71,18 @@ def epilogue_cpu[
     ), "op must be softmax, log_softmax or cross_entropy"
     if n > 0:
         each_row(
-            SliceRows[dtype, op](output, logits, row_in, targets, options),
+            SliceRows[dtype, op](
+                tensors_of(output, logits, logits),
+                held(row_in),
+                held(targets),
+                held(options),
+            ),
             rows,
             n,
         )
 
 
+@fieldwise_init
 struct SliceRows[dtype: DType, op: StaticString, with_target: Bool = True](
     CpuRowOp
 ):
@@ -94,20 +103,6 @@ struct SliceRows[dtype: DType, op: StaticString, with_target: Bool = True](
     """A class index a row (cross-entropy)."""
     var options: HeldRows[DType.float64]
     """The slice's options (gpu_sharded_rows)."""
-
-    def __init__(
-        out self,
-        output: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        stats: Pointer[Scalar[Self.acc], MutAnyOrigin],
-        targets: Pointer[Int64, MutAnyOrigin],
-        options: Pointer[Float64, MutAnyOrigin],
-    ):
-        """The op on these buffers (the statistics' output is `stats`)."""
-        self.t = tensors_of(output, logits, logits)
-        self.stats = held(stats)
-        self.targets = held(targets)
-        self.options = held(options)
 
     @always_inline
     def row(self, at: TaskRow[Self.acc]) -> Scalar[Self.acc]:
