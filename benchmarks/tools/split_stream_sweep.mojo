@@ -1,6 +1,6 @@
 # Times gpu_split_stream_rows at several (threads T, vectors K, blocks an SM
-# B) against split_smem and a device copy, without MAX graphs: it builds on a
-# machine without a GPU and runs in seconds on one.
+# B) against a device copy, without MAX graphs: it builds on a machine
+# without a GPU and runs in seconds on one.
 #   mojo build -I . --target-accelerator sm_90 benchmarks/tools/split_stream_sweep.mojo -o sweep
 #   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
 #   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
@@ -16,7 +16,6 @@ from std.sys import argv
 
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
-from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
 from op.gpu_smem_rows import launch_smem_parts, launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
 from op.row_tensors import LaunchRows
@@ -57,8 +56,6 @@ def launch[
         launch_smem_rows[dtype, False](ctx, r)
     elif K == -2:
         launch_smem_parts[dtype, False, B](ctx, r)
-    elif K == 0:
-        launch_split_smem_rows[dtype, False](ctx, r)
     else:
         launch_split_stream[dtype, False, T, K, B](ctx, r)
 
@@ -156,7 +153,6 @@ def sweep_shape[
                 ctx, "smem C=" + String(C), d, s, host0, rows, n, once
             )
         return
-    time_config[dtype, 512, 0, 0](ctx, "split_smem", d, s, host0, rows, n, once)
     # The table's configs (T, K, B) first (see split_stream_threads/_vectors/
     # _blocks), then, with `more`, others worth a look.
     comptime TABLE = [(512, 7, 2), (256, 6, 4), (512, 4, 2), (384, 6, 3)]
