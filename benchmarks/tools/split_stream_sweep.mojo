@@ -20,7 +20,7 @@ from op.gpu_smem_rows import launch_smem_parts, launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
 from op.row_tensors import LaunchRows
 from sweep_inputs import ptr
-from sweep_timing import median_launch_us, print_result
+from sweep_timing import print_result, timed_us
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -95,23 +95,21 @@ def time_config[
     n: Int,
     once: Bool,
 ) raises:
-    launch[dtype, T, K, B](ctx, dsts[0], srcs[0], rows, n)
-    if once:
-        ctx.synchronize()
-        return
-    var err = Float64(0)
-    comptime if T != 0:
-        err = row0_error(ctx, dsts[0], host0, n)
-
     @__parameter
     def one(i: Int) raises:
         launch[dtype, T, K, B](ctx, dsts[i % INPUTS], srcs[i % INPUTS], rows, n)
 
-    var us = median_launch_us[one](ctx, ITERS, REPS)
+    var us = timed_us[one](ctx, once, ITERS, REPS)
+    if not us:
+        return
+    # dsts[0] was last written from srcs[0], as by the first launch.
+    var err = Float64(0)
+    comptime if T != 0:
+        err = row0_error(ctx, dsts[0], host0, n)
     var config = (
         name + " T=" + String(T) + " K=" + String(K) + " B=" + String(B)
     )
-    print_result[dtype](rows, n, config, us, 2.0, "err=" + String(err))
+    print_result[dtype](rows, n, config, us.value(), 2.0, "err=" + String(err))
 
 
 def sweep_shape[
