@@ -45,18 +45,6 @@
 #                           protocol, host allocation) and the on-chip splits'
 #                           row limit and room checks
 #
-# baselines/ (designs the live kernels replaced, kept to measure against;
-# nothing live imports them, and deleting the folder removes only their ops):
-#   registered_ops.mojo     softmax_baseline / log_softmax_baseline, the ops
-#                           `variant=` "tree", "online", "split_smem" run,
-#                           and the launch of each baseline family
-#   gpu_tree_rows.mojo      the reference design: block per row, shared-memory
-#                           tree reduction
-#   gpu_online_rows.mojo    long rows: online max/sum pass, then a normalising
-#                           pass, a block per row
-#   gpu_split_smem_rows.mojo split rows: a block a 72 KB chunk, held in shared
-#                           memory while it waits for its row
-#
 # CPU:
 #   cpu_rows.mojo           vectorized, multithreaded CPU kernels
 #   cpu_backward.mojo       the backward ops on the CPU

@@ -4,7 +4,6 @@
 from max.gpu.host import DeviceContext
 
 from gpu_check_common import CHECK_DTYPES, ptr
-from op.baselines.registered_ops import launch_baseline
 from op.dispatch import launch_variant, softmax_backward_rows, softmax_rows
 from op.gpu_scale_rows import launch_scale_rows
 
@@ -30,11 +29,6 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
         ]:
             comptime live = launch_variant[dtype, log_out, variant]
             softmax_rows["gpu", dtype, log_out, live](ctx, dst, src, 4, 1000, 1)
-        comptime for variant in ["tree", "online", "split_smem"]:
-            comptime baseline = launch_baseline[dtype, log_out, variant]
-            softmax_rows["gpu", dtype, log_out, baseline](
-                ctx, dst, src, 4, 1000, 1
-            )
         comptime auto = launch_variant[dtype, log_out, "auto"]
         softmax_rows["gpu", dtype, log_out, auto](ctx, dst, src, 4, 100, 7)
         # Backward, a shape for each family of backward_kernel_for

@@ -70,7 +70,6 @@ def test_gpu_requested_without_gpu():
         ("warp", 512, 513),
         ("warp", 1024, 1028),
         ("smem", 74240, 74241),
-        ("split_smem", 2 * 2**20, 2 * 2**20 + 1),
         ("split_stream", 2 * 2**20, 2 * 2**20 + 1),
     ],
 )

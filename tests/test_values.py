@@ -111,8 +111,6 @@ def test_other_shape_does_not_recompile(rng, monkeypatch):
 # --- GPU kernel families and dispatch boundaries -------------------------
 
 VARIANT_CASES = [
-    ("tree", (5, 1000)),
-    ("tree", (3, 70001)),
     ("warp", (5, 100)),
     ("warp", (9, 512)),
     ("warp", (6, 511)),
@@ -134,8 +132,6 @@ VARIANT_CASES = [
     ("smem", (2, 36996)),  # ... the first over a cluster of two (smem_parts_for)
     ("smem", (2, 73974)),  # float32: the last over two, halves of 512 threads
     ("smem", (2, 73975)),  # ... one 1024-thread block again
-    ("online", (5, 1000)),
-    ("online", (3, 100003)),
     ("split", (3, 1000)),
     ("split", (2, (1 << 20) + 3)),
     ("split", (2, 16384)),  # one chunk exactly
@@ -143,15 +139,6 @@ VARIANT_CASES = [
     ("split", (5, 50257)),  # unaligned rows: scalar loads
     ("split", (300, 40000)),  # more rows than the L2 window: lag < rows
     ("split", (40, 1 << 20)),  # lag 4 rows (float32) of 40
-    # Chunks of 72 KB: 18432 float32 or 36864 16-bit values.
-    ("split_smem", (3, 1000)),
-    ("split_smem", (2, 36864)),  # two float32 chunks, one 16-bit chunk exactly
-    ("split_smem", (2, 36865)),
-    ("split_smem", (5, 50257)),  # unaligned rows: scalar head and tail
-    ("split_smem", (3, (1 << 20) + 3)),
-    ("split_smem", (40, 1 << 20)),  # more rows than fit on chip at once
-    ("split_smem", (1, 128 * 16384)),  # float32 capacity: 8 MB
-    ("split_smem", (300, 40000)),
     # Resident blocks streaming chunks: 56 KB of float32 (14336 values),
     # 24 KB of 16-bit values (12288).
     ("split_stream", (3, 1000)),
@@ -172,7 +159,6 @@ VARIANT_CASES = [
 # Elements a chunk, by kernel and dtype ("auto" picks split_stream here).
 GPU_CHUNKS = {
     "split": {"float32": 16384, "bfloat16": 16384, "float64": 16384},
-    "split_smem": {"float32": 18432, "bfloat16": 36864, "float64": 9216},
     "split_stream": {"float32": 14336, "bfloat16": 12288, "float64": 7168},
     "auto": {"float32": 14336, "bfloat16": 12288, "float64": 7168},
     # Not chunks: rows of 3 x these + 5 need a whole SM, so "smem" splits

@@ -29,12 +29,14 @@ from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
 from op.row_tensors import LaunchRows
 from sweep_inputs import filled_inputs, hashed_value, ptr
-from sweep_timing import has_arg, median_launch_us, print_result
+from sweep_timing import has_arg, picks, time_line
 
 comptime ITERS = 20
 comptime REPS = 7
 comptime INPUTS = 3
 comptime CHECK_ROWS = 16
+# A launch reads y and dy and writes dx.
+comptime PASSES = 3.0
 
 
 # y and dy: hashed values of [-1, 1).
@@ -120,27 +122,30 @@ def check_error[
 def time_config[
     dtype: DType, family: StaticString
 ](ctx: DeviceContext, b: Bench[dtype], once: Bool) raises:
-    launch[dtype, family](ctx, b, 0)
-    if once:
-        ctx.synchronize()
-        return
-
     @__parameter
     def one(i: Int) raises:
         launch[dtype, family](ctx, b, i % INPUTS)
 
-    var us = median_launch_us[one](ctx, ITERS, REPS)
-    var err = String("err=-")
-    comptime if family != "copy":
-        err = "err=" + String(check_error[dtype, family](ctx, b))
+    @__parameter
+    def check() raises -> String:
+        comptime if family == "copy":
+            return "err=-"
+        else:
+            return "err=" + String(check_error[dtype, family](ctx, b))
+
     var params = String("-")
     comptime if family == "dispatch":
-        var s = backward_kernel_for(
-            b.rows, b.n, vector_width[dtype](), backward_stream_chunk[dtype]()
+        params = picks(
+            backward_kernel_for(
+                b.rows,
+                b.n,
+                vector_width[dtype](),
+                backward_stream_chunk[dtype](),
+            )
         )
-        params = "picks=" + String(s.kind) + "/" + String(s.form)
-    var passes = 2.0 if family == "copy" else 3.0
-    print_result[dtype](b.rows, b.n, family + " " + params, us, passes, err)
+    time_line[dtype, family, one, check](
+        ctx, once, b.rows, b.n, params, PASSES, ITERS, REPS
+    )
 
 
 def sweep_shape[

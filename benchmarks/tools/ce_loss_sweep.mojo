@@ -25,18 +25,25 @@ from std.utils.numerics import inf
 from max.gpu.host import DeviceBuffer, DeviceContext
 
 from op.gpu_ce_block_rows import launch_ce_block
-from op.gpu_ce_pair_rows import launch_ce_pair
-from op.gpu_ce_smem_rows import launch_ce_smem
-from op.gpu_cross_entropy import ce_kernel_for, launch_cross_entropy
+from op.gpu_cross_entropy import (
+    CERows,
+    CEWorkspace,
+    ce_kernel_for,
+    launch_cross_entropy,
+)
+from op.gpu_launch import held
 from op.gpu_smem_rows import pair_capacity, smem_capacity
 from op.row_math import accum_dtype, vector_width
+from op.variants import Strategy
 from sweep_inputs import filled_inputs, hashed_value, ptr
-from sweep_timing import has_arg, median_launch_us, print_result
+from sweep_timing import has_arg, picks, time_line
 
 comptime ITERS = 20
 comptime REPS = 7
 comptime INPUTS = 3
 comptime CHECK_ROWS = 64
+# A launch reads the logits once (the row losses are a rounding error).
+comptime PASSES = 1.0
 comptime IGNORE_INDEX = -100
 
 
@@ -77,62 +84,59 @@ def reference_loss[dtype: DType](n: Int, eps: Float64) -> Float64:
     return total
 
 
-@fieldwise_init
-struct Bench[dtype: DType](Copyable):
+# The rows the row kernels take: the loss alone, "sum" (row losses only).
+comptime LossRows[dtype: DType] = CERows[dtype, False, False, True]
+
+
+def options_buffer(
+    ctx: DeviceContext, eps: Float64
+) raises -> DeviceBuffer[DType.float64]:
+    """The options (IGNORE_INDEX, label smoothing `eps`) on the device."""
+    var host = ctx.enqueue_create_host_buffer[DType.float64](2)
+    ctx.synchronize()
+    host[0] = Float64(IGNORE_INDEX)
+    host[1] = eps
+    var options = ctx.enqueue_create_buffer[DType.float64](2)
+    ctx.enqueue_copy(options, host)
+    ctx.synchronize()  # `host` is freed on return
+    return options
+
+
+struct Bench[dtype: DType](Movable):
     """A shape's device buffers: INPUTS logits buffers, a copy target, the
-    targets, options (eps 0, and eps 0.1 for the check), the row losses."""
+    targets, options, the op's workspace (count, row losses) and loss."""
 
     var srcs: List[DeviceBuffer[Self.dtype]]
     var dst: DeviceBuffer[Self.dtype]
     var targets: DeviceBuffer[DType.int64]
-    var options: DeviceBuffer[DType.float64]
-    var smooth_options: DeviceBuffer[DType.float64]
-    var count: DeviceBuffer[DType.float64]
-    var row_losses: DeviceBuffer[accum_dtype[Self.dtype]()]
+    var options: List[DeviceBuffer[DType.float64]]
+    """Without label smoothing (timed and checked), and with 0.1 (checked)."""
+    var workspace: CEWorkspace[Self.dtype, False, True]
     var loss: DeviceBuffer[Self.dtype]
     var rows: Int
     var n: Int
 
-
-def make_bench[
-    dtype: DType
-](ctx: DeviceContext, rows: Int, n: Int) raises -> Bench[dtype]:
-    comptime acc = accum_dtype[dtype]()
-    var srcs = filled_inputs[dtype, LOGIT_RANGE](ctx, rows * n, INPUTS)
-    var host_t = ctx.enqueue_create_host_buffer[DType.int64](rows)
-    var host_o = ctx.enqueue_create_host_buffer[DType.float64](2)
-    var host_s = ctx.enqueue_create_host_buffer[DType.float64](2)
-    ctx.synchronize()
-    for r in range(rows):
-        host_t[r] = target_of(r, n)
-    host_o[0] = Float64(IGNORE_INDEX)
-    host_o[1] = 0.0
-    host_s[0] = Float64(IGNORE_INDEX)
-    host_s[1] = 0.1
-    var targets = ctx.enqueue_create_buffer[DType.int64](rows)
-    ctx.enqueue_copy(targets, host_t)
-    var options = ctx.enqueue_create_buffer[DType.float64](2)
-    var smooth_options = ctx.enqueue_create_buffer[DType.float64](2)
-    ctx.enqueue_copy(options, host_o)
-    ctx.enqueue_copy(smooth_options, host_s)
-    var count = ctx.enqueue_create_buffer[DType.float64](1)
-    ctx.enqueue_memset(count, Float64(1))
-    var row_losses = ctx.enqueue_create_buffer[acc](rows)
-    var loss = ctx.enqueue_create_buffer[dtype](1)
-    var dst = ctx.enqueue_create_buffer[dtype](rows * n)
-    ctx.synchronize()
-    return Bench[dtype](
-        srcs^,
-        dst,
-        targets,
-        options,
-        smooth_options,
-        count,
-        row_losses,
-        loss,
-        rows,
-        n,
-    )
+    def __init__(out self, ctx: DeviceContext, rows: Int, n: Int) raises:
+        """The buffers of `rows` rows of `n` logits, filled."""
+        self.srcs = filled_inputs[Self.dtype, LOGIT_RANGE](
+            ctx, rows * n, INPUTS
+        )
+        var host_t = ctx.enqueue_create_host_buffer[DType.int64](rows)
+        ctx.synchronize()
+        for r in range(rows):
+            host_t[r] = target_of(r, n)
+        self.targets = ctx.enqueue_create_buffer[DType.int64](rows)
+        ctx.enqueue_copy(self.targets, host_t)
+        self.options = List[DeviceBuffer[DType.float64]]()
+        self.options.append(options_buffer(ctx, 0.0))
+        self.options.append(options_buffer(ctx, 0.1))
+        self.workspace = CEWorkspace[Self.dtype, False, True](ctx, rows)
+        ctx.enqueue_memset(self.workspace.count, Float64(1))
+        self.loss = ctx.enqueue_create_buffer[Self.dtype](1)
+        self.dst = ctx.enqueue_create_buffer[Self.dtype](rows * n)
+        self.rows = rows
+        self.n = n
+        ctx.synchronize()
 
 
 def launch[
@@ -144,34 +148,36 @@ def launch[
     options: DeviceBuffer[DType.float64],
 ) raises:
     """One loss-only, "sum" cross-entropy of `src` by `family` (row
-    kernels: row losses only), or its copy."""
-    comptime acc = accum_dtype[dtype]()
+    kernels: row losses only, through the op's own `CERows`), or its
+    copy."""
     var x = ptr(src)
     var tg = rebind[Pointer[Int64, MutAnyOrigin]](b.targets.unsafe_ptr())
     var op = rebind[Pointer[Float64, MutAnyOrigin]](options.unsafe_ptr())
-    var cn = rebind[Pointer[Float64, MutAnyOrigin]](b.count.unsafe_ptr())
-    var rl = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-        b.row_losses.unsafe_ptr()
-    )
-    var lo = ptr(b.loss)
     comptime if family == "copy":
         ctx.enqueue_copy(b.dst, src)
     elif family == "dispatch":
         launch_cross_entropy[dtype, False, "sum"](
-            ctx, lo, x, x, tg, op, b.rows, b.n
-        )
-    elif family == "smem":
-        launch_ce_smem[dtype, False, False, True](
-            ctx, x, x, tg, op, cn, rl, lo, b.rows, b.n, True
-        )
-    elif family == "pair":
-        launch_ce_pair[dtype, False, False, True](
-            ctx, x, x, tg, op, cn, rl, lo, b.rows, b.n, True
+            ctx, ptr(b.loss), x, x, tg, op, b.rows, b.n
         )
     else:
-        launch_ce_block[dtype, False, False, True, U, T](
-            ctx, x, x, tg, op, cn, rl, lo, b.rows, b.n, True
+        var rows = LossRows[dtype](
+            held(x),
+            held(x),
+            held(tg),
+            held(op),
+            held(b.workspace.count_ptr()),
+            held(b.workspace.losses_ptr()),
+            held(ptr(b.loss)),
+            b.rows,
+            b.n,
+            True,
         )
+        comptime if family == "smem":
+            rows.launch[Strategy.SMEM](ctx)
+        elif family == "pair":
+            rows.launch[Strategy.CLUSTER2](ctx)
+        else:
+            rows.call[launch_ce_block[dtype, False, False, True, U, T]](ctx)
 
 
 def check_error[
@@ -187,7 +193,7 @@ def check_error[
     comptime acc = accum_dtype[dtype]()
     launch[dtype, family, U, T](ctx, b, b.srcs[0], options)
     var out = ctx.enqueue_create_host_buffer[acc](b.rows)
-    ctx.enqueue_copy(out, b.row_losses)
+    ctx.enqueue_copy(out, b.workspace.row_losses)
     ctx.synchronize()
     var got = Float64(0)
     for r in range(CHECK_ROWS):
@@ -204,45 +210,40 @@ def time_config[
     want1: Float64,
     once: Bool,
 ) raises:
-    launch[dtype, family, U, T](ctx, b, b.srcs[0], b.options)
-    if once:
-        ctx.synchronize()
-        return
-
     @__parameter
     def one(i: Int) raises:
-        launch[dtype, family, U, T](ctx, b, b.srcs[i % INPUTS], b.options)
+        launch[dtype, family, U, T](ctx, b, b.srcs[i % INPUTS], b.options[0])
 
-    var us = median_launch_us[one](ctx, ITERS, REPS)
-    var errs = String("err0=- err1=-")
-    comptime if family != "copy" and family != "dispatch":
-        errs = (
-            "err0="
-            + String(check_error[dtype, family, U, T](ctx, b, b.options, want0))
-            + " err1="
-            + String(
-                check_error[dtype, family, U, T](
-                    ctx, b, b.smooth_options, want1
-                )
+    @__parameter
+    def check() raises -> String:
+        comptime if family == "copy" or family == "dispatch":
+            return "err0=- err1=-"
+        else:
+            var e0 = check_error[dtype, family, U, T](
+                ctx, b, b.options[0], want0
             )
-        )
+            var e1 = check_error[dtype, family, U, T](
+                ctx, b, b.options[1], want1
+            )
+            return "err0=" + String(e0) + " err1=" + String(e1)
+
     var params = String("-")
     comptime if family == "block":
         params = "U=" + String(U) + " T=" + String(T)
     elif family == "dispatch":
-        var s = ce_kernel_for(
-            b.rows, b.n, vector_width[dtype](), with_grad=False
+        params = picks(
+            ce_kernel_for(b.rows, b.n, vector_width[dtype](), with_grad=False)
         )
-        params = "picks=" + String(s.kind) + "/" + String(s.form)
-    var passes = 2.0 if family == "copy" else 1.0
-    print_result[dtype](b.rows, b.n, family + " " + params, us, passes, errs)
+    time_line[dtype, family, one, check](
+        ctx, once, b.rows, b.n, params, PASSES, ITERS, REPS
+    )
 
 
 def sweep_shape[
     dtype: DType
 ](ctx: DeviceContext, rows: Int, n: Int, once: Bool) raises:
     comptime V = vector_width[dtype]()
-    var b = make_bench[dtype](ctx, rows, n)
+    var b = Bench[dtype](ctx, rows, n)
     var want0 = Float64(0)
     var want1 = Float64(0)
     if not once:

@@ -9,7 +9,6 @@
 #   bash benchmarks/tools/gpu_session.sh bench-each SHAPES [bench args...]  # one process per shape
 #                                                      # (MAX keeps its device memory pool, so a
 #                                                      # GB-sized shape after others runs out)
-#   bash benchmarks/tools/gpu_session.sh host_cost [args]     # benchmarks/tools/host_cost: per-op host cost
 #   bash benchmarks/tools/gpu_session.sh ncu [--op OP] [--provider ours|quack] DTYPE ROWS N [VARIANT]
 #                                                      # Nsight Compute counters (quack: QuACK on
 #                                                      # PYTHONPATH, ../shared/gpu/prepare-peers)
@@ -63,8 +62,6 @@ case "$stage" in
             python3 -m max_softmax bench --shape "$s" --tag "$s" --out "$OUT" \
               --record "$OUT/results.jsonl" "$@" 2>&1 | grep -v "^bench:"
           done | tee "$log" ;;
-  host_cost) python3 benchmarks/tools/host_cost/host_cost.py --device gpu --out "$OUT/host_cost.jsonl" \
-            "$@" 2>&1 | tee "$log" ;;
   compile) for i in 1 2; do
             for tree in "$1" op; do
               python3 benchmarks/tools/compile_time.py --kernels "$tree" --device gpu --label "$tree"

@@ -1,6 +1,6 @@
 # Times gpu_split_stream_rows at several (threads T, vectors K, blocks an SM
-# B) against split_smem and a device copy, without MAX graphs: it builds on a
-# machine without a GPU and runs in seconds on one.
+# B) against a device copy, without MAX graphs: it builds on a machine
+# without a GPU and runs in seconds on one.
 #   mojo build -I . --target-accelerator sm_90 benchmarks/tools/split_stream_sweep.mojo -o sweep
 #   ./sweep            # on the GPU machine (MAX's libraries on LD_LIBRARY_PATH)
 #   ./sweep once       # bf16 32 x 1M, each config launched once (for ncu)
@@ -16,12 +16,11 @@ from std.sys import argv
 
 from max.gpu.host import DeviceBuffer, DeviceContext, HostBuffer
 
-from op.baselines.gpu_split_smem_rows import launch_split_smem_rows
 from op.gpu_smem_rows import launch_smem_parts, launch_smem_rows
 from op.gpu_split_stream_rows import launch_split_stream
 from op.row_tensors import LaunchRows
 from sweep_inputs import ptr
-from sweep_timing import median_launch_us, print_result
+from sweep_timing import print_result, timed_us
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -57,8 +56,6 @@ def launch[
         launch_smem_rows[dtype, False](ctx, r)
     elif K == -2:
         launch_smem_parts[dtype, False, B](ctx, r)
-    elif K == 0:
-        launch_split_smem_rows[dtype, False](ctx, r)
     else:
         launch_split_stream[dtype, False, T, K, B](ctx, r)
 
@@ -98,23 +95,21 @@ def time_config[
     n: Int,
     once: Bool,
 ) raises:
-    launch[dtype, T, K, B](ctx, dsts[0], srcs[0], rows, n)
-    if once:
-        ctx.synchronize()
-        return
-    var err = Float64(0)
-    comptime if T != 0:
-        err = row0_error(ctx, dsts[0], host0, n)
-
     @__parameter
     def one(i: Int) raises:
         launch[dtype, T, K, B](ctx, dsts[i % INPUTS], srcs[i % INPUTS], rows, n)
 
-    var us = median_launch_us[one](ctx, ITERS, REPS)
+    var us = timed_us[one](ctx, once, ITERS, REPS)
+    if not us:
+        return
+    # dsts[0] was last written from srcs[0], as by the first launch.
+    var err = Float64(0)
+    comptime if T != 0:
+        err = row0_error(ctx, dsts[0], host0, n)
     var config = (
         name + " T=" + String(T) + " K=" + String(K) + " B=" + String(B)
     )
-    print_result[dtype](rows, n, config, us, 2.0, "err=" + String(err))
+    print_result[dtype](rows, n, config, us.value(), 2.0, "err=" + String(err))
 
 
 def sweep_shape[
@@ -156,7 +151,6 @@ def sweep_shape[
                 ctx, "smem C=" + String(C), d, s, host0, rows, n, once
             )
         return
-    time_config[dtype, 512, 0, 0](ctx, "split_smem", d, s, host0, rows, n, once)
     # The table's configs (T, K, B) first (see split_stream_threads/_vectors/
     # _blocks), then, with `more`, others worth a look.
     comptime TABLE = [(512, 7, 2), (256, 6, 4), (512, 4, 2), (384, 6, 3)]

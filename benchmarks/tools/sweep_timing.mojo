@@ -8,6 +8,8 @@ from std.time import perf_counter_ns
 
 from max.gpu.host import DeviceContext
 
+from op.variants import Strategy
+
 
 def median_launch_us[
     launch: def(Int) raises capturing -> None
@@ -25,6 +27,51 @@ def median_launch_us[
         times.append(Float64(perf_counter_ns() - t0) / 1e3 / Float64(iters))
     sort(times)
     return times[reps // 2]
+
+
+def timed_us[
+    launch: def(Int) raises capturing -> None
+](ctx: DeviceContext, once: Bool, iters: Int, reps: Int) raises -> Optional[
+    Float64
+]:
+    """`launch(0)`, then `median_launch_us` of `launch`; with `once` (each
+    configuration launched once, for ncu) only `launch(0)`, and None."""
+    launch(0)
+    if once:
+        ctx.synchronize()
+        return None
+    return median_launch_us[launch](ctx, iters, reps)
+
+
+def time_line[
+    dtype: DType,
+    family: StaticString,
+    launch: def(Int) raises capturing -> None,
+    check: def() raises capturing -> String,
+](
+    ctx: DeviceContext,
+    once: Bool,
+    rows: Int,
+    n: Int,
+    params: String,
+    passes: Float64,
+    iters: Int,
+    reps: Int,
+) raises:
+    """Time `launch` (`timed_us`) and print its line (`print_result`):
+    "`family` `params`", GB/s counted as `passes` x the tensor's bytes (a
+    "copy": 2, read and written), then `check()`, the error check, run
+    after the timing. With `once`, launch once and print nothing."""
+    var us = timed_us[launch](ctx, once, iters, reps)
+    if us:
+        var label = family + " " + params
+        var counted = 2.0 if family == "copy" else passes
+        print_result[dtype](rows, n, label, us.value(), counted, check())
+
+
+def picks(s: Strategy) -> String:
+    """The strategy a dispatch table picked, as a sweep's line shows it."""
+    return "picks=" + String(s.kind) + "/" + String(s.form)
 
 
 def has_arg(name: StringSlice) -> Bool:

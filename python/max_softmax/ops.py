@@ -25,8 +25,8 @@ from max.graph.dim import Dim, StaticDim
 from . import waits
 from .devices import check_graph_device
 from .kernels import is_kernel_library, kernel_library
+from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
 from .validation import (
-    BASELINE_VARIANTS,
     check_class_weight,
     check_class_weight_array,
     check_cross_entropy_extras,
@@ -50,7 +50,6 @@ from .validation import (
     normalize_axis,
     soft_cross_entropy_options,
 )
-from .validation import VARIANTS as VARIANTS  # re-exported: ops.VARIANTS
 
 
 def softmax(
@@ -665,11 +664,8 @@ def _row_op(
     values = [v if canonical else ops.reshape(v, view) for v in ([x] if dy is None else [x, dy])]
     x3 = values[0]
     parameters = _variant(variant)
-    # The baselines are ops of their own (op/baselines/registered_ops.mojo),
-    # so the live package never imports them.
-    kernel = f"{name}_baseline" if variant in BASELINE_VARIANTS else name
     (y3,) = ops.custom(
-        name=kernel,
+        name=name,
         device=x.device,
         values=values,
         out_types=[TensorType(x.dtype, x3.shape, x.device)],

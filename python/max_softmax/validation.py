@@ -23,9 +23,6 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (
 """Element types every op accepts (16-bit types compute in float32)."""
 
 
-BASELINE_VARIANTS: tuple[str, ...] = ("tree", "online", "split_smem")
-"""Replaced designs kept to measure against: ops of their own in op/baselines/."""
-
 VARIANTS: tuple[str, ...] = (
     "auto",
     "warp",
@@ -33,7 +30,6 @@ VARIANTS: tuple[str, ...] = (
     "smem",
     "split",
     "split_stream",
-    *BASELINE_VARIANTS,
 )
 """Kernel families `variant=` accepts; "auto" uses the dispatch table in
 op/dispatch.mojo. Others exist for benchmarks and tests."""

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         nargs="*",
         default=[],
-        help="also time these forced kernel families, e.g. tree online split",
+        help="also time these forced kernel families, e.g. warp smem split",
     )
     p.add_argument(
         "--op",
