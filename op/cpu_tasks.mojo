@@ -3,7 +3,7 @@
 there are more than `INLINE_TASKS`, inline otherwise.
 
 MAX's `sync_parallelize` hands even a single task to its thread pool, which
-costs ~25 µs a call on a 2-core machine (benchmarks/host_cost): four times
+costs ~25 µs a call on a 2-core machine (benchmarks/DECISIONS.md): four times
 the work of a small batch, and more than MAX's own softmax pays per op.
 """
 

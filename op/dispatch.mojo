@@ -29,8 +29,8 @@ Each table gives a `Strategy` (variants.mojo); `ForwardRows` and
 `BackwardRows` hold an op's buffers and launch each strategy it has, and
 `launch_strategy` (variants.mojo) is the one switch for "auto" and a forced
 `variant=`. `softmax_rows` takes the launcher of contiguous rows as a
-compile-time parameter: `launch_variant` (the live strategies) or the
-baselines' own (baselines/), so a model compiles only what it can run. Each
+compile-time parameter (`launch_variant`), so a model compiles only what
+it can run. Each
 family's launcher (grid, workspace, capacity check) sits beside its kernel.
 """
 
@@ -278,7 +278,7 @@ def softmax_rows[
 ) raises:
     """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`:
     on the GPU along a non-last axis by columns (`Strategy.STRIDED`),
-    contiguous rows by `launch_rows` (`launch_variant`, or a baseline)."""
+    contiguous rows by `launch_rows` (`launch_variant`)."""
     if outer * n * inner == 0:
         return
     comptime if target == "cpu":

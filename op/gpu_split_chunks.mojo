@@ -8,8 +8,7 @@ exp(x - max)) in `chunk_pair`, the backward's sum in
 gpu_backward_stream_rows), and once its row's terms are known writes the
 chunk's result from the buffer (`each_held`; the forward's `write_chunk`),
 so the row crosses HBM once each way. The streaming split
-(gpu_split_stream_rows) runs these steps on chunk after chunk; the
-split_smem baseline (baselines/gpu_split_smem_rows) runs them once a block.
+(gpu_split_stream_rows) runs these steps on chunk after chunk.
 """
 
 from max.gpu import thread_idx

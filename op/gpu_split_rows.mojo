@@ -59,8 +59,7 @@ comptime SPLIT_CHUNK = 16384
 comptime L2_WINDOW_BYTES = 16 << 20
 
 
-# The two sweeps over a range of a row (the online baseline runs them over
-# whole rows).
+# The two sweeps over a range of a row.
 
 
 @always_inline

@@ -2,7 +2,7 @@
 chunk, two chunk buffers each: a chunk loads while the one before waits for
 its row and is written.
 
-A block that holds one chunk (the split_smem baseline) loads it, then waits
+A block that holds one chunk (the replaced split_smem design, DECISIONS.md) loads it, then waits
 for the rest of its row, then writes it and exits, so an SM whose blocks
 are all waiting has no loads in flight: at 32 x 1M bfloat16 Nsight Compute
 put a quarter of its warp stalls at that wait and DRAM at 57% of peak (see

@@ -5,12 +5,12 @@ split row on chip.
 The workspace is one Int32 buffer that one memset zeroes before the launch
 (`split_counters`): counters[0] is the ticket counter, counters[1 + r] row
 r's arrival counter, then, from `pairs_offset(rows)`, the 64-bit words of
-the streaming split's packed pairs. The re-reading split and the split_smem
-baseline keep their pairs, a (max, sum) per chunk, row-major, in a second
-buffer of accumulators (`publish_pair`, `row_max_scale`).
+the streaming split's packed pairs. The re-reading split keeps its pairs, a
+(max, sum) per chunk, row-major, in a second buffer of accumulators
+(`publish_pair`, `row_max_scale`).
 
-The kernels that hold a split row on chip (gpu_split_stream_rows, the
-split_smem baseline) need all of a row's chunks resident at once: rows are
+The kernel that holds a split row on chip (gpu_split_stream_rows) needs
+all of a row's chunks resident at once: rows are
 limited to `ON_CHIP_SPLIT_MAX_ROW_BYTES`, and `check_on_chip_split` refuses
 rows with more chunks than the GPU holds.
 """

@@ -8,8 +8,8 @@ An op's launch struct (`ForwardRows`, `BackwardRows` in dispatch.mojo,
 holds its buffers and dims and implements `RowStrategies`: its table
 (`auto`, the shape's strategy) and one launch a strategy it has. The
 variant is a compile-time parameter, so a forced variant compiles its own
-strategy only. The baselines ("tree", "online", "split_smem") are ops of
-their own in baselines/registered_ops.mojo: nothing here imports them.
+strategy only. Replaced strategies are deleted, their measurements kept in
+benchmarks/DECISIONS.md.
 """
 
 from max.gpu.host import DeviceContext
