@@ -22,8 +22,9 @@ and the floor's three GEMMs over all rows. CUDA events, median of `--reps`
 after warm-up; inputs are bf16 as in `linear_ce_bench.py`.
 
 `--profile` instead runs one whole `linear_cross_entropy` fwd + bwd (the
-default chunking) under torch.profiler and writes its GPU kernels summed by
-name (calls, ms), beside the call's CUDA-event time: what the parts above
+default chunking), then the floor's three GEMMs, each under torch.profiler,
+and writes their GPU kernels summed by name (calls, ms) beside each one's
+CUDA-event time and the kernels' total (busy) time: what the parts above
 leave out.
 """
 
@@ -112,8 +113,9 @@ def measure(shape: tuple[int, int, int], softcap: float | None, chunks: list[int
 
 
 def profile(shape: tuple[int, int, int], softcap: float | None, reps: int):
-    """Yield the GPU kernels of one `linear_cross_entropy` fwd + bwd summed by
-    name (largest first), then the call's median CUDA-event time."""
+    """Yield, for one `linear_cross_entropy` fwd + bwd and then the floor's
+    three GEMMs: the median CUDA-event time, the kernels' busy time, and
+    the kernels summed by name (largest first)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -132,19 +134,26 @@ def profile(shape: tuple[int, int, int], softcap: float | None, reps: int):
         h.grad = w.grad = None
         linear_cross_entropy(h, w, t, softcap=softcap).backward()
 
+    def floor() -> None:
+        logits = h.detach() @ w.detach().t()
+        _ = logits @ w.detach(), logits.t() @ h.detach()
+
     base = {"shape": f"{rows}x{hidden}x{vocab}", "softcap": softcap}
-    yield {**base, "part": "call", "ms": round(_time(step, reps), 4)}
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(event.name[:90], [0, 0.0])
-            entry[0] += 1
-            entry[1] += event.time_range.elapsed_us() / 1000
-    for name, (calls, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-        yield {**base, "part": "kernel", "name": name, "calls": calls, "ms": round(ms, 4)}
+    for what, fn in (("call", step), ("floor", floor)):
+        yield {**base, "what": what, "part": "wall", "ms": round(_time(fn, reps), 4)}
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        totals: dict[str, list[float]] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                entry = totals.setdefault(event.name[:90], [0, 0.0])
+                entry[0] += 1
+                entry[1] += event.time_range.elapsed_us() / 1000
+        busy = sum(ms for _, ms in totals.values())
+        yield {**base, "what": what, "part": "kernels", "ms": round(busy, 4)}
+        for name, (calls, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+            yield {**base, "what": what, "part": name, "calls": calls, "ms": round(ms, 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
