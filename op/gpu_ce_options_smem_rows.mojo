@@ -94,13 +94,15 @@ def visit_held[
             )
             comptime if writes:
                 y.unsafe_offset(e0 + k * T * V).unsafe_store[alignment=16](r)
-    for i in range(R * T + p.t, p.nvec, T):
-        var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+    # The rest from shared memory, stepped by element: one induction value.
+    var first_smem = p.head + R * T * V
+    for e in range(e0 + R * T * V, p.head + p.nvec * V, T * V):
+        var v = smem.unsafe_offset(e - first_smem).unsafe_load[
             width=V, alignment=16
         ]()
-        var r = _visit_vector[V](f, p.head + i * V, v.cast[acc]())
+        var r = _visit_vector[V](f, e, v.cast[acc]())
         comptime if writes:
-            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](r)
+            y.unsafe_offset(e).unsafe_store[alignment=16](r)
     if p.has_head:
         var r = f.visit[1](p.t, SIMD[acc, 1](edge[0]))
         comptime if writes:
@@ -287,8 +289,9 @@ def hold_capped_exp[
             regs = regs.insert[offset=k * V](f.hold[dtype, V](v.cast[acc](), s))
     comptime if loads:
         async_copy_wait_all()
-    for i in range(R * T + p.t, p.nvec, T):
-        var at = smem.unsafe_offset((i - R * T) * V)
+    var first_smem = p.head + R * T * V
+    for e in range(e0 + R * T * V, p.head + p.nvec * V, T * V):
+        var at = smem.unsafe_offset(e - first_smem)
         at.unsafe_store[alignment=16](
             f.hold[dtype, V](
                 at.unsafe_load[width=V, alignment=16]().cast[acc](), s
@@ -336,11 +339,12 @@ def write_capped_held[
             y.unsafe_offset(e0 + k * T * V).unsafe_store[alignment=16](
                 (h * per_held).cast[dtype]()
             )
-    for i in range(R * T + p.t, p.nvec, T):
-        var h = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+    var first_smem = p.head + R * T * V
+    for e in range(e0 + R * T * V, p.head + p.nvec * V, T * V):
+        var h = smem.unsafe_offset(e - first_smem).unsafe_load[
             width=V, alignment=16
         ]()
-        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+        y.unsafe_offset(e).unsafe_store[alignment=16](
             (h.cast[acc]() * per_held).cast[dtype]()
         )
     if p.has_head:
