@@ -29,9 +29,7 @@ _MAXNTID = re.compile(r"\.maxntid\s+(\d+)")
 _MINCTA = re.compile(r"\.minnctapersm\s+(\d+)")
 _TARGET = re.compile(r"\.target\s+(sm_\w+)")
 _REGS = re.compile(r"Used (\d+) registers")
-_SPILLS = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
+_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 @dataclasses.dataclass
