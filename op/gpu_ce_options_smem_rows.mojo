@@ -42,6 +42,29 @@ trait HeldVisit:
         ...
 
 
+# Lanes of a held vector the softcap's sweeps compute at once. A vector of
+# V (8 for 16-bit rows) computed whole keeps every lane's tanh, exp and
+# class weight live together, past the 64 registers a thread has at 1024
+# resident threads: the kernels spilled. The math is elementwise, so the
+# values are the same; the sums add W lanes at a time.
+comptime HELD_LANES = 2
+
+
+@always_inline
+def _visit_vector[
+    V: Int, F: HeldVisit
+](mut f: F, e: Int, v: SIMD[accum_dtype[F.dtype](), V]) -> SIMD[F.dtype, V]:
+    """`f.visit` on the vector at elements e .. e + V - 1, `HELD_LANES` at
+    a time."""
+    comptime W = min(V, HELD_LANES)
+    var r = SIMD[F.dtype, V](0)
+    comptime for h in range(V // W):
+        r = r.insert[offset=h * W](
+            f.visit[W](e + h * W, v.slice[W, offset=h * W]())
+        )
+    return r
+
+
 @always_inline
 def visit_held[
     V: Int, T: Int, F: HeldVisit, writes: Bool
@@ -60,21 +83,26 @@ def visit_held[
     what `f` returns goes to the same place of `y`."""
     comptime acc = accum_dtype[F.dtype]()
     comptime R = REG_CHUNKS
+    # Vector k * T + p.t at a constant offset from the thread's first: one
+    # address for the four, not four kept through every sweep.
+    var e0 = p.head + p.t * V
+    var left = p.nvec - p.t
     comptime for k in range(R):
-        var i = k * T + p.t
-        if i < p.nvec:
-            var r = f.visit[V](
-                p.head + i * V, regs.slice[V, offset=k * V]().cast[acc]()
+        if k * T < left:
+            var r = _visit_vector[V](
+                f, e0 + k * T * V, regs.slice[V, offset=k * V]().cast[acc]()
             )
             comptime if writes:
-                y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](r)
-    for i in range(R * T + p.t, p.nvec, T):
-        var v = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+                y.unsafe_offset(e0 + k * T * V).unsafe_store[alignment=16](r)
+    # The rest from shared memory, stepped by element: one induction value.
+    var first_smem = p.head + R * T * V
+    for e in range(e0 + R * T * V, p.head + p.nvec * V, T * V):
+        var v = smem.unsafe_offset(e - first_smem).unsafe_load[
             width=V, alignment=16
         ]()
-        var r = f.visit[V](p.head + i * V, v.cast[acc]())
+        var r = _visit_vector[V](f, e, v.cast[acc]())
         comptime if writes:
-            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](r)
+            y.unsafe_offset(e).unsafe_store[alignment=16](r)
     if p.has_head:
         var r = f.visit[1](p.t, SIMD[acc, 1](edge[0]))
         comptime if writes:
@@ -199,6 +227,20 @@ struct CappedExp[acc: DType, shifted: Bool](ImplicitlyCopyable):
         var t = exact_tanh[Self.acc, w](x * self.cap.inv_cap)
         return (exp2(t.fma(self.scale, self.bias)), 1 - t * t)
 
+    @always_inline
+    def hold[
+        dtype: DType, w: Int
+    ](self, x: SIMD[Self.acc, w], mut s: Scalar[Self.acc]) -> SIMD[dtype, w]:
+        """h = exp(y - max) * (1 - tanh^2) at the raw logits `x`, in
+        `dtype`, their exps added to `s`; `HELD_LANES` at a time."""
+        comptime W = min(w, HELD_LANES)
+        var h = SIMD[dtype, w](0)
+        comptime for k in range(w // W):
+            var ec = self.at[W](x.slice[W, offset=k * W]())
+            s += ec[0].reduce_add()
+            h = h.insert[offset=k * W]((ec[0] * ec[1]).cast[dtype]())
+        return h
+
 
 # A softcap bounds every capped logit by |cap|, so exp(y - cap) may stand
 # in for exp(y - max) (`hold_capped_exp` with `loads`): sweep 1 then loads
@@ -235,24 +277,26 @@ def hold_capped_exp[
     var s = Scalar[acc](0)
     comptime if loads:
         start_row_copy[dtype, V, T, R](x, smem, p.t, p.head, p.nvec)
+    var e0 = p.head + p.t * V
+    var left = p.nvec - p.t
     comptime for k in range(R):
-        var i = k * T + p.t
-        if i < p.nvec:
+        if k * T < left:
             var v = regs.slice[V, offset=k * V]()
             comptime if loads:
-                v = x.unsafe_offset(p.head + i * V).unsafe_load[
+                v = x.unsafe_offset(e0 + k * T * V).unsafe_load[
                     width=V, alignment=16
                 ]()
-            var ec = f.at[V](v.cast[acc]())
-            s += ec[0].reduce_add()
-            regs = regs.insert[offset=k * V]((ec[0] * ec[1]).cast[dtype]())
+            regs = regs.insert[offset=k * V](f.hold[dtype, V](v.cast[acc](), s))
     comptime if loads:
         async_copy_wait_all()
-    for i in range(R * T + p.t, p.nvec, T):
-        var at = smem.unsafe_offset((i - R * T) * V)
-        var ec = f.at[V](at.unsafe_load[width=V, alignment=16]().cast[acc]())
-        s += ec[0].reduce_add()
-        at.unsafe_store[alignment=16]((ec[0] * ec[1]).cast[dtype]())
+    var first_smem = p.head + R * T * V
+    for e in range(e0 + R * T * V, p.head + p.nvec * V, T * V):
+        var at = smem.unsafe_offset(e - first_smem)
+        at.unsafe_store[alignment=16](
+            f.hold[dtype, V](
+                at.unsafe_load[width=V, alignment=16]().cast[acc](), s
+            )
+        )
     comptime for j in range(2):
         if p.has_head if j == 0 else p.has_tail:
             var v = edge[j]
@@ -287,18 +331,20 @@ def write_capped_held[
     `grad`. The target's entry is left to the caller."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
+    var e0 = p.head + p.t * V
+    var left = p.nvec - p.t
     comptime for k in range(R):
-        var i = k * T + p.t
-        if i < p.nvec:
+        if k * T < left:
             var h = regs.slice[V, offset=k * V]().cast[acc]()
-            y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+            y.unsafe_offset(e0 + k * T * V).unsafe_store[alignment=16](
                 (h * per_held).cast[dtype]()
             )
-    for i in range(R * T + p.t, p.nvec, T):
-        var h = smem.unsafe_offset((i - R * T) * V).unsafe_load[
+    var first_smem = p.head + R * T * V
+    for e in range(e0 + R * T * V, p.head + p.nvec * V, T * V):
+        var h = smem.unsafe_offset(e - first_smem).unsafe_load[
             width=V, alignment=16
         ]()
-        y.unsafe_offset(p.head + i * V).unsafe_store[alignment=16](
+        y.unsafe_offset(e).unsafe_store[alignment=16](
             (h.cast[acc]() * per_held).cast[dtype]()
         )
     if p.has_head:
