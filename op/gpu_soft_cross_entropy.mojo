@@ -22,25 +22,23 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
+from .gpu_ce_common import store_row_loss
 from .gpu_launch import aligned16, aligned_flag_of
 from .gpu_loss_sum import block_loss_sum
-from .gpu_reductions import block_max, block_sum
+from .gpu_reductions import block_max
 from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     OnchipLaunch,
     smem_capacity,
 )
-from .gpu_soft_smem_rows import SOFT_TENSORS, soft_smem_kernel
-from .row_math import accum_dtype, online_sum_guard, vector_width
+from .gpu_soft_smem_rows import SOFT_TENSORS, block_sums, soft_smem_kernel
+from .row_math import accum_dtype, vector_width
 from .soft_target_math import (
+    SoftStats,
     SoftTargets,
-    soft_add,
     soft_grad,
-    soft_p_factor,
-    soft_row_loss,
     soft_scale,
-    soft_shift,
     soft_weighted,
 )
 
@@ -99,32 +97,22 @@ def soft_block_kernel[
     var eps = options[unsafe_offset=0].cast[acc]()
     var z_loss = options[unsafe_offset=1].cast[acc]()
     var targets = SoftTargets[acc](options, weighted != 0, eps, len)
-    var m = Scalar[acc](-1) / Scalar[acc](0)
-    var s = Scalar[acc](0)
-    var sum_q = Scalar[acc](0)
-    var t_sum = Scalar[acc](0)
+    var part = SoftStats[acc](Scalar[acc](-1) / Scalar[acc](0), 0, 0, 0)
     for j in range(t, len, T):
         var q = targets.q_at(p, j)
-        soft_add[acc](x[unsafe_offset=j].cast[acc](), q, m, s, sum_q, t_sum)
-    var row_max = block_max[acc, T](m)
-    soft_shift[acc](m, row_max, s, sum_q, t_sum)
-    var row_sum = online_sum_guard[acc](row_max, block_sum[acc, T](s))
-    var row_q = block_sum[acc, T](sum_q)
-    var row_t = block_sum[acc, T](t_sum)
+        part.add(x[unsafe_offset=j].cast[acc](), q)
+    part.shift(block_max[acc, T](part.m))
+    var stats = block_sums[T](part)
     if t == 0:
-        var value = soft_row_loss[acc](row_max, row_sum, row_q, row_t, z_loss)
-        comptime if reduce:
-            row_losses[unsafe_offset=row] = value
-        else:
-            loss[unsafe_offset=row] = value.cast[dtype]()
+        store_row_loss[dtype, reduce](row_losses, loss, row, stats.loss(z_loss))
     comptime if with_grad:
         var y = dlogits.unsafe_offset(start)
-        var p_factor = soft_p_factor[acc](row_max, row_sum, row_q, z_loss)
+        var p_factor = stats.p_factor(z_loss)
         var scale = soft_scale[acc, mean](Int(rows))
         for j in range(t, len, T):
             var q = targets.q_at(p, j)
             y[unsafe_offset=j] = soft_grad[acc, 1](
-                x[unsafe_offset=j].cast[acc](), q, row_max, p_factor, scale
+                x[unsafe_offset=j].cast[acc](), q, stats.m, p_factor, scale
             )[0].cast[dtype]()
 
 
