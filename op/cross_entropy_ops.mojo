@@ -30,6 +30,7 @@ from .gpu_cross_entropy import launch_cross_entropy
 from .gpu_launch import HeldRows, kernel_arg
 from .gpu_soft_cross_entropy import launch_soft_cross_entropy
 from .op_call import DeviceOptions, OpCall, RowsView
+from .soft_cross_entropy_ops import SoftCrossEntropyCall
 
 
 @fieldwise_init
@@ -94,23 +95,22 @@ struct LossCall[
         comptime with_grad = Self.with_grad
         comptime rd = Self.reduction
         comptime if Self.soft:
-            var probs = rebind[type_of(logits)](kernel_arg(self.targets))
             comptime if target == "cpu":
                 soft_cross_entropy_cpu[dtype, with_grad, rd](
-                    loss, dlogits, logits, probs, options, n_options, rows, n
+                    loss,
+                    dlogits,
+                    logits,
+                    rebind[type_of(logits)](kernel_arg(self.targets)),
+                    options,
+                    n_options,
+                    rows,
+                    n,
                 )
                 return
             elif target == "gpu":
                 launch_soft_cross_entropy[dtype, with_grad, rd](
                     ctx,
-                    loss,
-                    dlogits,
-                    logits,
-                    probs,
-                    options,
-                    n_options,
-                    rows,
-                    n,
+                    rebind[SoftCrossEntropyCall[dtype, with_grad, rd]](self),
                 )
                 return
         else:

@@ -23,7 +23,7 @@ from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_ce_common import store_row_loss
-from .gpu_launch import aligned16, aligned_flag_of
+from .gpu_launch import aligned16, aligned_flag_of, kernel_arg
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_max
 from .gpu_smem_rows import (
@@ -34,6 +34,7 @@ from .gpu_smem_rows import (
 )
 from .gpu_soft_smem_rows import SOFT_TENSORS, block_sums, soft_smem_kernel
 from .row_math import accum_dtype, vector_width
+from .soft_cross_entropy_ops import SoftCrossEntropyCall
 from .soft_target_math import (
     SoftStats,
     SoftTargets,
@@ -144,23 +145,21 @@ def soft_reduce_kernel[
 def launch_soft_cross_entropy[
     dtype: DType, with_grad: Bool, reduction: StaticString
 ](
-    ctx: DeviceContext,
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    n_options: Int,
-    rows: Int,
-    n: Int,
+    ctx: DeviceContext, call: SoftCrossEntropyCall[dtype, with_grad, reduction]
 ) raises:
-    """Queue soft-target cross-entropy of `rows` rows of `n` on `ctx`:
-    the rows, then for "mean"/"sum" the reduction. Arguments as
-    `soft_cross_entropy_cpu`, on the device."""
+    """Queue `call`'s rows on `ctx`, then for "mean"/"sum" the
+    reduction."""
     comptime acc = accum_dtype[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    var weighted = soft_weighted(n_options, n)
+    var rows = call.view.outer
+    var n = call.view.n
+    var loss = kernel_arg(call.loss)
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
+    var probs = kernel_arg(call.targets)
+    var options = kernel_arg(call.options.values)
+    var weighted = soft_weighted(call.options.count, n)
     var row_losses = ctx.enqueue_create_buffer[acc](
         max(rows, 1) if reduce else 1
     )
