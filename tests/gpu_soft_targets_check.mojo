@@ -23,8 +23,9 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var o = ctx.enqueue_create_buffer[DType.float64](300_002)
     comptime for with_grad in [False, True]:
         comptime for reduction in ["mean", "sum", "none"]:
-            # On chip: 512 threads (n = 1000) and 1024 (n = 20001), with
-            # class weights (2 + n options); past it, a block a row.
+            # (options, rows, n). On chip: 512 threads (n = 1000) and 1024
+            # (n = 20001), with class weights (2 + n options); past it, a
+            # block a row.
             comptime for shape in [
                 (2, 16, 1000),
                 (20003, 16, 20001),
