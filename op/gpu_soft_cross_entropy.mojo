@@ -18,7 +18,7 @@ capturable for device-graph replay):
    rule for probability targets, weighted or not).
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
@@ -34,6 +34,7 @@ from .gpu_smem_rows import (
 )
 from .gpu_soft_smem_rows import SOFT_TENSORS, block_sums, soft_smem_kernel
 from .row_math import accum_dtype, vector_width
+from .row_part import BlockRow
 from .soft_cross_entropy_ops import SoftCrossEntropyCall
 from .soft_target_math import (
     SoftStats,
@@ -89,12 +90,11 @@ def soft_block_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var row = Int(block_idx.x)
-    var len = Int(n)
-    var start = row * len
-    var x = logits.unsafe_offset(start)
-    var p = probs.unsafe_offset(start)
+    var r = BlockRow.of(n)
+    var t = r.t
+    var len = r.len
+    var x = logits.unsafe_offset(r.start)
+    var p = probs.unsafe_offset(r.start)
     var eps = options[unsafe_offset=0].cast[acc]()
     var z_loss = options[unsafe_offset=1].cast[acc]()
     var targets = SoftTargets[acc](options, weighted != 0, eps, len)
@@ -105,9 +105,11 @@ def soft_block_kernel[
     part.shift(block_max[acc, T](part.m))
     var stats = block_sums[T](part)
     if t == 0:
-        store_row_loss[dtype, reduce](row_losses, loss, row, stats.loss(z_loss))
+        store_row_loss[dtype, reduce](
+            row_losses, loss, r.row, stats.loss(z_loss)
+        )
     comptime if with_grad:
-        var y = dlogits.unsafe_offset(start)
+        var y = dlogits.unsafe_offset(r.start)
         var p_factor = stats.p_factor(z_loss)
         var scale = soft_scale[acc, mean](Int(rows))
         for j in range(t, len, T):
