@@ -1,5 +1,6 @@
-"""The cross-entropy ops' work (`CrossEntropyCall`): loss, or loss and
-gradient, fused.
+"""The cross-entropy ops' work (`LossCall`: `CrossEntropyCall` against
+class indices, `SoftCrossEntropyCall` against class probabilities,
+soft_cross_entropy_ops): loss, or loss and gradient, fused.
 
 Each takes logits as a (rows, classes) view (a free reshape in the graph,
 see python/max_softmax/ops.py), int64 targets (rows,) and `options`, a
@@ -23,73 +24,138 @@ from max.gpu.host import DeviceContext
 
 from .cpu_ce_options import cross_entropy_options_cpu
 from .cpu_cross_entropy import cross_entropy_cpu
+from .cpu_soft_cross_entropy import soft_cross_entropy_cpu
 from .cross_entropy_math import PLAIN_OPTIONS
 from .gpu_cross_entropy import launch_cross_entropy
 from .gpu_launch import HeldRows, kernel_arg
+from .gpu_soft_cross_entropy import launch_soft_cross_entropy
 from .op_call import DeviceOptions, OpCall, RowsView
+from .soft_cross_entropy_ops import SoftCrossEntropyCall
 
 
 @fieldwise_init
-struct CrossEntropyCall[
+struct LossCall[
     dtype: DType,
+    target_dtype: DType,
     with_grad: Bool,
     reduction: StaticString,
     variant: StaticString = "auto",
 ](OpCall):
     """Cross-entropy of the (rows, n) `logits` against `targets` into
     `loss` ((1,) for "mean"/"sum", (rows,) for "none"), and d loss / d
-    logits into `dlogits` where `with_grad`; GPU rows under `variant`
-    (`launch_cross_entropy`)."""
+    logits into `dlogits` where `with_grad`. The targets are int64 class
+    indices (`target_dtype` int64: GPU rows under `variant`,
+    `launch_cross_entropy`) or class probabilities of the logits' dtype
+    (`launch_soft_cross_entropy`)."""
+
+    comptime soft = Self.target_dtype != DType.int64
+    """Probability targets (soft_target_math's options)."""
 
     var logits: HeldRows[Self.dtype]
     """(rows, n) logits."""
-    var targets: HeldRows[DType.int64]
-    """(rows,) class indices."""
+    var targets: HeldRows[Self.target_dtype]
+    """(rows,) class indices, or (rows, n) class probabilities."""
     var view: RowsView
     """(rows, n, 1)."""
     var options: DeviceOptions
-    """PLAIN_OPTIONS values, or an extended layout."""
+    """PLAIN_OPTIONS values or an extended layout; soft: (eps, z_loss[, n
+    class weights])."""
     var loss: HeldRows[Self.dtype]
     """The loss."""
     var dlogits: HeldRows[Self.dtype]
     """The gradient (without `with_grad` never written: any address)."""
 
     def run[target: StaticString](self, ctx: DeviceContext) raises:
-        """Run the op on `target`: the plain families for PLAIN_OPTIONS
-        options, the extended ones (z-loss, softcap or class weights) for
-        more, so that the plain kernels do the same work as without them."""
+        """Run the op on `target`. Class indices: the plain families for
+        PLAIN_OPTIONS options, the extended ones (z-loss, softcap or class
+        weights) for more, so that the plain kernels do the same work as
+        without them."""
         comptime assert (
             Self.reduction == "mean"
             or Self.reduction == "sum"
             or Self.reduction == "none"
         ), "reduction must be mean, sum or none"
+        comptime assert (
+            not Self.soft or Self.target_dtype == Self.dtype
+        ), "class probabilities are of the logits' dtype"
         var n_options = self.options.count
-        if n_options < PLAIN_OPTIONS:
-            raise Error(
-                t"max_softmax: cross_entropy options must hold at least"
-                t" {PLAIN_OPTIONS} values, got {n_options}"
-            )
+        comptime if not Self.soft:
+            if n_options < PLAIN_OPTIONS:
+                raise Error(
+                    t"max_softmax: cross_entropy options must hold at least"
+                    t" {PLAIN_OPTIONS} values, got {n_options}"
+                )
         var rows = self.view.outer
         var n = self.view.n
         var loss = kernel_arg(self.loss)
         var dlogits = kernel_arg(self.dlogits)
         var logits = kernel_arg(self.logits)
-        var targets = kernel_arg(self.targets)
         var options = kernel_arg(self.options.values)
-        comptime if target == "cpu":
-            if n_options > PLAIN_OPTIONS:
-                cross_entropy_options_cpu[
-                    Self.dtype, Self.with_grad, Self.reduction
-                ](loss, dlogits, logits, targets, options, n_options, rows, n)
+        comptime dtype = Self.dtype
+        comptime with_grad = Self.with_grad
+        comptime rd = Self.reduction
+        comptime if Self.soft:
+            comptime if target == "cpu":
+                soft_cross_entropy_cpu[dtype, with_grad, rd](
+                    loss,
+                    dlogits,
+                    logits,
+                    rebind[type_of(logits)](kernel_arg(self.targets)),
+                    options,
+                    n_options,
+                    rows,
+                    n,
+                )
                 return
-            var ignore_index = Int64(options[unsafe_offset=0])
-            var eps = options[unsafe_offset=1]
-            cross_entropy_cpu[Self.dtype, Self.with_grad, Self.reduction](
-                loss, dlogits, logits, targets, ignore_index, eps, rows, n
-            )
-        elif target == "gpu":
-            launch_cross_entropy[
-                Self.dtype, Self.with_grad, Self.reduction, Self.variant
-            ](ctx, loss, dlogits, logits, targets, options, rows, n, n_options)
+            elif target == "gpu":
+                launch_soft_cross_entropy[dtype, with_grad, rd](
+                    ctx,
+                    rebind[SoftCrossEntropyCall[dtype, with_grad, rd]](self),
+                )
+                return
         else:
-            raise Error("max_softmax: unsupported target " + String(target))
+            var targets = rebind[Pointer[Int64, MutAnyOrigin]](
+                kernel_arg(self.targets)
+            )
+            comptime if target == "cpu":
+                if n_options > PLAIN_OPTIONS:
+                    cross_entropy_options_cpu[dtype, with_grad, rd](
+                        loss,
+                        dlogits,
+                        logits,
+                        targets,
+                        options,
+                        n_options,
+                        rows,
+                        n,
+                    )
+                    return
+                var ignore_index = Int64(options[unsafe_offset=0])
+                var eps = options[unsafe_offset=1]
+                cross_entropy_cpu[dtype, with_grad, rd](
+                    loss, dlogits, logits, targets, ignore_index, eps, rows, n
+                )
+                return
+            elif target == "gpu":
+                launch_cross_entropy[dtype, with_grad, rd, Self.variant](
+                    ctx,
+                    loss,
+                    dlogits,
+                    logits,
+                    targets,
+                    options,
+                    rows,
+                    n,
+                    n_options,
+                )
+                return
+        raise Error("max_softmax: unsupported target " + String(target))
+
+
+comptime CrossEntropyCall[
+    dtype: DType,
+    with_grad: Bool,
+    reduction: StaticString,
+    variant: StaticString = "auto",
+] = LossCall[dtype, DType.int64, with_grad, reduction, variant]
+"""Cross-entropy against (rows,) int64 class indices."""

@@ -38,7 +38,7 @@ from .row_math import (
     row_scale,
     vector_width,
 )
-from .row_part import row_part
+from .row_part import BlockRow
 
 comptime STATS_COLS = 4
 """Per-row statistics of a slice: max, sum of exp, target logit, sum of x."""
@@ -83,25 +83,24 @@ def row_stats_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var row = Int(block_idx.x)
-    var len = Int(n)
-    var start = row * len
-    var x = logits.unsafe_offset(start)
-    var p = row_part[V, T](t, start, len, aligned_flag)
+    var r = BlockRow.of(n)
+    var x = logits.unsafe_offset(r.start)
+    var p = r.part[V, T](aligned_flag)
     var x_t = -inf[acc]()
     var smoothing = False
     comptime if with_target:
-        var local = targets[unsafe_offset=row] - Int64(options[unsafe_offset=0])
-        if local >= 0 and local < Int64(len):
+        var local = targets[unsafe_offset=r.row] - Int64(
+            options[unsafe_offset=0]
+        )
+        if local >= 0 and local < Int64(r.len):
             # Loaded before the reductions' barriers, in flight with the row.
             x_t = x[unsafe_offset=Int(local)].cast[acc]()
         smoothing = options[unsafe_offset=2] != 0
     # `smoothing` is the same for the whole block: the reductions are
     # reached by every thread.
     var got = block_stats[dtype, V, T, U, False, False](x, p, smoothing)
-    if t == 0:
-        var out = stats.unsafe_offset(row * STATS_COLS)
+    if r.t == 0:
+        var out = stats.unsafe_offset(r.row * STATS_COLS)
         out[unsafe_offset=0] = got[0]
         out[unsafe_offset=1] = got[1]
         out[unsafe_offset=2] = x_t

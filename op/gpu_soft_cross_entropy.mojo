@@ -18,29 +18,29 @@ capturable for device-graph replay):
    rule for probability targets, weighted or not).
 """
 
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, block_idx, thread_idx
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
 from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
-from .gpu_launch import aligned16, aligned_flag_of
+from .gpu_ce_common import store_row_loss
+from .gpu_launch import aligned16, aligned_flag_of, kernel_arg
 from .gpu_loss_sum import block_loss_sum
-from .gpu_reductions import block_max, block_sum
+from .gpu_reductions import block_max
 from .gpu_smem_rows import (
     SMEM_HALF_THREADS,
     SMEM_THREADS,
     OnchipLaunch,
     smem_capacity,
 )
-from .gpu_soft_smem_rows import SOFT_TENSORS, soft_smem_kernel
-from .row_math import accum_dtype, online_sum_guard, vector_width
+from .gpu_soft_smem_rows import SOFT_TENSORS, block_sums, soft_smem_kernel
+from .row_math import accum_dtype, vector_width
+from .row_part import BlockRow
+from .soft_cross_entropy_ops import SoftCrossEntropyCall
 from .soft_target_math import (
+    SoftStats,
     SoftTargets,
-    soft_add,
     soft_grad,
-    soft_p_factor,
-    soft_row_loss,
     soft_scale,
-    soft_shift,
     soft_weighted,
 )
 
@@ -90,41 +90,32 @@ def soft_block_kernel[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var row = Int(block_idx.x)
-    var len = Int(n)
-    var start = row * len
-    var x = logits.unsafe_offset(start)
-    var p = probs.unsafe_offset(start)
+    var r = BlockRow.of(n)
+    var t = r.t
+    var len = r.len
+    var x = logits.unsafe_offset(r.start)
+    var p = probs.unsafe_offset(r.start)
     var eps = options[unsafe_offset=0].cast[acc]()
     var z_loss = options[unsafe_offset=1].cast[acc]()
     var targets = SoftTargets[acc](options, weighted != 0, eps, len)
-    var m = Scalar[acc](-1) / Scalar[acc](0)
-    var s = Scalar[acc](0)
-    var sum_q = Scalar[acc](0)
-    var t_sum = Scalar[acc](0)
+    var part = SoftStats[acc](Scalar[acc](-1) / Scalar[acc](0), 0, 0, 0)
     for j in range(t, len, T):
         var q = targets.q_at(p, j)
-        soft_add[acc](x[unsafe_offset=j].cast[acc](), q, m, s, sum_q, t_sum)
-    var row_max = block_max[acc, T](m)
-    soft_shift[acc](m, row_max, s, sum_q, t_sum)
-    var row_sum = online_sum_guard[acc](row_max, block_sum[acc, T](s))
-    var row_q = block_sum[acc, T](sum_q)
-    var row_t = block_sum[acc, T](t_sum)
+        part.add(x[unsafe_offset=j].cast[acc](), q)
+    part.shift(block_max[acc, T](part.m))
+    var stats = block_sums[T](part)
     if t == 0:
-        var value = soft_row_loss[acc](row_max, row_sum, row_q, row_t, z_loss)
-        comptime if reduce:
-            row_losses[unsafe_offset=row] = value
-        else:
-            loss[unsafe_offset=row] = value.cast[dtype]()
+        store_row_loss[dtype, reduce](
+            row_losses, loss, r.row, stats.loss(z_loss)
+        )
     comptime if with_grad:
-        var y = dlogits.unsafe_offset(start)
-        var p_factor = soft_p_factor[acc](row_max, row_sum, row_q, z_loss)
+        var y = dlogits.unsafe_offset(r.start)
+        var p_factor = stats.p_factor(z_loss)
         var scale = soft_scale[acc, mean](Int(rows))
         for j in range(t, len, T):
             var q = targets.q_at(p, j)
             y[unsafe_offset=j] = soft_grad[acc, 1](
-                x[unsafe_offset=j].cast[acc](), q, row_max, p_factor, scale
+                x[unsafe_offset=j].cast[acc](), q, stats.m, p_factor, scale
             )[0].cast[dtype]()
 
 
@@ -156,23 +147,21 @@ def soft_reduce_kernel[
 def launch_soft_cross_entropy[
     dtype: DType, with_grad: Bool, reduction: StaticString
 ](
-    ctx: DeviceContext,
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    n_options: Int,
-    rows: Int,
-    n: Int,
+    ctx: DeviceContext, call: SoftCrossEntropyCall[dtype, with_grad, reduction]
 ) raises:
-    """Queue soft-target cross-entropy of `rows` rows of `n` on `ctx`:
-    the rows, then for "mean"/"sum" the reduction. Arguments as
-    `soft_cross_entropy_cpu`, on the device."""
+    """Queue `call`'s rows on `ctx`, then for "mean"/"sum" the
+    reduction."""
     comptime acc = accum_dtype[dtype]()
     comptime mean = reduction == "mean"
     comptime reduce = reduction != "none"
-    var weighted = soft_weighted(n_options, n)
+    var rows = call.view.outer
+    var n = call.view.n
+    var loss = kernel_arg(call.loss)
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
+    var probs = kernel_arg(call.targets)
+    var options = kernel_arg(call.options.values)
+    var weighted = soft_weighted(call.options.count, n)
     var row_losses = ctx.enqueue_create_buffer[acc](
         max(rows, 1) if reduce else 1
     )

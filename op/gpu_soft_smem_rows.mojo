@@ -14,36 +14,29 @@ statistic is rescaled. Rows to `smem_capacity(V, 2)` (~37K float32, ~74K
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
-from max.gpu.host import DeviceContext
 from max.gpu.memory import async_copy_wait_all
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
+from .gpu_ce_common import store_row_loss
 from .gpu_launch import HeldRows, held, kernel_arg
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
     REG_CHUNKS,
     SMEM_HALF_THREADS,
-    SMEM_THREADS,
     onchip_rows,
     start_row_copy,
 )
 from .gpu_split_chunks import SharedBuffer
-from .row_math import (
-    accum_dtype,
-    exp_nan,
-    load_widened,
-    online_sum_guard,
-    vector_width,
-)
+from .row_math import accum_dtype, load_widened, online_sum_guard
 from .row_op import RowOp
 from .row_part import RowPart
 from .soft_target_math import (
+    SoftStats,
     SoftTargets,
     soft_grad,
     soft_p_factor,
-    soft_row_loss,
     soft_scale,
 )
 
@@ -52,25 +45,6 @@ from .soft_target_math import (
 comptime SOFT_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
-
-
-trait HeldVisitor:
-    """What a sweep over a row's held values does with w of them: the
-    logits `x` and the probabilities `p` widened, from class `c` on."""
-
-    comptime dtype: DType
-    """Element type of the tensors."""
-
-    def visit[
-        w: Int
-    ](
-        mut self,
-        x: SIMD[accum_dtype[Self.dtype](), w],
-        p: SIMD[accum_dtype[Self.dtype](), w],
-        c: Int,
-    ):
-        """Handle the w values at classes c ..< c + w."""
-        ...
 
 
 struct SoftTargetRow[
@@ -118,14 +92,8 @@ struct SoftTargetRow[
     them)."""
     var edge_p: SIMD[accum_dtype[Self.dtype_](), 2]
     """The thread's head and tail probabilities."""
-    var m: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's max."""
-    var s: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's sum of exp(x - m)."""
-    var sum_q: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's S."""
-    var t_sum: Scalar[accum_dtype[Self.dtype_]()]
-    """The row's T."""
+    var stats: SoftStats[Self.acc]
+    """The row's (m, s, S, T) (its max alone until `fold` sums)."""
 
     @always_inline
     def __init__(
@@ -154,10 +122,7 @@ struct SoftTargetRow[
         self.regs_p = SIMD[Self.dtype, Self.V * SOFT_REG_CHUNKS](0)
         self.edge_x = SIMD[Self.acc, 2](0)
         self.edge_p = SIMD[Self.acc, 2](0)
-        self.m = 0
-        self.s = 0
-        self.sum_q = 0
-        self.t_sum = 0
+        self.stats = SoftStats[Self.acc](0, 0, 0, 0)
 
     @always_inline
     def _p_part(
@@ -171,58 +136,78 @@ struct SoftTargetRow[
 
     @always_inline
     def visit_held[
-        Vis: HeldVisitor
-    ](self, p: RowPart, smem: SharedBuffer[Self.dtype], mut vis: Vis):
-        """`vis` over the thread's held values in a fixed order: its
+        writes: Bool
+    ](
+        mut self,
+        p: RowPart,
+        smem: SharedBuffer[Self.dtype],
+        p_factor: Scalar[Self.acc],
+    ):
+        """`visit` over the thread's held values in a fixed order: its
         register vectors, its shared-memory vectors, its edge pair, then
         a long head (unaligned rows) re-read from memory."""
         comptime acc = Self.acc
         comptime R = SOFT_REG_CHUNKS
-        comptime A = accum_dtype[Vis.dtype]()
         var sp = self._p_part(p, smem)
         comptime for k in range(R):
             var i = k * Self.T + p.t
             if i < p.nvec:
-                vis.visit[Self.V](
-                    rebind[SIMD[A, Self.V]](
-                        self.regs_x.slice[Self.V, offset=k * Self.V]().cast[
-                            acc
-                        ]()
-                    ),
-                    rebind[SIMD[A, Self.V]](
-                        self.regs_p.slice[Self.V, offset=k * Self.V]().cast[
-                            acc
-                        ]()
-                    ),
+                self.visit[Self.V, writes](
+                    self.regs_x.slice[Self.V, offset=k * Self.V]().cast[acc](),
+                    self.regs_p.slice[Self.V, offset=k * Self.V]().cast[acc](),
                     p.head + i * Self.V,
+                    p_factor,
                 )
         for i in range(R * Self.T + p.t, p.nvec, Self.T):
             var at = (i - R * Self.T) * Self.V
-            vis.visit[Self.V](
-                rebind[SIMD[A, Self.V]](load_widened[Self.V](smem, at)),
-                rebind[SIMD[A, Self.V]](load_widened[Self.V](sp, at)),
+            self.visit[Self.V, writes](
+                load_widened[Self.V](smem, at),
+                load_widened[Self.V](sp, at),
                 p.head + i * Self.V,
+                p_factor,
             )
         if p.has_head:
-            vis.visit[1](
-                rebind[Scalar[A]](self.edge_x[0]),
-                rebind[Scalar[A]](self.edge_p[0]),
-                p.t,
-            )
+            self.visit[1, writes](self.edge_x[0], self.edge_p[0], p.t, p_factor)
         if p.has_tail:
-            vis.visit[1](
-                rebind[Scalar[A]](self.edge_x[1]),
-                rebind[Scalar[A]](self.edge_p[1]),
-                p.tail_begin + p.t,
+            self.visit[1, writes](
+                self.edge_x[1], self.edge_p[1], p.tail_begin + p.t, p_factor
             )
         var rx = kernel_arg(self.logits).unsafe_offset(self.start)
         var rp = kernel_arg(self.probs).unsafe_offset(self.start)
         for e in range(p.lead, p.head, Self.T):
-            vis.visit[1](
-                rebind[Scalar[A]](rx[unsafe_offset=e].cast[acc]()),
-                rebind[Scalar[A]](rp[unsafe_offset=e].cast[acc]()),
+            self.visit[1, writes](
+                rx[unsafe_offset=e].cast[acc](),
+                rp[unsafe_offset=e].cast[acc](),
                 e,
+                p_factor,
             )
+
+    @always_inline
+    def visit[
+        w: Int, writes: Bool
+    ](
+        mut self,
+        x: SIMD[Self.acc, w],
+        p: SIMD[Self.acc, w],
+        c: Int,
+        p_factor: Scalar[Self.acc],
+    ):
+        """Add the (s, S, T) terms of the w held values at classes
+        c ..< c + w (logits `x`, probabilities `p`) under the row's max, or
+        (`writes`) write their d loss / d logits (`p_factor`:
+        `soft_p_factor` of the row)."""
+        var q = self.targets.q[w](p, c)
+        comptime if writes:
+            var g = soft_grad[Self.acc, w](
+                x, q, self.stats.m, p_factor, self.scale
+            ).cast[Self.dtype]()
+            var y = kernel_arg(self.dlogits).unsafe_offset(self.start + c)
+            comptime if w == 1:
+                y[unsafe_offset=0] = g[0]
+            else:
+                y.unsafe_store[alignment=16](g)
+        else:
+            self.stats.add_held[w](x, q)
 
     @always_inline
     def begin(
@@ -286,122 +271,41 @@ struct SoftTargetRow[
                 width=Self.V, alignment=16
             ]()
             m = max(m, v.cast[acc]().reduce_max())
-        self.m = block_max[acc, Self.T](m)
-        var stats = SoftSweep[
-            Self.dtype,
-            Self.with_grad,
-            Self.mean,
-            Self.reduce,
-            Self.V,
-            Self.T,
-            False,
-        ](self)
-        self.visit_held(p, smem, stats)
-        self.s = online_sum_guard[acc](self.m, block_sum[acc, Self.T](stats.s))
-        self.sum_q = block_sum[acc, Self.T](stats.sum_q)
-        self.t_sum = block_sum[acc, Self.T](stats.t_sum)
+        self.stats = SoftStats[acc](block_max[acc, Self.T](m), 0, 0, 0)
+        self.visit_held[False](p, smem, 0)
+        self.stats = block_sums[Self.T](self.stats)
 
     @always_inline
     def finish(self, p: RowPart, row: Int, rank: Int):
         """Thread 0 writes the row's loss."""
         if p.t == 0:
-            var value = soft_row_loss[Self.acc](
-                self.m, self.s, self.sum_q, self.t_sum, self.z_loss
+            store_row_loss[Self.dtype, Self.reduce](
+                kernel_arg(self.row_losses),
+                kernel_arg(self.loss),
+                row,
+                self.stats.loss(self.z_loss),
             )
-            comptime if Self.reduce:
-                kernel_arg(self.row_losses)[unsafe_offset=row] = value
-            else:
-                kernel_arg(self.loss)[unsafe_offset=row] = value.cast[
-                    Self.dtype
-                ]()
 
     @always_inline
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """With the gradient: the row's d loss / d logits from chip."""
         comptime if Self.with_grad:
-            var grad = SoftSweep[
-                Self.dtype,
-                Self.with_grad,
-                Self.mean,
-                Self.reduce,
-                Self.V,
-                Self.T,
-                True,
-            ](
-                self,
-                soft_p_factor[Self.acc](
-                    self.m, self.s, self.sum_q, self.z_loss
-                ),
+            var p_factor = soft_p_factor[Self.acc](
+                self.stats.m, self.stats.s, self.stats.sum_q, self.z_loss
             )
-            self.visit_held(p, smem, grad)
+            self.visit_held[True](p, smem, p_factor)
 
 
-struct SoftSweep[
-    dtype_: DType,
-    with_grad: Bool,
-    mean: Bool,
-    reduce: Bool,
-    V: Int,
-    T: Int,
-    writes: Bool,
-](HeldVisitor):
-    """A sweep over a thread's held values: sums their (s, S, T) given the
-    row's max, or (`writes`) writes their d loss / d logits."""
-
-    comptime dtype = Self.dtype_
-    comptime acc = accum_dtype[Self.dtype_]()
-    comptime Row = SoftTargetRow[
-        Self.dtype_, Self.with_grad, Self.mean, Self.reduce, Self.V, Self.T
-    ]
-
-    var row: Self.Row
-    """The op (options, statistics)."""
-    var p_factor: Scalar[Self.acc]
-    """`soft_p_factor` of the row (`writes`)."""
-    var s: Scalar[Self.acc]
-    """Sum of exp(x - m)."""
-    var sum_q: Scalar[Self.acc]
-    """Sum of q."""
-    var t_sum: Scalar[Self.acc]
-    """Sum of q (x - m)."""
-
-    @always_inline
-    def __init__(out self, row: Self.Row, p_factor: Scalar[Self.acc] = 0):
-        """A sweep of `row`, nothing summed yet."""
-        self.row = row
-        self.p_factor = p_factor
-        self.s = 0
-        self.sum_q = 0
-        self.t_sum = 0
-
-    @always_inline
-    def visit[
-        w: Int
-    ](
-        mut self,
-        x: SIMD[accum_dtype[Self.dtype](), w],
-        p: SIMD[accum_dtype[Self.dtype](), w],
-        c: Int,
-    ):
-        """Add the w values' terms, or write their gradient."""
-        var xa = rebind[SIMD[Self.acc, w]](x)
-        var q = self.row.targets.q[w](rebind[SIMD[Self.acc, w]](p), c)
-        comptime if Self.writes:
-            var g = soft_grad[Self.acc, w](
-                xa, q, self.row.m, self.p_factor, self.row.scale
-            ).cast[Self.dtype]()
-            var y = kernel_arg(self.row.dlogits).unsafe_offset(
-                self.row.start + c
-            )
-            comptime if w == 1:
-                y[unsafe_offset=0] = g[0]
-            else:
-                y.unsafe_store[alignment=16](g)
-        else:
-            var d = xa - self.row.m
-            self.s += exp_nan[Self.acc, w](d).reduce_add()
-            self.sum_q += q.reduce_add()
-            self.t_sum += (q * d).reduce_add()
+@always_inline
+def block_sums[T: Int, acc: DType](part: SoftStats[acc]) -> SoftStats[acc]:
+    """A row's statistics from every thread's part of a T-thread block,
+    each under the row's max: the sums over the block."""
+    return SoftStats[acc](
+        part.m,
+        online_sum_guard[acc](part.m, block_sum[acc, T](part.s)),
+        block_sum[acc, T](part.sum_q),
+        block_sum[acc, T](part.t),
+    )
 
 
 @__llvm_metadata(

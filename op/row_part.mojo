@@ -9,6 +9,8 @@ element. A row a cluster of C blocks shares is cut by `cluster_split`, so
 every part but the first starts aligned.
 """
 
+from max.gpu import block_idx, thread_idx
+
 
 @fieldwise_init
 struct RowPart(ImplicitlyCopyable):
@@ -88,3 +90,32 @@ def cluster_split[
     return (0 if r == 0 else head) + min(
         r * ((nvec + parts - 1) // parts), nvec
     ) * V
+
+
+@fieldwise_init
+struct BlockRow(ImplicitlyCopyable):
+    """The row a block of a block-a-row kernel takes (block i, row i) of
+    rows of `len` elements, and this thread of it."""
+
+    var t: Int
+    """The thread."""
+    var row: Int
+    """The row."""
+    var len: Int
+    """Elements a row."""
+    var start: Int
+    """Element of the tensors where the row starts."""
+
+    @staticmethod
+    @always_inline
+    def of(n: Int64) -> BlockRow:
+        """This block's row of rows of `n`, and this thread."""
+        var t = Int(thread_idx.x)
+        var row = Int(block_idx.x)
+        var len = Int(n)
+        return BlockRow(t, row, len, row * len)
+
+    @always_inline
+    def part[V: Int, T: Int](self, aligned_flag: Int32) -> RowPart:
+        """This thread's `RowPart` of the row (`row_part`)."""
+        return row_part[V, T](self.t, self.start, self.len, aligned_flag)

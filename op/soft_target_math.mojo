@@ -39,19 +39,6 @@ def soft_weighted(n_options: Int, n: Int) raises -> Bool:
 
 
 @always_inline
-def soft_q[
-    acc: DType, w: Int
-](
-    p: SIMD[acc, w],
-    weight: SIMD[acc, w],
-    keep: Scalar[acc],
-    smooth: Scalar[acc],
-) -> SIMD[acc, w]:
-    """q = (keep p + smooth) weight, keep = 1 - eps and smooth = eps / C."""
-    return (p * keep + smooth) * weight
-
-
-@always_inline
 def soft_scale[acc: DType, mean: Bool](rows: Int) -> Scalar[acc]:
     """The reduction's factor on the gradient: 1 / rows for "mean"."""
     comptime if mean:
@@ -118,9 +105,19 @@ struct SoftTargets[acc: DType](ImplicitlyCopyable):
         return weight
 
     @always_inline
+    def _q[
+        w: Int
+    ](self, p: SIMD[Self.acc, w], weight: SIMD[Self.acc, w]) -> SIMD[
+        Self.acc, w
+    ]:
+        """q = (keep p + smooth) weight."""
+        return (p * self.keep + self.smooth) * weight
+
+    @always_inline
     def q[w: Int](self, p: SIMD[Self.acc, w], c: Int) -> SIMD[Self.acc, w]:
-        """The targets q of the w probabilities at classes c ..< c + w."""
-        return soft_q[Self.acc, w](p, self.weight[w](c), self.keep, self.smooth)
+        """The targets q of the w probabilities at classes c ..< c + w:
+        (keep p + smooth) weight, keep = 1 - eps and smooth = eps / C."""
+        return self._q[w](p, self.weight[w](c))
 
     @always_inline
     def q_at[
@@ -131,9 +128,7 @@ struct SoftTargets[acc: DType](ImplicitlyCopyable):
         """The target q at class c of a row (`p` its probabilities), the
         weight read before the probability."""
         var weight = self.weight[1](c)
-        return soft_q[Self.acc, 1](
-            p[unsafe_offset=c].cast[Self.acc](), weight, self.keep, self.smooth
-        )[0]
+        return self._q[1](p[unsafe_offset=c].cast[Self.acc](), weight)[0]
 
 
 @always_inline
@@ -183,6 +178,55 @@ def soft_grad[
 ) -> SIMD[acc, w]:
     """d loss / d x: (exp(x - m) p_factor - q) scale."""
     return (exp_nan[acc, w](x - m) * p_factor - q) * scale
+
+
+@fieldwise_init
+struct SoftStats[acc: DType](ImplicitlyCopyable):
+    """A row's statistics, or a part's: the max m, s = sum of exp(x - m),
+    S = sum of q and T = sum of q (x - m)."""
+
+    var m: Scalar[Self.acc]
+    """The max (-inf before any element)."""
+    var s: Scalar[Self.acc]
+    """Sum of exp(x - m)."""
+    var sum_q: Scalar[Self.acc]
+    """S."""
+    var t: Scalar[Self.acc]
+    """T."""
+
+    @always_inline
+    def shift(mut self, m_to: Scalar[Self.acc]):
+        """Move s and T to the max `m_to` (>= m): s exp(m - m_to),
+        T + S (m - m_to). A part with nothing in it (s = 0, S = 0) keeps
+        its sums (its max may be -inf)."""
+        soft_shift[Self.acc](self.m, m_to, self.s, self.sum_q, self.t)
+        self.m = m_to
+
+    @always_inline
+    def add(mut self, x: Scalar[Self.acc], q: Scalar[Self.acc]):
+        """Fold one element (x, q) in online: a larger x moves s and T to
+        it first."""
+        soft_add[Self.acc](x, q, self.m, self.s, self.sum_q, self.t)
+
+    @always_inline
+    def add_held[w: Int](mut self, x: SIMD[Self.acc, w], q: SIMD[Self.acc, w]):
+        """Add the terms of w elements (x, q) under the row's max m."""
+        var d = x - self.m
+        self.s += exp_nan[Self.acc, w](d).reduce_add()
+        self.sum_q += q.reduce_add()
+        self.t += (q * d).reduce_add()
+
+    @always_inline
+    def loss(self, z_loss: Scalar[Self.acc]) -> Scalar[Self.acc]:
+        """The row's loss (`soft_row_loss`)."""
+        return soft_row_loss[Self.acc](
+            self.m, self.s, self.sum_q, self.t, z_loss
+        )
+
+    @always_inline
+    def p_factor(self, z_loss: Scalar[Self.acc]) -> Scalar[Self.acc]:
+        """The row's `soft_p_factor`."""
+        return soft_p_factor[Self.acc](self.m, self.s, self.sum_q, z_loss)
 
 
 @always_inline
