@@ -64,6 +64,15 @@ struct SoftTargetRow[
     comptime threads = Self.T
     comptime cluster_slots = CLUSTER_SLOTS
     comptime acc = accum_dtype[Self.dtype_]()
+    comptime Sweep[writes: Bool] = SoftSweep[
+        Self.dtype_,
+        Self.with_grad,
+        Self.mean,
+        Self.reduce,
+        Self.V,
+        Self.T,
+        writes,
+    ]
 
     var dlogits: HeldRows[Self.dtype]
     """Gradient rows (unused without the gradient)."""
@@ -138,12 +147,12 @@ struct SoftTargetRow[
     def visit_held[
         writes: Bool
     ](
-        mut self,
+        self,
         p: RowPart,
         smem: SharedBuffer[Self.dtype],
-        p_factor: Scalar[Self.acc],
+        mut vis: Self.Sweep[writes],
     ):
-        """`visit` over the thread's held values in a fixed order: its
+        """`vis` over the thread's held values in a fixed order: its
         register vectors, its shared-memory vectors, its edge pair, then
         a long head (unaligned rows) re-read from memory."""
         comptime acc = Self.acc
@@ -152,62 +161,30 @@ struct SoftTargetRow[
         comptime for k in range(R):
             var i = k * Self.T + p.t
             if i < p.nvec:
-                self.visit[Self.V, writes](
+                vis.visit[Self.V](
                     self.regs_x.slice[Self.V, offset=k * Self.V]().cast[acc](),
                     self.regs_p.slice[Self.V, offset=k * Self.V]().cast[acc](),
                     p.head + i * Self.V,
-                    p_factor,
                 )
         for i in range(R * Self.T + p.t, p.nvec, Self.T):
             var at = (i - R * Self.T) * Self.V
-            self.visit[Self.V, writes](
+            vis.visit[Self.V](
                 load_widened[Self.V](smem, at),
                 load_widened[Self.V](sp, at),
                 p.head + i * Self.V,
-                p_factor,
             )
         if p.has_head:
-            self.visit[1, writes](self.edge_x[0], self.edge_p[0], p.t, p_factor)
+            vis.visit[1](self.edge_x[0], self.edge_p[0], p.t)
         if p.has_tail:
-            self.visit[1, writes](
-                self.edge_x[1], self.edge_p[1], p.tail_begin + p.t, p_factor
-            )
+            vis.visit[1](self.edge_x[1], self.edge_p[1], p.tail_begin + p.t)
         var rx = kernel_arg(self.logits).unsafe_offset(self.start)
         var rp = kernel_arg(self.probs).unsafe_offset(self.start)
         for e in range(p.lead, p.head, Self.T):
-            self.visit[1, writes](
+            vis.visit[1](
                 rx[unsafe_offset=e].cast[acc](),
                 rp[unsafe_offset=e].cast[acc](),
                 e,
-                p_factor,
             )
-
-    @always_inline
-    def visit[
-        w: Int, writes: Bool
-    ](
-        mut self,
-        x: SIMD[Self.acc, w],
-        p: SIMD[Self.acc, w],
-        c: Int,
-        p_factor: Scalar[Self.acc],
-    ):
-        """Add the (s, S, T) terms of the w held values at classes
-        c ..< c + w (logits `x`, probabilities `p`) under the row's max, or
-        (`writes`) write their d loss / d logits (`p_factor`:
-        `soft_p_factor` of the row)."""
-        var q = self.targets.q[w](p, c)
-        comptime if writes:
-            var g = soft_grad[Self.acc, w](
-                x, q, self.stats.m, p_factor, self.scale
-            ).cast[Self.dtype]()
-            var y = kernel_arg(self.dlogits).unsafe_offset(self.start + c)
-            comptime if w == 1:
-                y[unsafe_offset=0] = g[0]
-            else:
-                y.unsafe_store[alignment=16](g)
-        else:
-            self.stats.add_held[w](x, q)
 
     @always_inline
     def begin(
@@ -271,9 +248,10 @@ struct SoftTargetRow[
                 width=Self.V, alignment=16
             ]()
             m = max(m, v.cast[acc]().reduce_max())
-        self.stats = SoftStats[acc](block_max[acc, Self.T](m), 0, 0, 0)
-        self.visit_held[False](p, smem, 0)
-        self.stats = block_sums[Self.T](self.stats)
+        self.stats.m = block_max[acc, Self.T](m)
+        var sums = Self.Sweep[False](self)
+        self.visit_held(p, smem, sums)
+        self.stats = block_sums[Self.T](sums.sums)
 
     @always_inline
     def finish(self, p: RowPart, row: Int, rank: Int):
@@ -290,10 +268,67 @@ struct SoftTargetRow[
     def write[C: Int](mut self, p: RowPart, smem: SharedBuffer[Self.dtype]):
         """With the gradient: the row's d loss / d logits from chip."""
         comptime if Self.with_grad:
-            var p_factor = soft_p_factor[Self.acc](
-                self.stats.m, self.stats.s, self.stats.sum_q, self.z_loss
+            var grad = Self.Sweep[True](
+                self,
+                soft_p_factor[Self.acc](
+                    self.stats.m, self.stats.s, self.stats.sum_q, self.z_loss
+                ),
             )
-            self.visit_held[True](p, smem, p_factor)
+            self.visit_held(p, smem, grad)
+
+
+struct SoftSweep[
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V: Int,
+    T: Int,
+    writes: Bool,
+]:
+    """A sweep over a thread's held values (`visit_held`): sums their
+    (s, S, T) under the row's max, or (`writes`) writes their d loss /
+    d logits."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+    comptime Row = SoftTargetRow[
+        Self.dtype, Self.with_grad, Self.mean, Self.reduce, Self.V, Self.T
+    ]
+
+    var row: Self.Row
+    """The op (options, statistics)."""
+    var p_factor: Scalar[Self.acc]
+    """`soft_p_factor` of the row (`writes`)."""
+    var sums: SoftStats[Self.acc]
+    """The values' sums, under the row's max."""
+
+    @always_inline
+    def __init__(out self, row: Self.Row, p_factor: Scalar[Self.acc] = 0):
+        """A sweep of `row`, nothing summed yet."""
+        self.row = row
+        self.p_factor = p_factor
+        self.sums = SoftStats[Self.acc](row.stats.m, 0, 0, 0)
+
+    @always_inline
+    def visit[
+        w: Int
+    ](mut self, x: SIMD[Self.acc, w], p: SIMD[Self.acc, w], c: Int):
+        """Add the terms of the w values at classes c ..< c + w (logits
+        `x`, probabilities `p`), or write their gradient."""
+        var q = self.row.targets.q[w](p, c)
+        comptime if Self.writes:
+            var g = soft_grad[Self.acc, w](
+                x, q, self.row.stats.m, self.p_factor, self.row.scale
+            ).cast[Self.dtype]()
+            var y = kernel_arg(self.row.dlogits).unsafe_offset(
+                self.row.start + c
+            )
+            comptime if w == 1:
+                y[unsafe_offset=0] = g[0]
+            else:
+                y.unsafe_store[alignment=16](g)
+        else:
+            self.sums.add_held[w](x, q)
 
 
 @always_inline
