@@ -8,8 +8,15 @@ dimension.
 
 from std.sys import simd_width_of
 
-from .cpu_sweeps import RowBlocks, RowPieces, RowTerms, TaskRow
-from .cpu_sweeps import blocked_sum, column_sum, each_piece, run_rows
+from .cpu_sweeps import (
+    RowBlocks,
+    RowPieces,
+    RowTerms,
+    blocked_sum,
+    column_sum,
+    each_piece,
+    run_rows,
+)
 from .gpu_launch import HeldRows
 from .row_math import accum_dtype, backward_out, backward_term
 from .row_tensors import RowTensors
@@ -106,19 +113,15 @@ struct BackwardRows[dtype: DType, log_in: Bool](RowBlocks):
     """The gradient (`dst`) from the forward op's output (`a`) and dy
     (`b`)."""
 
-    comptime acc = accum_dtype[Self.dtype]()
-    comptime scratch_row = False
-
-    @always_inline
-    def row(self, at: TaskRow[Self.acc]) -> Scalar[Self.acc]:
-        """A contiguous row, SIMD across it."""
-        comptime W = simd_width_of[Self.acc]()
-        var places = BackwardPlaces[Self.dtype, Self.log_in, True](
-            self.t, at.start(), 1, 0
-        )
-        places.s = blocked_sum[W](places, at.n)
-        each_piece[W](places, at.n)
-        return 0
+    def rows(self, begin: Int, end: Int, n: Int) raises:
+        """Contiguous rows begin ... end - 1, SIMD across each row."""
+        comptime W = simd_width_of[accum_dtype[Self.dtype]()]()
+        for r in range(begin, end):
+            var places = BackwardPlaces[Self.dtype, Self.log_in, True](
+                self.t, r * n, 1, 0
+            )
+            places.s = blocked_sum[W](places, n)
+            each_piece[W](places, n)
 
     @always_inline
     def columns[w: Int](self, base: Int, n: Int, stride: Int):

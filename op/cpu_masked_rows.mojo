@@ -4,7 +4,7 @@ Row r of the (rows, n) input uses mask row `r % mask_rows` (when there is a
 mask) and, when causal, keeps columns j <= i with i = r % L (top-left
 aligned, as torch's `is_causal`); columns past i are neither read nor
 exp'ed, their output is 0 (softmax) or -inf (log-softmax). Rows are split
-into tasks of whole rows (`each_row`); each row takes three SIMD sweeps
+into tasks of whole rows (`cpu_tasks`); each row takes three SIMD sweeps
 over a float32 (float64) scratch row of the task: z = x * scale + mask and
 its max; exp(z - max) and its sum; the output. The exp sweep reads no
 memory, so it prefetches the task's next row of x and mask into L2, and
@@ -18,8 +18,9 @@ from std.sys.intrinsics import PrefetchOptions, prefetch
 from std.utils.numerics import inf
 
 from .cpu_rows import ExpTerms
-from .cpu_sweeps import CpuRowOp, RowTerms, TaskRow, blocked_sum, each_row
-from .gpu_launch import HeldRows, held, kernel_arg
+from .cpu_sweeps import RowTerms, blocked_sum
+from .cpu_tasks import run_in_tasks
+from .gpu_launch import HeldRows, held
 from .row_math import (
     accum_dtype,
     exp_nan,
@@ -28,7 +29,6 @@ from .row_math import (
     row_exp,
     sum_shift,
 )
-from .row_tensors import RowTensors, tensors_of
 
 
 def masked_softmax_cpu[
@@ -64,71 +64,41 @@ def masked_softmax_cpu[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    each_row(
-        MaskedRows[dtype, log_out, has_mask, causal](
-            tensors_of(dst, src, mask),
-            mask_rows,
-            Scalar[acc](scale.cast[acc]()),
-            causal_rows,
-        ),
-        rows,
-        n,
-    )
+    comptime W = simd_width_of[acc]()
+    var sc = Scalar[acc](scale.cast[acc]())
 
-
-@fieldwise_init
-struct MaskedRows[dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool](
-    CpuRowOp
-):
-    """Masked rows, each in three sweeps over the task's scratch row."""
-
-    comptime acc = accum_dtype[Self.dtype]()
-    comptime scratch_row = True
-
-    var t: RowTensors[Self.dtype]
-    """The output (`dst`), the input (`a`) and the mask (`b`)."""
-    var mask_rows: Int
-    """Rows of the mask; row r uses mask row r % mask_rows."""
-    var scale: Scalar[Self.acc]
-    """What x is multiplied by first."""
-    var causal_rows: Int
-    """L, the rows of one causal (L, n) matrix."""
-
-    @always_inline
-    def row(self, at: TaskRow[Self.acc]) -> Scalar[Self.acc]:
-        """Row `at.r`: its values and max; exps and sum; the output."""
-        comptime acc = Self.acc
-        comptime W = simd_width_of[acc]()
-        var n = at.n
-        var r = at.r
-        var src = kernel_arg(self.t.a)
-        var mask = kernel_arg(self.t.b)
-        var z = kernel_arg(at.scratch)
-        var x = src.unsafe_offset(r * n)
-        var y = kernel_arg(self.t.dst).unsafe_offset(r * n)
-        var m_row = mask.unsafe_offset((r % self.mask_rows) * n)
-        var limit = n
-        comptime if Self.causal:
-            limit = min(n, r % self.causal_rows + 1)
-        var m = _values_and_max[Self.dtype, Self.has_mask, W](
-            z, x, m_row, limit, self.scale
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        var scratch_row = List[Scalar[acc]](length=n, fill=0)
+        var z = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+            scratch_row.unsafe_ptr()
         )
-        # The values (log-softmax) or exps (softmax) are in z, the row's
-        # scratch row in cpu_rows' terms (x is not read again).
-        var row = ZRow[Self.dtype](held(y), held(z), held(y), sum_shift[acc](m))
-        # The next row's x and mask are fetched into L2 while this one
-        # computes its exps (the sweep that reads no memory).
-        var s = blocked_sum[W](
-            MaskedExps[Self.dtype, Self.log_out, Self.has_mask](
-                row,
-                held(src.unsafe_offset(at.next * n)),
-                held(mask.unsafe_offset((at.next % self.mask_rows) * n)),
-            ),
-            limit,
-        )
-        var rs = masked_row_scale[Self.log_out, acc](s, m)
-        _write[Self.dtype, Self.log_out](row, limit, n, rs)
-        return 0
+        for r in range(begin, end):
+            var x = src.unsafe_offset(r * n)
+            var y = dst.unsafe_offset(r * n)
+            var m_row = mask.unsafe_offset((r % mask_rows) * n)
+            var limit = n
+            comptime if causal:
+                limit = min(n, r % causal_rows + 1)
+            var m = _values_and_max[dtype, has_mask, W](z, x, m_row, limit, sc)
+            # The values (log-softmax) or exps (softmax) are in z, the row's
+            # scratch row in cpu_rows' terms (x is not read again).
+            var row = ZRow[dtype](held(y), held(z), held(y), sum_shift[acc](m))
+            # The next row's x and mask are fetched into L2 while this one
+            # computes its exps (the sweep that reads no memory).
+            var next_r = r + 1 if r + 1 < end else r
+            var s = blocked_sum[W](
+                MaskedExps[dtype, log_out, has_mask](
+                    row,
+                    held(src.unsafe_offset(next_r * n)),
+                    held(mask.unsafe_offset((next_r % mask_rows) * n)),
+                ),
+                limit,
+            )
+            var rs = masked_row_scale[log_out, acc](s, m)
+            _write[dtype, log_out](row, limit, n, rs)
+        _ = scratch_row^
+
+    run_in_tasks(task_rows, rows, n)
 
 
 comptime ZRow[dtype: DType] = ExpTerms[dtype, False, True, False]

@@ -17,11 +17,9 @@ from .cpu_sweeps import (
     RowBlocks,
     RowPieces,
     RowTerms,
-    TaskRow,
     blocked_sum,
     column_sum,
     each_piece,
-    max_of,
     run_rows,
 )
 from .cpu_tasks import run_tasks
@@ -90,25 +88,32 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
     var src: HeldRows[Self.dtype]
     """The input."""
 
-    comptime scratch_row = Self.park_in_scratch
-
-    @always_inline
-    def row(self, at: TaskRow[Self.acc]) -> Scalar[Self.acc]:
-        """A row in three sweeps (max; exp and sum; write)."""
+    def rows(self, begin: Int, end: Int, n: Int) raises:
+        """Rows begin ... end - 1, each in three sweeps (max; exp and sum;
+        write)."""
         comptime assert Self.acc.is_floating_point()
-        var x = self.src.unsafe_offset(at.start())
-        var row = ExpTerms[
-            Self.dtype, Self.park_in_dst, Self.park_in_scratch, Self.lean
-        ](
-            self.dst.unsafe_offset(at.start()),
-            at.scratch,
-            x,
-            max_of[Self.dtype](kernel_arg(x), at.n),
+        var scratch_row = List[Scalar[Self.acc]](
+            capacity=n if Self.park_in_scratch else 0
         )
-        row.write[Self.log_out](
-            at.n, row_scale[Self.log_out, Self.acc](row.sum(at.n))
+        var scratch = held(
+            rebind[Pointer[Scalar[Self.acc], MutAnyOrigin]](
+                scratch_row.unsafe_ptr()
+            )
         )
-        return 0
+        for r in range(begin, end):
+            var x = self.src.unsafe_offset(r * n)
+            var row = ExpTerms[
+                Self.dtype, Self.park_in_dst, Self.park_in_scratch, Self.lean
+            ](
+                self.dst.unsafe_offset(r * n),
+                scratch,
+                x,
+                _max_of[Self.dtype](kernel_arg(x), n),
+            )
+            row.write[Self.log_out](
+                n, row_scale[Self.log_out, Self.acc](row.sum(n))
+            )
+        _ = scratch_row^
 
     @always_inline
     def columns[w: Int](self, base: Int, n: Int, stride: Int):
@@ -164,7 +169,7 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
             var c = t % chunks
             var begin = (t // chunks) * n + c * ROW_CHUNK
             var count = min(ROW_CHUNK, n - c * ROW_CHUNK)
-            var m = max_of[Self.dtype](
+            var m = _max_of[Self.dtype](
                 kernel_arg(src.unsafe_offset(begin)), count
             )
             var s = ExpTerms[Self.dtype, park_in_dst, False, lean](
@@ -221,6 +226,36 @@ struct SoftmaxRows[dtype: DType, log_out: Bool](RowBlocks):
         _ = pairs_list^
         _ = row_pairs_list^
         _ = empty^
+
+
+@always_inline
+def _max_of[
+    dtype: DType
+](x: Pointer[Scalar[dtype], MutAnyOrigin], count: Int) -> Scalar[
+    accum_dtype[dtype]()
+]:
+    """The largest of x[0:count], NaN left out (-inf if there is none)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime W = simd_width_of[acc]()
+    var n_vec = count - count % W
+    # A select, not `max`: one vmaxps instead of two instructions that keep
+    # NaN out. NaN is left out either way (v > m is false); a NaN in the row
+    # makes its sum, and so the row, NaN. Four running maxima, so the sweep
+    # is not one chain of dependent maxes.
+    var mv = SIMD[acc, 4 * W](-inf[acc]())
+    var j4 = n_vec - n_vec % (4 * W)
+    for j in range(0, j4, 4 * W):
+        var v = x.unsafe_offset(j).unsafe_load[width=4 * W]().cast[acc]()
+        mv = v.gt(mv).select(v, mv)
+    for j in range(j4, n_vec, W):
+        var v = x.unsafe_offset(j).unsafe_load[width=W]().cast[acc]()
+        var low = mv.slice[W]()
+        mv = mv.insert(v.gt(low).select(v, low))
+    var m = mv.reduce_max()
+    for j in range(n_vec, count):
+        var v = x[unsafe_offset=j].cast[acc]()
+        m = v.gt(m).select(v, m)
+    return m
 
 
 @fieldwise_init

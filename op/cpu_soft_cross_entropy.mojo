@@ -1,21 +1,23 @@
 """Vectorized, multithreaded CPU cross-entropy against class probabilities
 (soft targets), fused: the loss and, with it, d loss / d logits.
 
-Rows are split into tasks of whole rows (`loss_rows`). A row takes a
+Rows are split into tasks of whole rows (`run_in_tasks`). A row takes a
 sweep for its max (the logits only), one for its statistics (s, S, T of
 soft_target_math, logits and probabilities read together, W lanes summed
 `SUM_BLOCK` at a time as cpu_sweeps' `blocked_sum`), then, with the
 gradient, one sweep writing it (both read again, from cache for rows that
-fit it). Row losses are summed in float64 for "mean" and "sum".
+fit it). Row losses are summed in float64 for "mean" and "sum"
+(`reduce_row_losses`).
 """
 
 from std.sys import simd_width_of
 
-from .cpu_sweeps import SUM_BLOCK, CpuRowOp, RowPieces, TaskRow, each_piece
-from .cpu_sweeps import loss_rows, max_of
+from .cpu_cross_entropy import reduce_row_losses
+from .cpu_rows import _max_of
+from .cpu_sweeps import SUM_BLOCK, RowPieces, each_piece
+from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import accum_dtype, exp_nan, online_sum_guard
-from .row_tensors import RowTensors, tensors_of
 from .soft_target_math import (
     SoftTargets,
     soft_grad,
@@ -59,38 +61,50 @@ def soft_cross_entropy_cpu[
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    loss_rows[reduction](
-        SoftRow[dtype, with_grad](
-            tensors_of(dlogits, logits, probs),
-            SoftTargets[acc](options, soft_weighted(n_options, n), n),
-            options[unsafe_offset=1].cast[acc](),
-            soft_scale[acc, reduction == "mean"](rows),
-        ),
-        loss,
-        rows,
+    comptime mean = reduction == "mean"
+    comptime reduce = reduction != "none"
+    var row = SoftRow[dtype](
+        SoftTargets[acc](options, soft_weighted(n_options, n), n),
+        options[unsafe_offset=1].cast[acc](),
+        soft_scale[acc, mean](rows),
         n,
-        Float64(rows),
     )
+    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
+    var losses = row_losses.unsafe_ptr()
+
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        for r in range(begin, end):
+            var value = row.run[with_grad](
+                dlogits.unsafe_offset(r * n),
+                logits.unsafe_offset(r * n),
+                probs.unsafe_offset(r * n),
+            )
+            comptime if reduce:
+                losses[unsafe_offset=r] = value
+            else:
+                loss[unsafe_offset=r] = value.cast[dtype]()
+
+    run_in_tasks(task_rows, rows, n)
+    comptime if reduce:
+        reduce_row_losses[mean](loss, row_losses, Float64(rows))
+    _ = row_losses^
 
 
 @fieldwise_init
-struct SoftRow[dtype: DType, with_grad: Bool](CpuRowOp, ImplicitlyCopyable):
-    """Soft-target cross-entropy rows: a sweep for the max, one for the
-    statistics, then, with the gradient, one writing it."""
+struct SoftRow[dtype: DType](ImplicitlyCopyable):
+    """What every row shares: the options and the reduction's scale."""
 
     comptime acc = accum_dtype[Self.dtype]()
-    comptime scratch_row = False
     comptime W = simd_width_of[Self.acc]()
 
-    var t: RowTensors[Self.dtype]
-    """The gradient (`dst`), the logits (`a`) and the probabilities
-    (`b`)."""
     var targets: SoftTargets[Self.acc]
     """Label smoothing and class weights."""
     var z_loss: Scalar[Self.acc]
     """The z-loss' factor."""
     var scale: Scalar[Self.acc]
     """The reduction's factor on the gradient (1 / rows for "mean")."""
+    var n: Int
+    """Classes."""
 
     @always_inline
     def q[
@@ -104,15 +118,19 @@ struct SoftRow[dtype: DType, with_grad: Bool](CpuRowOp, ImplicitlyCopyable):
         )
 
     @always_inline
-    def row(self, at: TaskRow[Self.acc]) -> Scalar[Self.acc]:
-        """One row's loss; with the gradient, its gradient row."""
+    def run[
+        with_grad: Bool
+    ](
+        self,
+        y: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        x: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        p: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ) -> Scalar[Self.acc]:
+        """One row's loss; with the gradient, its gradient row into y."""
         comptime acc = Self.acc
         comptime W = Self.W
-        var n = at.n
-        var y = kernel_arg(self.t.dst).unsafe_offset(at.start())
-        var x = kernel_arg(self.t.a).unsafe_offset(at.start())
-        var p = kernel_arg(self.t.b).unsafe_offset(at.start())
-        var m = max_of[Self.dtype](x, n)
+        var n = self.n
+        var m = _max_of[Self.dtype](x, n)
         var n_vec = n - n % W
         var s = Scalar[acc](0)
         var sum_q = Scalar[acc](0)
@@ -139,9 +157,9 @@ struct SoftRow[dtype: DType, with_grad: Bool](CpuRowOp, ImplicitlyCopyable):
             sum_q += q
             t += q * d
         s = online_sum_guard[acc](m, s)
-        comptime if Self.with_grad:
+        comptime if with_grad:
             each_piece[W](
-                SoftGradWrite[Self.dtype, Self.with_grad](
+                SoftGradWrite[Self.dtype](
                     self,
                     held(y),
                     held(x),
@@ -155,12 +173,12 @@ struct SoftRow[dtype: DType, with_grad: Bool](CpuRowOp, ImplicitlyCopyable):
 
 
 @fieldwise_init
-struct SoftGradWrite[dtype: DType, with_grad: Bool](RowPieces):
+struct SoftGradWrite[dtype: DType](RowPieces):
     """Writes a row's gradient (exp(x - m) p_factor - q) scale."""
 
     comptime acc = accum_dtype[Self.dtype]()
 
-    var row: SoftRow[Self.dtype, Self.with_grad]
+    var row: SoftRow[Self.dtype]
     """The options."""
     var y: HeldRows[Self.dtype]
     """The gradient row."""
