@@ -78,6 +78,17 @@ _contiguous = torch.Tensor.contiguous
 """A tensor itself where contiguous, else a contiguous copy (a C call, no
 Python frame under `map`)."""
 
+_empty_like = torch.empty_like
+"""A new tensor like a contiguous one: its own layout, which is contiguous
+(~0.3 µs less than asking for `contiguous_format`, which a call on a
+non-contiguous tensor needs: `_empty_contiguous`)."""
+
+
+def _empty_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of `t`'s shape, dtype and device."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 _plans: dict[tuple, torch_launch.Launcher] = {}
 """Launches of the row ops by (op, dim, shape, dtype, device) of the first
 tensor, made once that call passed `run`'s checks: a repeated call (a
@@ -96,7 +107,7 @@ def run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     first = tensors[0]
     launch = _plans.get((name, dim, first.shape, first.dtype, first.device))
     if launch is not None and not torch.compiler.is_compiling():
-        out = torch.empty_like(first, memory_format=torch.contiguous_format)
+        out = _empty_like(first) if first.is_contiguous() else _empty_contiguous(first)
         launch(out, *map(_contiguous, tensors))
         return out
     return _run_checked(name, dim, *tensors)
@@ -109,7 +120,7 @@ def run_eager(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     launch = _plans.get((name, dim, first.shape, first.dtype, first.device))
     if launch is None:
         return _run_checked(name, dim, *tensors)
-    out = torch.empty_like(first, memory_format=torch.contiguous_format)
+    out = _empty_like(first) if first.is_contiguous() else _empty_contiguous(first)
     launch(out, *map(_contiguous, tensors))
     return out
 
