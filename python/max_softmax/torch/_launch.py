@@ -61,13 +61,18 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _data_ptr = torch.Tensor.data_ptr
 
 
+def _device_context(t: torch.Tensor) -> tuple[int, int]:
+    """`t`'s device index (-1 on the CPU) and MAX's DeviceContext there, as
+    an address."""
+    index = t.get_device()
+    return index, launch.cpu_context() if index < 0 else launch.gpu_context(index)
+
+
 def _context_and_stream(t: torch.Tensor) -> tuple[int, int | None]:
     """MAX's DeviceContext for `t`'s device, as an address, and torch's
     current raw stream there (None on the CPU)."""
-    index = t.get_device()
-    if index < 0:
-        return launch.cpu_context(), None
-    return launch.gpu_context(index), _raw_stream(index)
+    index, ctx = _device_context(t)
+    return ctx, None if index < 0 else _raw_stream(index)
 
 
 Launcher = Callable[..., None]
@@ -95,8 +100,7 @@ def launcher(op: str, like: torch.Tensor, outer: int, n: int, inner: int) -> Lau
     code = DTYPE_CODES.get(like.dtype)
     if code is None:
         raise TypeError(f"max_softmax: no {op} launch for {like.dtype}")
-    index = like.get_device()
-    ctx = launch.cpu_context() if index < 0 else launch.gpu_context(index)
+    index, ctx = _device_context(like)
     if outer * n * inner == 0:
         return lambda out, *inputs: None
 
@@ -170,8 +174,7 @@ def cross_entropy_launcher(
     holds `options` alive. Arguments and guarantees as `cross_entropy`."""
     fn = launch.function("soft_cross_entropy" if soft else "cross_entropy")
     rows, classes = logits.shape
-    index = logits.get_device()
-    ctx = launch.cpu_context() if index < 0 else launch.gpu_context(index)
+    index, ctx = _device_context(logits)
     code, reduction_code = DTYPE_CODES[logits.dtype], launch.REDUCTION_CODES[reduction]
     address, n_options = options.data_ptr(), options.shape[0]
 

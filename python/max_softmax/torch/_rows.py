@@ -104,13 +104,9 @@ def run(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
     into a new tensor. Later tensors (a backward's dy) must be like the
     first; the checks run once per shape, dtype and device (`_plans` then
     launches)."""
-    first = tensors[0]
-    launch = _plans.get((name, dim, first.shape, first.dtype, first.device))
-    if launch is not None and not torch.compiler.is_compiling():
-        out = _empty_like(first) if first.is_contiguous() else _empty_contiguous(first)
-        launch(out, *map(_contiguous, tensors))
-        return out
-    return _run_checked(name, dim, *tensors)
+    if torch.compiler.is_compiling():
+        return _run_checked(name, dim, *tensors)
+    return run_eager(name, dim, *tensors)
 
 
 def run_eager(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
