@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cuda_events import median_ms
 
 SHAPES = [(8192, 50257), (4096, 128256), (16384, 32000)]
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -215,19 +216,12 @@ def make_loss(
 
 def time_torch(loss_fn: Loss, rows: int, n: int, dtype: torch.dtype, warmup: int, reps: int):
     """Median ms of loss + backward, fresh logits and targets each call."""
-    times = []
-    for i in range(warmup + reps):
+
+    def fresh(i: int) -> tuple:
         x = torch.randn(rows, n, device="cuda", dtype=dtype).requires_grad_()
-        t = torch.randint(0, n, (rows,), device="cuda")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        loss_fn(x, t).backward()
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-        del x, t
-    return statistics.median(times)
+        return x, torch.randint(0, n, (rows,), device="cuda")
+
+    return median_ms(lambda x, t: loss_fn(x, t).backward(), reps, warmup, fresh)
 
 
 def time_replay(rows: int, n: int, dtype: str, reps: int) -> float:

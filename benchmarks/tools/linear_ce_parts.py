@@ -32,27 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-
-def _time(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
-    """Median CUDA-event time of `fn`, ms."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from cuda_events import median_ms
 
 
 def _chunk_parts(hc, w, tc, dhc, dw, options, reps: int) -> dict[str, float]:
@@ -68,12 +52,12 @@ def _chunk_parts(hc, w, tc, dhc, dw, options, reps: int) -> dict[str, float]:
         torch_launch.cross_entropy(loss, buf, buf, tc, options, "none")
 
     parts = {
-        "logits": _time(lambda: torch.mm(hc, wt, out=buf), reps),
-        "dh": _time(lambda: dhc.addmm_(buf, w, beta=0), reps),
-        "dw_first": _time(lambda: dw.addmm_(buf.t(), hc, beta=0), reps),
-        "dw_acc": _time(lambda: dw.addmm_(buf.t(), hc, beta=1), reps),
+        "logits": median_ms(lambda: torch.mm(hc, wt, out=buf), reps),
+        "dh": median_ms(lambda: dhc.addmm_(buf, w, beta=0), reps),
+        "dw_first": median_ms(lambda: dw.addmm_(buf.t(), hc, beta=0), reps),
+        "dw_acc": median_ms(lambda: dw.addmm_(buf.t(), hc, beta=1), reps),
     }
-    parts["cross_entropy"] = _time(ce, reps) - parts["logits"]
+    parts["cross_entropy"] = median_ms(ce, reps) - parts["logits"]
     return parts
 
 
@@ -103,9 +87,9 @@ def measure(shape: tuple[int, int, int], softcap: float | None, chunks: list[int
             yield {**base, "chunk_rows": c, "chunks": n, "part": part, "ms": round(ms, 4)}
     logits = torch.empty(rows, vocab, device=dev, dtype=torch.bfloat16)
     floor = {
-        "floor_logits": _time(lambda: torch.mm(h, w.t(), out=logits), reps),
-        "floor_dh": _time(lambda: torch.mm(logits, w, out=dh), reps),
-        "floor_dw": _time(lambda: torch.mm(logits.t(), h, out=dw), reps),
+        "floor_logits": median_ms(lambda: torch.mm(h, w.t(), out=logits), reps),
+        "floor_dh": median_ms(lambda: torch.mm(logits, w, out=dh), reps),
+        "floor_dw": median_ms(lambda: torch.mm(logits.t(), h, out=dw), reps),
     }
     floor["floor_total"] = sum(floor.values())
     for part, ms in floor.items():
@@ -140,7 +124,7 @@ def profile(shape: tuple[int, int, int], softcap: float | None, reps: int):
 
     base = {"shape": f"{rows}x{hidden}x{vocab}", "softcap": softcap}
     for what, fn in (("call", step), ("floor", floor)):
-        yield {**base, "what": what, "part": "wall", "ms": round(_time(fn, reps), 4)}
+        yield {**base, "what": what, "part": "wall", "ms": round(median_ms(fn, reps), 4)}
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()

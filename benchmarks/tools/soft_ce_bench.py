@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cuda_events import median_ms
 
 SHAPES = [(4096, 32000), (8192, 50257), (4096, 128256)]
 L2_BYTES = 256 << 20
@@ -49,34 +49,22 @@ def _sets(rows: int, n: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, tor
 
 def _time(fn, sets, reps: int, warmup: int) -> float:
     """Median ms of fn's fwd + bwd on fresh leaves."""
-    times = []
-    for i in range(warmup + reps):
+
+    def leaf(i: int) -> tuple:
         x, p = sets[i % len(sets)]
-        leaf = x.detach().requires_grad_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(leaf, p).backward()
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return x.detach().requires_grad_(), p
+
+    return median_ms(lambda x, p: fn(x, p).backward(), reps, warmup, leaf)
 
 
 def _copy_ms(sets, reps: int) -> float:
     """Median ms of a device copy of one logits tensor."""
-    times = []
-    for i in range(reps + 2):
+
+    def pair(i: int) -> tuple:
         x = sets[i % len(sets)][0]
-        dst = torch.empty_like(x)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(x)
-        end.record()
-        end.synchronize()
-        if i >= 2:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return torch.empty_like(x), x
+
+    return median_ms(torch.Tensor.copy_, reps, 2, pair)
 
 
 def _check(fn, x: torch.Tensor, p: torch.Tensor) -> str:
