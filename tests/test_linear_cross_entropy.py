@@ -422,6 +422,23 @@ def test_chunk_rows_for_budget():
     assert tl.chunk_rows_for(8192, 128256, 2, 1) == 2048  # CHUNK_BYTES, 512 MiB
 
 
+@pytest.mark.parametrize(
+    ("logits_bytes", "budget"),
+    [
+        (16 * 2**20, 512 * 2**20),  # small logits: the least budget
+        (8192 * 128256 * 2, 512 * 2**20),  # Llama-3: 1/8 is 263 MB, under 512 MiB
+        (16384 * 256000 * 2, 16384 * 256000 * 2 // 8),  # Gemma-2's 8.4 GB: 1/8
+        (8 * 2**30, 2**30),  # 1/8 of 8 GiB, the cap
+        (64 * 2**30, 2**30),  # capped
+    ],
+)
+def test_default_chunk_budget_grows_with_the_logits(logits_bytes, budget):
+    """512 MiB, or 1/8 of the logits where that is more, at most 1 GiB: the
+    Gemma-2 head runs in chunks of 2048 rows, Llama-3's as before."""
+    assert tl.default_chunk_bytes(logits_bytes) == budget
+    assert tl.chunk_rows_for(16384, 256000, 2, 1) == 2048
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_torch_chunk_bytes_and_overlap_are_arguments(monkeypatch, overlap):
     """`chunk_bytes=` sizes the chunks (here 3 rows of float32 logits with

@@ -66,13 +66,26 @@ from ._buffers import DTYPES
 from ._options import options_tensor
 
 CHUNK_BYTES = 512 * 2**20
-"""The default `chunk_bytes=` of `linear_cross_entropy`: bytes of logits
-the chunk buffers hold in all (both buffers together where they take turns): 512 MiB, two buffers of
-1024 rows of a bf16 128256-class head, against 4.2 GB for the whole bf16
-logits and their gradient at 8192 x 128256. Why not less: each chunk's
-dW += dlogits_c^T h_c reads and writes all of dW (1 GB at 128256 x 4096
-bf16) for 2 x rows x H x V flops, so below ~1024 rows a chunk (bf16 on an
-H100: ~300 flops a byte) that GEMM turns memory-bound."""
+"""The least default `chunk_bytes=` of `linear_cross_entropy`: bytes of
+logits the chunk buffers hold in all (both buffers together where they take
+turns): 512 MiB, 2048 rows of a bf16 128256-class head, against 4.2 GB for
+the whole bf16 logits and their gradient at 8192 x 128256. Why not less:
+each chunk's dW += dlogits_c^T h_c reads and writes all of dW (1 GB at
+128256 x 4096 bf16) for 2 x rows x H x V flops, so below ~1024 rows a chunk
+(bf16 on an H100: ~300 flops a byte) that GEMM turns memory-bound."""
+
+CHUNK_LOGITS_SHARE = 8
+"""Past `CHUNK_BYTES`, the default budget is 1 / CHUNK_LOGITS_SHARE of the
+whole logits' bytes (up to `CHUNK_BYTES_MAX`): fewer chunks, so fewer dW
+accumulations re-reading dW. At the Gemma-2 head (16384 x 2304 x 256000,
+8.4 GB of bf16 logits) 1 GiB chunks took 89.4 ms against 512 MiB's 95.9
+(H100, benchmarks/RESULTS.md). 1/8 of the logits stays under 1/16 of what
+torch eager holds beyond its inputs (2.3-3.7 times the logits)."""
+
+CHUNK_BYTES_MAX = 2**30
+"""The most the default budget grows to: 2 GiB chunks gained only 1.2% more
+at the Gemma-2 head for twice the memory."""
+
 
 OVERLAP = False
 """The default `overlap=` of `linear_cross_entropy`: on CUDA, run chunk i's
@@ -235,13 +248,22 @@ def chunk_rows_for(
 ) -> int:
     """Rows a chunk of `linear_cross_entropy` takes: as many as keep
     `buffers` chunk buffers of (rows, classes) logits within `chunk_bytes`
-    (default `CHUNK_BYTES`), at least 1, at most `rows`, cut to a multiple
-    of 128 above 128."""
+    (default `default_chunk_bytes`), at least 1, at most `rows`, cut to a
+    multiple of 128 above 128."""
     per_row = max(1, classes * itemsize * buffers)
-    c = max(1, (CHUNK_BYTES if chunk_bytes is None else chunk_bytes) // per_row)
+    if chunk_bytes is None:
+        chunk_bytes = default_chunk_bytes(rows * classes * itemsize)
+    c = max(1, chunk_bytes // per_row)
     if c > _ROW_ALIGN:
         c -= c % _ROW_ALIGN
     return max(1, min(c, rows))
+
+
+def default_chunk_bytes(logits_bytes: int) -> int:
+    """The chunk budget for logits of `logits_bytes` in all: `CHUNK_BYTES`,
+    or 1 / `CHUNK_LOGITS_SHARE` of them where that is more, at most
+    `CHUNK_BYTES_MAX`."""
+    return max(CHUNK_BYTES, min(logits_bytes // CHUNK_LOGITS_SHARE, CHUNK_BYTES_MAX))
 
 
 @dataclass(frozen=True)
@@ -560,8 +582,9 @@ def linear_cross_entropy(
             constant: not differentiated.
         chunk_rows: Rows a chunk; None chooses them by `chunk_bytes`.
         chunk_bytes: Bytes of logits the chunk buffers hold in all (None:
-            `CHUNK_BYTES`, 512 MiB; smaller chunks make each chunk's dW
-            GEMM memory-bound).
+            `default_chunk_bytes`: 512 MiB, or 1/8 of the whole logits
+            where that is more, at most 1 GiB; smaller chunks make each
+            chunk's dW GEMM memory-bound).
         overlap: On CUDA, run chunk i's cross-entropy beside chunk i+1's
             logits GEMM, two buffers in the same bytes (None: `OVERLAP`,
             off: 1-12% slower on an H100, benchmarks/RESULTS.md).
