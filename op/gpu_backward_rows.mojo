@@ -40,7 +40,7 @@ from .row_math import (
     vector_width,
 )
 from .row_op import RegisterRowOp
-from .row_tensors import LaunchRows
+from .row_tensors import LaunchRows, RowTensors, tensors_of
 
 # 32-bit registers of each tensor's row values a thread holds, as loaded:
 # the two tensors share the forward's budget (MAX_ROW_REGISTERS).
@@ -100,7 +100,9 @@ def backward_register_kernel[
     Parameters and arguments as for `backward_rows_kernel`, plus K, the
     16-byte chunks of each tensor per thread.
     """
-    var op = BackwardRegisterRow[dtype, log_in, threads, V, K](dx, a, dy, n)
+    var op = BackwardRegisterRow[dtype, log_in, threads, V, K](
+        tensors_of(dx, a, dy), n
+    )
     register_rows[pdl=False, aligned=False](op, rows, n, vector_flag)
 
 
@@ -125,7 +127,9 @@ def backward_resident_register_kernel[
     bounds change the compiled code even where they ask for nothing (a
     minimum of 1 block gave float32 other instructions).
     """
-    var op = BackwardRegisterRow[dtype, log_in, threads, V, K](dx, a, dy, n)
+    var op = BackwardRegisterRow[dtype, log_in, threads, V, K](
+        tensors_of(dx, a, dy), n
+    )
     register_rows[pdl=False, aligned=False](op, rows, n, vector_flag)
 
 
@@ -164,21 +168,16 @@ struct BackwardRegisterRow[
     """The row's sum."""
 
     @always_inline
-    def __init__(
-        out self,
-        dx: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        a: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        dy: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        n: Int64,
-    ):
-        """The op on these tensors, rows of `n`."""
+    def __init__(out self, tensors: RowTensors[Self.dtype], n: Int64):
+        """The op on these tensors (dx from y or log p and dy), rows of
+        `n`."""
         comptime assert accum_dtype[Self.dtype]().is_floating_point()
         comptime assert chunk_registers(Self.V_) * Self.K_ <= (
             backward_plan_registers(Self.V_)
         )
-        self.dx = held(dx)
-        self.a = held(a)
-        self.dy = held(dy)
+        self.dx = tensors.dst
+        self.a = tensors.a
+        self.dy = tensors.b
         self.n = Int(n)
         self.base = 0
         self.dx_row = self.dx

@@ -147,40 +147,6 @@ def start_row_copy[
 
 
 @always_inline
-def load_row[
-    dtype: DType, V: Int, T: Int
-](
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    smem: SharedBuffer[dtype],
-    t: Int,
-    head: Int,
-    nvec: Int,
-    mut regs: SIMD[dtype, V * REG_CHUNKS],
-) -> Scalar[accum_dtype[dtype]()]:
-    """Sweep 1 of `smem_rows_kernel`: thread `t`'s vectors of the row's
-    aligned part (from `x + head`) into `regs` and `smem`, and their max.
-    The shared-memory part goes first (`start_row_copy`)."""
-    comptime acc = accum_dtype[dtype]()
-    start_row_copy[dtype, V, T, REG_CHUNKS](x, smem, t, head, nvec)
-    var m = -inf[acc]()
-    comptime for k in range(REG_CHUNKS):
-        var i = k * T + t
-        if i < nvec:
-            var v = x.unsafe_offset(head + i * V).unsafe_load[
-                width=V, alignment=16
-            ]()
-            regs = regs.insert[offset=k * V](v)
-            m = max(m, v.cast[acc]().reduce_max())
-    async_copy_wait_all()
-    for i in range(REG_CHUNKS * T + t, nvec, T):
-        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
-            width=V, alignment=16
-        ]()
-        m = max(m, v.cast[acc]().reduce_max())
-    return m
-
-
-@always_inline
 def cluster_exchange[
     acc: DType, C: Int
 ](
@@ -241,10 +207,30 @@ def load_part_max[
     mut edge: SIMD[accum_dtype[dtype](), 2],
 ) -> Scalar[accum_dtype[dtype]()]:
     """Sweep 1 of a one-tensor op: load the part `p` (from `x`) on chip
-    (`load_row`; its head and tail elements into `edge`, whose other
-    entries keep their -inf) and reduce its max over the block."""
+    and reduce its max over the block. Thread `p.t`'s vectors of the
+    aligned body go to `regs` (its first `REG_CHUNKS`) and `smem` (the
+    rest, copied first: `start_row_copy`); its head and tail elements to
+    `edge`, whose other entries keep their -inf."""
     comptime acc = accum_dtype[dtype]()
-    var m = load_row[dtype, V, T](x, smem, p.t, p.head, p.nvec, regs)
+    var t = p.t
+    var head = p.head
+    var nvec = p.nvec
+    start_row_copy[dtype, V, T, REG_CHUNKS](x, smem, t, head, nvec)
+    var m = -inf[acc]()
+    comptime for k in range(REG_CHUNKS):
+        var i = k * T + t
+        if i < nvec:
+            var v = x.unsafe_offset(head + i * V).unsafe_load[
+                width=V, alignment=16
+            ]()
+            regs = regs.insert[offset=k * V](v)
+            m = max(m, v.cast[acc]().reduce_max())
+    async_copy_wait_all()
+    for i in range(REG_CHUNKS * T + t, nvec, T):
+        var v = smem.unsafe_offset((i - REG_CHUNKS * T) * V).unsafe_load[
+            width=V, alignment=16
+        ]()
+        m = max(m, v.cast[acc]().reduce_max())
     if p.has_head:
         edge[0] = x[unsafe_offset=p.t].cast[acc]()
     if p.has_tail:
