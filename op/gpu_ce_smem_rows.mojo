@@ -44,6 +44,7 @@ from .gpu_ce_common import (
 )
 from .gpu_ce_options_smem_rows import (
     SOFTCAP_AS_MAX,
+    ClassWeights,
     OptionGrad,
     OptionSums,
     Softcap,
@@ -489,8 +490,7 @@ struct CrossEntropyRow[
                 Softcap[acc].of_cap(self.cap),
                 self.row_max,
                 smoothing,
-                weighted,
-                self._weights(),
+                ClassWeights(weighted, self._weights()),
             )
             visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
                 kernel_arg(self.dlogits),
@@ -582,8 +582,7 @@ struct CrossEntropyRow[
                 target_term,
                 scale,
                 -1 if self.holds else tgt,
-                self.has_weight,
-                self._weights(),
+                ClassWeights(self.has_weight, self._weights()),
             )
             if not self.holds:
                 visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
