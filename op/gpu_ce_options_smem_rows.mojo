@@ -117,15 +117,33 @@ def visit_held[
             y[unsafe_offset=e] = r[0]
 
 
-@always_inline
-def _weights_at[
-    acc: DType, w: Int
-](weights: Pointer[Float64, MutAnyOrigin], e: Int) -> SIMD[acc, w]:
-    """Class weights e .. e + w - 1 (float64 on the device, any alignment)."""
-    var u = SIMD[acc, w](0)
-    comptime for k in range(w):
-        u[k] = weights[unsafe_offset=e + k].cast[acc]()
-    return u
+struct ClassWeights(TrivialRegisterPassable):
+    """The u of the label smoothing term that sweeps 2 and 3 read: the
+    part's class weights where `weighted`, else 1 (the sweeps then skip
+    the loads)."""
+
+    var weighted: Bool
+    """u is the class weights (else 1)."""
+    var weights: HeldRows[DType.float64]
+    """The part's class weights (its element 0's weight first)."""
+
+    @always_inline
+    def __init__(
+        out self, weighted: Bool, weights: Pointer[Float64, MutAnyOrigin]
+    ):
+        """The part's u, from its class weights where `weighted`."""
+        self.weighted = weighted
+        self.weights = held(weights)
+
+    @always_inline
+    def at[acc: DType, w: Int](self, e: Int) -> SIMD[acc, w]:
+        """Class weights e .. e + w - 1 (float64 on the device, any
+        alignment)."""
+        var weights = kernel_arg(self.weights)
+        var u = SIMD[acc, w](0)
+        comptime for k in range(w):
+            u[k] = weights[unsafe_offset=e + k].cast[acc]()
+        return u
 
 
 @fieldwise_init
@@ -370,10 +388,8 @@ struct OptionSums[dtype_: DType](HeldVisit):
     """The row's capped max."""
     var smoothing: Bool
     """Label smoothing is on: the u sums are wanted."""
-    var weighted: Bool
-    """u is the class weights (else 1)."""
-    var weights: HeldRows[DType.float64]
-    """The part's class weights (its element 0's weight first)."""
+    var u: ClassWeights
+    """The class weights (or 1)."""
     var s: Scalar[accum_dtype[Self.dtype_]()]
     """Sum of exp(y - max)."""
     var su: Scalar[accum_dtype[Self.dtype_]()]
@@ -387,15 +403,13 @@ struct OptionSums[dtype_: DType](HeldVisit):
         cap: Softcap[accum_dtype[Self.dtype_]()],
         row_max: Scalar[accum_dtype[Self.dtype_]()],
         smoothing: Bool,
-        weighted: Bool,
-        weights: Pointer[Float64, MutAnyOrigin],
+        u: ClassWeights,
     ):
         """Empty sums for a row with these terms."""
         self.cap = cap
         self.row_max = row_max
         self.smoothing = smoothing
-        self.weighted = weighted
-        self.weights = held(weights)
+        self.u = u
         self.s = 0
         self.su = 0
         self.suy = 0
@@ -411,8 +425,8 @@ struct OptionSums[dtype_: DType](HeldVisit):
         var y = self.cap.apply[w](v)
         self.s += exp_nan[acc, w](y - self.row_max).reduce_add()
         if self.smoothing:
-            if self.weighted:
-                var u = _weights_at[acc, w](kernel_arg(self.weights), e)
+            if self.u.weighted:
+                var u = self.u.at[acc, w](e)
                 self.su += u.reduce_add()
                 self.suy += (u * y).reduce_add()
             else:
@@ -441,10 +455,8 @@ struct OptionGrad[dtype_: DType](HeldVisit):
     """The gradient's scale (`grad_scale`)."""
     var tgt: Int
     """The target's element of the part (may lie outside it)."""
-    var weighted: Bool
-    """The smoothing term takes the class weights (else 1)."""
-    var weights: HeldRows[DType.float64]
-    """The part's class weights (its element 0's weight first)."""
+    var u: ClassWeights
+    """The smoothing term's class weights (or 1)."""
 
     @always_inline
     def __init__(
@@ -456,8 +468,7 @@ struct OptionGrad[dtype_: DType](HeldVisit):
         target_term: Scalar[accum_dtype[Self.dtype_]()],
         scale: Scalar[accum_dtype[Self.dtype_]()],
         tgt: Int,
-        weighted: Bool,
-        weights: Pointer[Float64, MutAnyOrigin],
+        u: ClassWeights,
     ):
         """The gradient map of a row with these terms."""
         self.cap = cap
@@ -467,8 +478,7 @@ struct OptionGrad[dtype_: DType](HeldVisit):
         self.target_term = target_term
         self.scale = scale
         self.tgt = tgt
-        self.weighted = weighted
-        self.weights = held(weights)
+        self.u = u
 
     @always_inline
     def visit[
@@ -481,11 +491,8 @@ struct OptionGrad[dtype_: DType](HeldVisit):
         var y = self.cap.apply[w](v)
         var g = exp_nan[acc, w](y - self.row_max) * self.p_factor
         if self.smooth != 0:
-            if self.weighted:
-                g -= (
-                    _weights_at[acc, w](kernel_arg(self.weights), e)
-                    * self.smooth
-                )
+            if self.u.weighted:
+                g -= self.u.at[acc, w](e) * self.smooth
             else:
                 g -= self.smooth
         if self.tgt >= e and self.tgt < e + w:

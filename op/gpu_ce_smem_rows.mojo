@@ -44,6 +44,7 @@ from .gpu_ce_common import (
 )
 from .gpu_ce_options_smem_rows import (
     SOFTCAP_AS_MAX,
+    ClassWeights,
     OptionGrad,
     OptionSums,
     Softcap,
@@ -489,8 +490,7 @@ struct CrossEntropyRow[
                 Softcap[acc].of_cap(self.cap),
                 self.row_max,
                 smoothing,
-                weighted,
-                self._weights(),
+                ClassWeights(weighted, self._weights()),
             )
             visit_held[Self.V, Self.T, OptionSums[Self.dtype], False](
                 kernel_arg(self.dlogits),
@@ -582,8 +582,7 @@ struct CrossEntropyRow[
                 target_term,
                 scale,
                 -1 if self.holds else tgt,
-                self.has_weight,
-                self._weights(),
+                ClassWeights(self.has_weight, self._weights()),
             )
             if not self.holds:
                 visit_held[Self.V, Self.T, OptionGrad[Self.dtype], True](
@@ -671,41 +670,16 @@ def ce_smem_kernel[
     partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
     n: Int64,
     aligned_flag: Int32,
+    has_weight: Int32,
 ):
     """Cross-entropy of rows of `n` classes (to `smem_capacity(V)` for
     C = 1, `cluster_capacity(V, 1, C)` for C > 1) held on chip, read once:
     `onchip_rows` of `CrossEntropyRow`, a row per cluster of C blocks of
     `T` threads. Arguments as `ce_block_kernel`; `partials`:
-    `cluster_slots` a row (C > 1); `terms`: `CrossEntropyRow`'s."""
+    `cluster_slots` a row (C > 1); `terms`: `CrossEntropyRow`'s;
+    `has_weight`: whether `options` holds a weight a class, read under
+    OPTION_TERMS only (every `terms` takes it: one kernel, one launch)."""
     var op = CrossEntropyRow[dtype, with_grad, mean, reduce, V, T, terms](
-        dlogits, logits, targets, options, count, row_losses, loss
-    )
-    onchip_rows[C=C](op, partials, n, aligned_flag)
-
-
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
-)
-def ce_options_smem_kernel[
-    dtype: DType, mean: Bool, reduce: Bool, V: Int, T: Int, C: Int
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    n: Int64,
-    aligned_flag: Int32,
-    has_weight: Int32,
-):
-    """`ce_smem_kernel` under OPTION_TERMS, with the gradient: the one
-    argument more, `has_weight`, says whether `options` holds a weight a
-    class."""
-    var op = CrossEntropyRow[dtype, True, mean, reduce, V, T, OPTION_TERMS](
         dlogits, logits, targets, options, count, row_losses, loss, has_weight
     )
     onchip_rows[C=C](op, partials, n, aligned_flag)
@@ -732,11 +706,11 @@ def launch_ce_parts[
     aligned: Bool,
     has_weight: Int32 = 0,
 ) raises:
-    """Launch `ce_smem_kernel` (under OPTION_TERMS `ce_options_smem_kernel`,
-    given `has_weight`) on `rows` rows of `n`, C blocks a row, each with
-    the shared memory its part needs, and the op's `cluster_slots`
+    """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
+    with the shared memory its part needs, and the op's `cluster_slots`
     partials a row for C > 1 (`OnchipLaunch`); `terms`:
-    `CrossEntropyRow`'s. Raises past the capacity."""
+    `CrossEntropyRow`'s, `has_weight` read under OPTION_TERMS. Raises past
+    the capacity."""
     comptime V = vector_width[dtype]()
     comptime slots = CrossEntropyRow[
         dtype, with_grad, mean, reduce, V, SMEM_THREADS, terms
@@ -748,42 +722,23 @@ def launch_ce_parts[
     var partials = launch.partials.ptr(row_losses)
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
-            comptime if terms == OPTION_TERMS:
-                launch.enqueue[
-                    ce_options_smem_kernel[dtype, mean, reduce, V, T, C], T
-                ](
-                    ctx,
-                    dlogits,
-                    logits,
-                    targets,
-                    options,
-                    count,
-                    row_losses,
-                    loss,
-                    partials,
-                    Int64(n),
-                    aligned_flag,
-                    has_weight,
-                )
-            else:
-                launch.enqueue[
-                    ce_smem_kernel[
-                        dtype, with_grad, mean, reduce, V, T, C, terms
-                    ],
-                    T,
-                ](
-                    ctx,
-                    dlogits,
-                    logits,
-                    targets,
-                    options,
-                    count,
-                    row_losses,
-                    loss,
-                    partials,
-                    Int64(n),
-                    aligned_flag,
-                )
+            launch.enqueue[
+                ce_smem_kernel[dtype, with_grad, mean, reduce, V, T, C, terms],
+                T,
+            ](
+                ctx,
+                dlogits,
+                logits,
+                targets,
+                options,
+                count,
+                row_losses,
+                loss,
+                partials,
+                Int64(n),
+                aligned_flag,
+                has_weight,
+            )
 
 
 # `launch_ce_parts` with a block a row (to `smem_capacity(V)`).
