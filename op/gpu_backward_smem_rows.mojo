@@ -41,7 +41,7 @@ from .row_math import (
     load_widened,
     vector_width,
 )
-from .row_op import RowOp
+from .row_op import OnchipBlock, RowOp
 from .row_part import RowPart
 from .row_tensors import LaunchRows, RowTensors, tensors_of
 
@@ -258,17 +258,12 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
         return True
 
     @always_inline
-    def fold[
-        C: Int
-    ](
-        mut self,
-        p: RowPart,
-        smem: SharedBuffer[Self.dtype],
-        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        rank: Int,
-    ):
+    def fold[C: Int](mut self, p: RowPart, on: OnchipBlock[Self.dtype]):
         """Sweep 1: load both parts on chip and sum their `backward_term`
         over the block, then over the cluster."""
+        var smem = on.smem
+        var slots = kernel_arg(on.slots)
+        var rank = on.rank
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
         var ra = kernel_arg(self.t.a).unsafe_offset(self.start)

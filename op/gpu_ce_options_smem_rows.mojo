@@ -287,8 +287,8 @@ def hold_capped_exp[
     each value held on chip replaced by its h (the vectors in `dtype`, the
     edge pair in the accumulator type); a long head re-read from `x` is
     only summed. The part is held by `load_part_max`, or with `loads` this
-    sweep loads it (as `load_row`), `row_max` then a bound of the capped
-    logits rather than their max."""
+    sweep loads it (as `load_part_max` does), `row_max` then a bound of the
+    capped logits rather than their max."""
     comptime acc = accum_dtype[dtype]()
     comptime R = REG_CHUNKS
     var f = CappedExp[acc, holds_exp[dtype]()].of(cap, row_max)

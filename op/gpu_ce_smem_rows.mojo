@@ -68,7 +68,7 @@ from .gpu_smem_rows import (
 )
 from .gpu_split_chunks import SharedBuffer
 from .row_math import accum_dtype, exp_nan, vector_width
-from .row_op import RowOp
+from .row_op import OnchipBlock, RowOp
 from .row_part import RowPart
 
 
@@ -374,18 +374,13 @@ struct CrossEntropyRow[
         )
 
     @always_inline
-    def fold[
-        C: Int
-    ](
-        mut self,
-        p: RowPart,
-        smem: SharedBuffer[Self.dtype],
-        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        rank: Int,
-    ):
+    def fold[C: Int](mut self, p: RowPart, on: OnchipBlock[Self.dtype]):
         """Sweep 1 loads the part and its max; sweep 2 sums exp(x - max)
         and x (label smoothing) over the on-chip copy (`smem_row_stats`;
         OPTION_TERMS: `_fold_options`); then the row's loss."""
+        var smem = on.smem
+        var slots = kernel_arg(on.slots)
+        var rank = on.rank
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
         comptime if Self.terms == OPTION_TERMS:

@@ -55,7 +55,7 @@ from .row_math import (
     sum_shift,
     vector_width,
 )
-from .row_op import RowOp
+from .row_op import OnchipBlock, RowOp
 from .row_part import RowPart, cluster_split, row_part
 from .row_tensors import LaunchRows
 
@@ -438,7 +438,10 @@ def onchip_rows[
     # barriers in `fold` are reached by every thread of the row or by none.
     if op.begin(p, row, start, first, len_row):
         op.fold[C](
-            p, smem, partials.unsafe_offset(row * Op.cluster_slots), rank
+            p,
+            OnchipBlock(
+                smem, held(partials.unsafe_offset(row * Op.cluster_slots)), rank
+            ),
         )
     op.finish(p, row, rank)
     op.write[C](p, smem)
@@ -657,17 +660,12 @@ struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
         return True
 
     @always_inline
-    def fold[
-        C: Int
-    ](
-        mut self,
-        p: RowPart,
-        smem: SharedBuffer[Self.dtype],
-        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        rank: Int,
-    ):
+    def fold[C: Int](mut self, p: RowPart, on: OnchipBlock[Self.dtype]):
         """Sweep 1 loads the part and its max, sweep 2 sums exp over the
         on-chip copy; then the row's max and `row_scale`."""
+        var smem = on.smem
+        var slots = kernel_arg(on.slots)
+        var rank = on.rank
         comptime acc = accum_dtype[Self.dtype]()
         comptime assert acc.is_floating_point()
         comptime V = Self.V

@@ -30,7 +30,7 @@ from .gpu_smem_rows import (
 )
 from .gpu_split_chunks import SharedBuffer
 from .row_math import accum_dtype, load_widened, online_sum_guard
-from .row_op import RowOp
+from .row_op import OnchipBlock, RowOp
 from .row_part import RowPart
 from .soft_target_math import (
     SoftStats,
@@ -195,17 +195,10 @@ struct SoftTargetRow[
         return True
 
     @always_inline
-    def fold[
-        C: Int
-    ](
-        mut self,
-        p: RowPart,
-        smem: SharedBuffer[Self.dtype],
-        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        rank: Int,
-    ):
+    def fold[C: Int](mut self, p: RowPart, on: OnchipBlock[Self.dtype]):
         """Load both rows on chip, then fold the row's max and, with it,
         (s, S, T) over the block (a block a row: C = 1)."""
+        var smem = on.smem
         comptime assert C == 1, "soft targets hold a row a block"
         comptime acc = Self.acc
         comptime assert acc.is_floating_point()

@@ -26,9 +26,25 @@ between its two tensors, and 16-bit cross-entropy rows keep exp(x - max)
 on chip in place of the logits (gpu_ce_smem_rows).
 """
 
+from .gpu_launch import HeldRows
 from .gpu_split_chunks import SharedBuffer
 from .row_math import accum_dtype
 from .row_part import RowPart
+
+
+@fieldwise_init
+struct OnchipBlock[dtype: DType](ImplicitlyCopyable):
+    """Where a block of the on-chip strategy keeps and meets its row, as
+    `onchip_rows` hands it to a `RowOp`'s `fold` with the block's part:
+    its dynamic shared memory and, for a cluster of C > 1 blocks, the
+    row's slots and the block's rank in the cluster."""
+
+    var smem: SharedBuffer[Self.dtype]
+    """The block's dynamic shared memory."""
+    var slots: HeldRows[accum_dtype[Self.dtype]()]
+    """The row's cluster slots (`cluster_slots` accumulators)."""
+    var rank: Int
+    """The block's rank in its cluster (0 for C = 1)."""
 
 
 trait RowOp:
@@ -56,18 +72,11 @@ trait RowOp:
         row not kept is not: the same for every block of the row)."""
         ...
 
-    def fold[
-        C: Int
-    ](
-        mut self,
-        p: RowPart,
-        smem: SharedBuffer[Self.dtype],
-        slots: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        rank: Int,
-    ):
-        """Load the part on chip (registers, then `smem`) and fold the
-        row's statistics: over the block, then, with C > 1, over the C
-        blocks of the cluster (this one is `rank`) through `slots`."""
+    def fold[C: Int](mut self, p: RowPart, on: OnchipBlock[Self.dtype]):
+        """Load the part `p` on chip (registers, then `on.smem`) and fold
+        the row's statistics: over the block, then, with C > 1, over the C
+        blocks of the cluster (this one is `on.rank`) through
+        `on.slots`."""
         ...
 
     @always_inline
