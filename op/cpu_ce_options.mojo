@@ -9,8 +9,7 @@ hints the CPU does not need, on the host; see cross_entropy_math for the
 layout and the row math.
 """
 
-from .cpu_cross_entropy import reduce_row_losses
-from .cpu_tasks import run_in_tasks
+from .cpu_cross_entropy import RowLosses, loss_rows_in_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     IGNORED,
@@ -21,29 +20,24 @@ from .cross_entropy_math import (
     softcap_chain,
     softcap_of,
 )
+from .cross_entropy_ops import CrossEntropyCall
+from .gpu_launch import kernel_arg
 from .row_math import accum_dtype, exp_nan, online_sum_guard
 
 
 def cross_entropy_options_cpu[
     dtype: DType, with_grad: Bool, reduction: StaticString
-](
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    n_options: Int,
-    rows: Int,
-    n: Int,
-) raises:
-    """Cross-entropy of `rows` rows of `n` logits against `targets` under
-    the `n_options` extended options; arguments as `cross_entropy_cpu`.
-    "mean" divides by the sum over kept rows of w[target] (torch's rule)."""
+](call: CrossEntropyCall[dtype, with_grad, reduction]) raises:
+    """Cross-entropy of `call`'s rows (as `cross_entropy_cpu`) under its
+    extended options, on the host. "mean" divides by the sum over kept rows
+    of w[target] (torch's rule)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime mean = reduction == "mean"
-    comptime reduce = reduction != "none"
-    var has_weight = extended_layout(n_options, n).weighted
+    var rows = call.view.outer
+    var n = call.view.n
+    var targets = call.class_indices()
+    var options = kernel_arg(call.options.values)
+    var has_weight = extended_layout(call.options.count, n).weighted
     var weights = options.unsafe_offset(EXTENDED_OPTIONS)
     var ignore_index = Int64(options[unsafe_offset=0])
     var kept = Float64(0)
@@ -52,30 +46,28 @@ def cross_entropy_options_cpu[
         var kind = checked_target_kind(t, r, ignore_index, n)
         if kind != IGNORED:
             kept += weights[unsafe_offset=Int(t)] if has_weight else 1
-    var scale = Scalar[acc](1 / kept) if mean else Scalar[acc](1)
-    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
-    var losses = row_losses.unsafe_ptr()
+    var scale = Scalar[acc](1 / kept) if reduction == "mean" else Scalar[acc](1)
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
 
-    def task_rows(begin: Int, end: Int) raises {imm}:
+    def task_rows(
+        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
+    ) raises {imm}:
         for r in range(begin, end):
-            var value = _row[dtype, with_grad](
-                dlogits.unsafe_offset(r * n),
-                logits.unsafe_offset(r * n),
-                targets[unsafe_offset=r],
-                options,
-                has_weight,
-                scale,
-                n,
+            losses.put(
+                r,
+                _row[dtype, with_grad](
+                    dlogits.unsafe_offset(r * n),
+                    logits.unsafe_offset(r * n),
+                    targets[unsafe_offset=r],
+                    options,
+                    has_weight,
+                    scale,
+                    n,
+                ),
             )
-            comptime if reduce:
-                losses[unsafe_offset=r] = value
-            else:
-                loss[unsafe_offset=r] = value.cast[dtype]()
 
-    run_in_tasks(task_rows, rows, n)
-    comptime if reduce:
-        reduce_row_losses[mean](loss, row_losses, kept)
-    _ = row_losses^
+    loss_rows_in_tasks(task_rows, call.loss, rows, n, kept)
 
 
 @always_inline
