@@ -1,8 +1,9 @@
 """CPU cross-entropy under the extended options (z-loss, softcap, class
 weights), multithreaded over whole rows as cpu_cross_entropy: a pass over
 the capped logits for the row's max, sum of exp and (label smoothing) the
-weighted sums, then, with the gradient, one pass writing it. The plain
-loss (options of length 2) never comes here.
+weighted sums, then, with the gradient, one pass writing it. `cross_entropy_cpu`
+checks the targets and sends the rows here for more than PLAIN_OPTIONS
+options; the plain loss never comes here.
 
 `options` is (ignore_index, eps, z_loss, softcap[, V class weights]) and
 hints the CPU does not need, on the host; see cross_entropy_math for the
@@ -12,9 +13,6 @@ layout and the row math.
 from .cpu_cross_entropy import RowLosses, loss_rows_in_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
-    IGNORED,
-    extended_layout,
-    checked_target_kind,
     extended_p_factor,
     extended_row_loss,
     softcap_chain,
@@ -25,27 +23,22 @@ from .gpu_launch import kernel_arg
 from .row_math import accum_dtype, exp_nan, online_sum_guard
 
 
-def cross_entropy_options_cpu[
+def cross_entropy_options_rows[
     dtype: DType, with_grad: Bool, reduction: StaticString
-](call: CrossEntropyCall[dtype, with_grad, reduction]) raises:
-    """Cross-entropy of `call`'s rows (as `cross_entropy_cpu`) under its
-    extended options, on the host. "mean" divides by the sum over kept rows
-    of w[target] (torch's rule)."""
+](
+    call: CrossEntropyCall[dtype, with_grad, reduction],
+    has_weight: Bool,
+    kept: Float64,
+) raises:
+    """The rows of `cross_entropy_cpu` under extended options, its targets
+    checked: `has_weight` whether the options hold class weights, `kept`
+    the sum over kept rows of w[target] (1 without weights), what "mean"
+    divides by."""
     comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
     var rows = call.view.outer
     var n = call.view.n
     var targets = call.class_indices()
     var options = kernel_arg(call.options.values)
-    var has_weight = extended_layout(call.options.count, n).weighted
-    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
-    var ignore_index = Int64(options[unsafe_offset=0])
-    var kept = Float64(0)
-    for r in range(rows):
-        var t = targets[unsafe_offset=r]
-        var kind = checked_target_kind(t, r, ignore_index, n)
-        if kind != IGNORED:
-            kept += weights[unsafe_offset=Int(t)] if has_weight else 1
     var scale = Scalar[acc](1 / kept) if reduction == "mean" else Scalar[acc](1)
     var dlogits = kernel_arg(call.dlogits)
     var logits = kernel_arg(call.logits)

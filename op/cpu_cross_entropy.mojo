@@ -13,12 +13,16 @@ out-of-range target (not `ignore_index`) raises, naming the row.
 
 from std.sys import simd_width_of, size_of
 
+from .cpu_ce_options import cross_entropy_options_rows
 from .cpu_rows import ExpTerms, _max_of
 from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
 from .cpu_tasks import run_in_tasks
 from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
     IGNORED,
+    PLAIN_OPTIONS,
     checked_target_kind,
+    extended_layout,
     grad_of,
     row_loss,
     smoothing_of,
@@ -33,7 +37,9 @@ def cross_entropy_cpu[
     dtype: DType, with_grad: Bool, reduction: StaticString
 ](call: CrossEntropyCall[dtype, with_grad, reduction]) raises:
     """Cross-entropy of `call`'s (rows, n) logits against its class indices,
-    `options` (ignore_index, eps) on the host.
+    `options` on the host: PLAIN_OPTIONS (ignore_index, eps) by the sweeps
+    here, extended ones (z-loss, softcap, class weights) by cpu_ce_options'
+    rows (`cross_entropy_options_rows`).
 
     Parameters:
         dtype: Element type of logits, loss and gradient.
@@ -51,15 +57,23 @@ def cross_entropy_cpu[
     var n = call.view.n
     var targets = call.class_indices()
     var options = kernel_arg(call.options.values)
+    var n_options = call.options.count
+    var extended = n_options > PLAIN_OPTIONS
+    var has_weight = extended and extended_layout(n_options, n).weighted
+    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
     var ignore_index = Int64(options[unsafe_offset=0])
     # Checked first and serially: a bad target must stop the op before any
-    # output is written, and counting the kept rows is what "mean" needs.
-    var kept = 0
+    # output is written, and the kept rows (summed w[target] with class
+    # weights: torch's rule) are what "mean" divides by.
+    var kept = Float64(0)
     for r in range(rows):
         var t = targets[unsafe_offset=r]
         var kind = checked_target_kind(t, r, ignore_index, n)
         if kind != IGNORED:
-            kept += 1
+            kept += weights[unsafe_offset=Int(t)] if has_weight else 1
+    if extended:
+        cross_entropy_options_rows(call, has_weight, kept)
+        return
     # 1 / 0 = inf for "mean" over no kept rows: every row is then ignored
     # and gets a zero gradient, so the inf is never used.
     var scale = Scalar[acc](1) / Scalar[acc](
@@ -94,7 +108,7 @@ def cross_entropy_cpu[
             )
         _ = scratch_row^
 
-    loss_rows_in_tasks(task_rows, call.loss, rows, n, Float64(kept))
+    loss_rows_in_tasks(task_rows, call.loss, rows, n, kept)
 
 
 @fieldwise_init

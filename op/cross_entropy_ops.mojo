@@ -9,8 +9,9 @@ plain loss, or the extended options (z-loss, softcap, class weights; their
 layout is `extended_layout`'s, op/cross_entropy_math.mojo). Run-time
 values, so one compiled model per (op, dtype, reduction, device) serves all
 of them. The options' length (known on the host) picks the kernels:
-PLAIN_OPTIONS the plain kernels, more the extended terms (cpu_ce_options;
-on the GPU `launch_cross_entropy` with `n_options`). `reduction` ("mean", "sum", "none") is a compile-time
+PLAIN_OPTIONS the plain kernels, more the extended terms (both chosen by
+`cross_entropy_cpu` on the CPU, by `launch_cross_entropy` with `n_options`
+on the GPU). `reduction` ("mean", "sum", "none") is a compile-time
 parameter: it decides the loss's shape, (1,) or (rows,).
 
 `cross_entropy_with_grad` also writes dlogits = d loss / d logits (for
@@ -22,7 +23,6 @@ registered_ops.mojo).
 
 from max.gpu.host import DeviceContext
 
-from .cpu_ce_options import cross_entropy_options_cpu
 from .cpu_cross_entropy import cross_entropy_cpu
 from .cpu_soft_cross_entropy import soft_cross_entropy_cpu
 from .cross_entropy_math import PLAIN_OPTIONS
@@ -103,13 +103,10 @@ struct LossCall[
                 return
         else:
             comptime if target == "cpu":
-                # The kernels read their options on the host; variants are
-                # the GPU's.
-                var call = rebind[CrossEntropyCall[dtype, with_grad, rd]](self)
-                if n_options > PLAIN_OPTIONS:
-                    cross_entropy_options_cpu[dtype, with_grad, rd](call)
-                else:
-                    cross_entropy_cpu[dtype, with_grad, rd](call)
+                # Variants are the GPU's.
+                cross_entropy_cpu[dtype, with_grad, rd](
+                    rebind[CrossEntropyCall[dtype, with_grad, rd]](self)
+                )
                 return
             elif target == "gpu":
                 launch_cross_entropy[dtype, with_grad, rd, Self.variant](
