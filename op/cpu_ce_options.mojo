@@ -1,9 +1,9 @@
 """CPU cross-entropy under the extended options (z-loss, softcap, class
 weights), multithreaded over whole rows as cpu_cross_entropy: a pass over
 the capped logits for the row's max, sum of exp and (label smoothing) the
-weighted sums, then, with the gradient, one pass writing it. `cross_entropy_cpu`
-checks the targets and sends the rows here for more than PLAIN_OPTIONS
-options; the plain loss never comes here.
+weighted sums, then, with the gradient, one pass writing it.
+`cross_entropy_cpu` checks the targets and sends the rows here for more
+than PLAIN_OPTIONS options; the plain loss never comes here.
 
 `options` is (ignore_index, eps, z_loss, softcap[, V class weights]) and
 hints the CPU does not need, on the host; see cross_entropy_math for the

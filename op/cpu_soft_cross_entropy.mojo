@@ -1,7 +1,7 @@
 """Vectorized, multithreaded CPU cross-entropy against class probabilities
 (soft targets), fused: the loss and, with it, d loss / d logits.
 
-Rows are split into tasks of whole rows (`run_in_tasks`). A row takes a
+Rows are split into tasks of whole rows (`loss_rows_in_tasks`). A row takes a
 sweep for its max (the logits only), one for its statistics (s, S, T of
 soft_target_math, logits and probabilities read together, W lanes summed
 `SUM_BLOCK` at a time as cpu_sweeps' `blocked_sum`), then, with the
