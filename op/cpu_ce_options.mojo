@@ -1,81 +1,66 @@
 """CPU cross-entropy under the extended options (z-loss, softcap, class
 weights), multithreaded over whole rows as cpu_cross_entropy: a pass over
 the capped logits for the row's max, sum of exp and (label smoothing) the
-weighted sums, then, with the gradient, one pass writing it. The plain
-loss (options of length 2) never comes here.
+weighted sums, then, with the gradient, one pass writing it.
+`cross_entropy_cpu` checks the targets and sends the rows here for more
+than PLAIN_OPTIONS options; the plain loss never comes here.
 
 `options` is (ignore_index, eps, z_loss, softcap[, V class weights]) and
 hints the CPU does not need, on the host; see cross_entropy_math for the
 layout and the row math.
 """
 
-from .cpu_cross_entropy import reduce_row_losses
-from .cpu_tasks import run_in_tasks
+from .cpu_cross_entropy import RowLosses, loss_rows_in_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
-    IGNORED,
-    extended_layout,
-    checked_target_kind,
     extended_p_factor,
     extended_row_loss,
     softcap_chain,
     softcap_of,
 )
+from .cross_entropy_ops import CrossEntropyCall
+from .gpu_launch import kernel_arg
 from .row_math import accum_dtype, exp_nan, online_sum_guard
 
 
-def cross_entropy_options_cpu[
+def cross_entropy_options_rows[
     dtype: DType, with_grad: Bool, reduction: StaticString
 ](
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    n_options: Int,
-    rows: Int,
-    n: Int,
+    call: CrossEntropyCall[dtype, with_grad, reduction],
+    has_weight: Bool,
+    kept: Float64,
 ) raises:
-    """Cross-entropy of `rows` rows of `n` logits against `targets` under
-    the `n_options` extended options; arguments as `cross_entropy_cpu`.
-    "mean" divides by the sum over kept rows of w[target] (torch's rule)."""
+    """The rows of `cross_entropy_cpu` under extended options, its targets
+    checked: `has_weight` whether the options hold class weights, `kept`
+    the sum over kept rows of w[target] (1 without weights), what "mean"
+    divides by."""
     comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime mean = reduction == "mean"
-    comptime reduce = reduction != "none"
-    var has_weight = extended_layout(n_options, n).weighted
-    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
-    var ignore_index = Int64(options[unsafe_offset=0])
-    var kept = Float64(0)
-    for r in range(rows):
-        var t = targets[unsafe_offset=r]
-        var kind = checked_target_kind(t, r, ignore_index, n)
-        if kind != IGNORED:
-            kept += weights[unsafe_offset=Int(t)] if has_weight else 1
-    var scale = Scalar[acc](1 / kept) if mean else Scalar[acc](1)
-    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
-    var losses = row_losses.unsafe_ptr()
+    var rows = call.view.outer
+    var n = call.view.n
+    var targets = call.class_indices()
+    var options = kernel_arg(call.options.values)
+    var scale = Scalar[acc](1 / kept) if reduction == "mean" else Scalar[acc](1)
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
 
-    def task_rows(begin: Int, end: Int) raises {imm}:
+    def task_rows(
+        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
+    ) raises {imm}:
         for r in range(begin, end):
-            var value = _row[dtype, with_grad](
-                dlogits.unsafe_offset(r * n),
-                logits.unsafe_offset(r * n),
-                targets[unsafe_offset=r],
-                options,
-                has_weight,
-                scale,
-                n,
+            losses.put(
+                r,
+                _row[dtype, with_grad](
+                    dlogits.unsafe_offset(r * n),
+                    logits.unsafe_offset(r * n),
+                    targets[unsafe_offset=r],
+                    options,
+                    has_weight,
+                    scale,
+                    n,
+                ),
             )
-            comptime if reduce:
-                losses[unsafe_offset=r] = value
-            else:
-                loss[unsafe_offset=r] = value.cast[dtype]()
 
-    run_in_tasks(task_rows, rows, n)
-    comptime if reduce:
-        reduce_row_losses[mean](loss, row_losses, kept)
-    _ = row_losses^
+    loss_rows_in_tasks(task_rows, call.loss, rows, n, kept)
 
 
 @always_inline

@@ -13,34 +13,33 @@ out-of-range target (not `ignore_index`) raises, naming the row.
 
 from std.sys import simd_width_of, size_of
 
+from .cpu_ce_options import cross_entropy_options_rows
 from .cpu_rows import ExpTerms, _max_of
 from .cpu_sweeps import RowPieces, RowTerms, blocked_sum, each_piece
 from .cpu_tasks import run_in_tasks
-from .gpu_launch import HeldRows, held
 from .cross_entropy_math import (
+    EXTENDED_OPTIONS,
     IGNORED,
+    PLAIN_OPTIONS,
     checked_target_kind,
+    extended_layout,
     grad_of,
     row_loss,
     smoothing_of,
     target_grad,
 )
+from .cross_entropy_ops import CrossEntropyCall
+from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import accum_dtype, exp_nan
 
 
 def cross_entropy_cpu[
     dtype: DType, with_grad: Bool, reduction: StaticString
-](
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    ignore_index: Int64,
-    eps: Float64,
-    rows: Int,
-    n: Int,
-) raises:
-    """Cross-entropy of `rows` rows of `n` logits against `targets`.
+](call: CrossEntropyCall[dtype, with_grad, reduction]) raises:
+    """Cross-entropy of `call`'s (rows, n) logits against its class indices,
+    `options` on the host: PLAIN_OPTIONS (ignore_index, eps) by the sweeps
+    here, extended ones (z-loss, softcap, class weights) by cpu_ce_options'
+    rows (`cross_entropy_options_rows`).
 
     Parameters:
         dtype: Element type of logits, loss and gradient.
@@ -48,35 +47,45 @@ def cross_entropy_cpu[
         reduction: "mean", "sum" (one loss) or "none" (a loss a row).
 
     Args:
-        loss: One element ("mean", "sum") or `rows` ("none").
-        dlogits: `rows * n` elements (unused without the gradient).
-        logits: `rows * n` elements, row-major.
-        targets: `rows` class indices.
-        ignore_index: Target value whose rows are left out.
-        eps: Label smoothing, in [0, 1].
-        rows: Number of rows.
-        n: Classes (row length).
+        call: The buffers and dims (`LossCall`): loss, one element ("mean",
+            "sum") or `rows` ("none"); dlogits (unused without the
+            gradient) and logits, `rows * n` row-major; `rows` targets.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime mean = reduction == "mean"
-    comptime reduce = reduction != "none"
+    var rows = call.view.outer
+    var n = call.view.n
+    var targets = call.class_indices()
+    var options = kernel_arg(call.options.values)
+    var n_options = call.options.count
+    var extended = n_options > PLAIN_OPTIONS
+    var has_weight = extended and extended_layout(n_options, n).weighted
+    var weights = options.unsafe_offset(EXTENDED_OPTIONS)
+    var ignore_index = Int64(options[unsafe_offset=0])
     # Checked first and serially: a bad target must stop the op before any
-    # output is written, and counting the kept rows is what "mean" needs.
-    var kept = 0
+    # output is written, and the kept rows (summed w[target] with class
+    # weights: torch's rule) are what "mean" divides by.
+    var kept = Float64(0)
     for r in range(rows):
         var t = targets[unsafe_offset=r]
         var kind = checked_target_kind(t, r, ignore_index, n)
         if kind != IGNORED:
-            kept += 1
+            kept += weights[unsafe_offset=Int(t)] if has_weight else 1
+    if extended:
+        cross_entropy_options_rows(call, has_weight, kept)
+        return
     # 1 / 0 = inf for "mean" over no kept rows: every row is then ignored
     # and gets a zero gradient, so the inf is never used.
-    var scale = Scalar[acc](1) / Scalar[acc](kept) if mean else Scalar[acc](1)
-    var e = Scalar[acc](eps)
-    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
-    var losses = row_losses.unsafe_ptr()
+    var scale = Scalar[acc](1) / Scalar[acc](
+        kept
+    ) if reduction == "mean" else Scalar[acc](1)
+    var e = options[unsafe_offset=1].cast[acc]()
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
 
-    def task_rows(begin: Int, end: Int) raises {imm}:
+    def task_rows(
+        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
+    ) raises {imm}:
         var scratch_row = List[Scalar[acc]](
             capacity=n if with_grad and size_of[dtype]() < 4 else 0
         )
@@ -84,25 +93,78 @@ def cross_entropy_cpu[
             scratch_row.unsafe_ptr()
         )
         for r in range(begin, end):
-            var value = _row[dtype, with_grad](
-                dlogits.unsafe_offset(r * n),
-                scratch,
-                logits.unsafe_offset(r * n),
-                targets[unsafe_offset=r],
-                ignore_index,
-                e,
-                scale,
-                n,
+            losses.put(
+                r,
+                _row[dtype, with_grad](
+                    dlogits.unsafe_offset(r * n),
+                    scratch,
+                    logits.unsafe_offset(r * n),
+                    targets[unsafe_offset=r],
+                    ignore_index,
+                    e,
+                    scale,
+                    n,
+                ),
             )
-            comptime if reduce:
-                losses[unsafe_offset=r] = value
-            else:
-                loss[unsafe_offset=r] = value.cast[dtype]()
         _ = scratch_row^
+
+    loss_rows_in_tasks(task_rows, call.loss, rows, n, kept)
+
+
+@fieldwise_init
+struct RowLosses[dtype: DType, reduction: StaticString](ImplicitlyCopyable):
+    """Where a CPU loss kernel's row losses go: into the accumulator-typed
+    row losses that `loss_rows_in_tasks` reduces ("mean", "sum"), or
+    straight into the (rows,) loss ("none")."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var loss: HeldRows[Self.dtype]
+    """The op's loss."""
+    var row_losses: HeldRows[Self.acc]
+    """A loss a row, to reduce (unused for "none")."""
+
+    @always_inline
+    def put(self, r: Int, value: Scalar[Self.acc]):
+        """Row r's loss."""
+        comptime if Self.reduction != "none":
+            self.row_losses[unsafe_offset=r] = value
+        else:
+            self.loss[unsafe_offset=r] = value.cast[Self.dtype]()
+
+
+def loss_rows_in_tasks[
+    dtype: DType,
+    reduction: StaticString,
+    //,
+    FuncType: def(Int, Int, RowLosses[dtype, reduction]) raises -> None,
+](
+    each_range: FuncType,
+    loss: HeldRows[dtype],
+    rows: Int,
+    n: Int,
+    kept: Float64,
+) raises:
+    """Run `each_range(begin, end, losses)` over `rows` rows of `n` classes
+    (`run_in_tasks`), each row's loss put in `losses`, then for "mean" and
+    "sum" write their sum (divided by `kept` for "mean") to `loss[0]`: the
+    one loss epilogue of the CPU cross-entropy kernels."""
+    comptime acc = accum_dtype[dtype]()
+    comptime reduce = reduction != "none"
+    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
+    var losses = RowLosses[dtype, reduction](
+        loss,
+        rebind[HeldRows[acc]](row_losses.unsafe_ptr()),
+    )
+
+    def task_rows(begin: Int, end: Int) raises {imm}:
+        each_range(begin, end, losses)
 
     run_in_tasks(task_rows, rows, n)
     comptime if reduce:
-        reduce_row_losses[mean](loss, row_losses, Float64(kept))
+        reduce_row_losses[reduction == "mean"](
+            kernel_arg(loss), row_losses, kept
+        )
     _ = row_losses^
 
 

@@ -20,7 +20,8 @@ from std.utils.numerics import inf
 from .cpu_rows import ExpTerms
 from .cpu_sweeps import RowTerms, blocked_sum
 from .cpu_tasks import run_in_tasks
-from .gpu_launch import HeldRows, held
+from .gpu_launch import HeldRows, held, kernel_arg
+from .masked_softmax_ops import MaskedCall
 from .row_math import (
     accum_dtype,
     exp_nan,
@@ -32,40 +33,34 @@ from .row_math import (
 
 
 def masked_softmax_cpu[
-    dtype: DType, log_out: Bool, has_mask: Bool, causal: Bool
-](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    mask: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    mask_rows: Int,
-    scale: Float64,
-    causal_rows: Int,
-) raises:
-    """Softmax (or log-softmax) of `scale * src + mask` row by row into `dst`.
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+    variant: StaticString,
+](call: MaskedCall[dtype, log_out, variant]) raises:
+    """Softmax (or log-softmax) of `scale * x + mask` row by row into `dst`,
+    `call`'s (rows, n) rows, its `mask_rows` and `causal_rows` at least 1
+    (`masked_rows`).
 
     Parameters:
-        dtype: Element type of `dst`, `src` and `mask`.
+        dtype: Element type of `dst`, `x` and `mask`.
         log_out: Write log-softmax instead of softmax.
-        has_mask: Add `mask` (else it is not read).
+        has_mask: Add `mask` (else it is not read); row r uses mask row
+            r % mask_rows.
         causal: Keep only columns j <= r % causal_rows in row r.
-
-    Args:
-        dst: Output, rows * n elements, row-major.
-        src: Input, same shape.
-        mask: Additive mask, mask_rows * n elements (-inf drops).
-        rows: Number of rows.
-        n: Row length.
-        mask_rows: Rows of the mask; row r uses mask row r % mask_rows.
-        scale: What x is multiplied by first.
-        causal_rows: L, the rows of one causal (L, n) matrix (>= 1 when
-            `causal`).
+        variant: The GPU's strategy (unused here).
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime W = simd_width_of[acc]()
-    var sc = Scalar[acc](scale.cast[acc]())
+    var n = call.view.n
+    var mask_rows = call.mask_rows
+    var causal_rows = call.causal_rows
+    var sc = kernel_arg(call.options.values)[unsafe_offset=0].cast[acc]()
+    var src = kernel_arg(call.x)
+    var dst = kernel_arg(call.dst)
+    var mask = kernel_arg(call.mask)
 
     def task_rows(begin: Int, end: Int) raises {imm}:
         var scratch_row = List[Scalar[acc]](length=n, fill=0)
@@ -98,7 +93,7 @@ def masked_softmax_cpu[
             _write[dtype, log_out](row, limit, n, rs)
         _ = scratch_row^
 
-    run_in_tasks(task_rows, rows, n)
+    run_in_tasks(task_rows, call.view.outer, n)
 
 
 comptime ZRow[dtype: DType] = ExpTerms[dtype, False, True, False]

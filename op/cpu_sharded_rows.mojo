@@ -16,8 +16,9 @@ from .cpu_rows import ExpTerms, _max_of
 from .cpu_sweeps import RowPieces, each_piece
 from .cpu_tasks import run_in_tasks
 from .cross_entropy_math import grad_of, smoothing_of, target_grad
-from .gpu_launch import HeldRows, held
+from .gpu_launch import HeldRows, held, kernel_arg
 from .gpu_sharded_rows import ROW_COLS, STATS_COLS
+from .sharded_ops import ShardedCall
 from .row_math import (
     accum_dtype,
     epilogue,
@@ -29,19 +30,21 @@ from .row_math import (
 
 
 def row_stats_cpu[
-    dtype: DType, with_target: Bool
-](
-    stats: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    rows: Int,
-    n: Int,
-) raises:
+    dtype: DType, kind: StaticString
+](call: ShardedCall[dtype, kind, True]) raises:
     """Each row's (max, sum of exp(x - sum_shift(max)), target logit or
-    -inf, sum of x or 0) into `stats` (rows, STATS_COLS), by the sweeps of
-    cpu_rows and cpu_cross_entropy."""
+    -inf, sum of x or 0) of `call`'s slice into its output (rows,
+    STATS_COLS), by the sweeps of cpu_rows and cpu_cross_entropy."""
+    comptime with_target = kind == "cross_entropy"
     comptime acc = accum_dtype[dtype]()
+    # The output's type is `acc` for the statistics (`ShardedCall.out_dtype`).
+    var stats = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
+        kernel_arg(call.output)
+    )
+    var logits = kernel_arg(call.logits)
+    var targets = kernel_arg(call.targets)
+    var options = kernel_arg(call.options)
+    var n = call.view.n
     var offset = Int64(options[unsafe_offset=0])
     var smoothing = with_target and options[unsafe_offset=2] != 0
 
@@ -66,29 +69,30 @@ def row_stats_cpu[
             out[unsafe_offset=2] = x_t
             out[unsafe_offset=3] = sx
 
-    run_in_tasks(task_rows, rows, n)
+    run_in_tasks(task_rows, call.view.outer, n)
 
 
 def epilogue_cpu[
     dtype: DType, op: StaticString
-](
-    output: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    row_in: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    rows: Int,
-    n: Int,
-) raises:
+](call: ShardedCall[dtype, op, False]) raises:
     """Softmax, log-softmax or the cross-entropy gradient (`op`) of each
-    row of the slice from its global (max, sum, scale) in `row_in` (rows,
-    ROW_COLS); the rules of `gpu_sharded_rows.epilogue_kernel`."""
+    row of `call`'s slice from its global (max, sum, scale) in `row_in`
+    (rows, ROW_COLS) into its output; the rules of
+    `gpu_sharded_rows.epilogue_kernel`."""
     comptime assert (
         op == "softmax" or op == "log_softmax" or op == "cross_entropy"
     ), "op must be softmax, log_softmax or cross_entropy"
     comptime acc = accum_dtype[dtype]()
     comptime W = simd_width_of[acc]()
     comptime CE = op == "cross_entropy"
+    var output = rebind[Pointer[Scalar[dtype], MutAnyOrigin]](
+        kernel_arg(call.output)
+    )
+    var logits = kernel_arg(call.logits)
+    var row_in = kernel_arg(call.row_in)
+    var targets = kernel_arg(call.targets)
+    var options = kernel_arg(call.options)
+    var n = call.view.n
     var offset = Int64(options[unsafe_offset=0])
     var ignore_index = Int64(options[unsafe_offset=1])
     var eps = options[unsafe_offset=2].cast[acc]()
@@ -141,7 +145,7 @@ def epilogue_cpu[
                 )
 
     if n > 0:
-        run_in_tasks(task_rows, rows, n)
+        run_in_tasks(task_rows, call.view.outer, n)
 
 
 @fieldwise_init

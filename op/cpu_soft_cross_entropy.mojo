@@ -1,7 +1,7 @@
 """Vectorized, multithreaded CPU cross-entropy against class probabilities
 (soft targets), fused: the loss and, with it, d loss / d logits.
 
-Rows are split into tasks of whole rows (`run_in_tasks`). A row takes a
+Rows are split into tasks of whole rows (`loss_rows_in_tasks`). A row takes a
 sweep for its max (the logits only), one for its statistics (s, S, T of
 soft_target_math, logits and probabilities read together, W lanes summed
 `SUM_BLOCK` at a time as cpu_sweeps' `blocked_sum`), then, with the
@@ -12,12 +12,12 @@ fit it). Row losses are summed in float64 for "mean" and "sum"
 
 from std.sys import simd_width_of
 
-from .cpu_cross_entropy import reduce_row_losses
+from .cpu_cross_entropy import RowLosses, loss_rows_in_tasks
 from .cpu_rows import _max_of
 from .cpu_sweeps import SUM_BLOCK, RowPieces, each_piece
-from .cpu_tasks import run_in_tasks
 from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import accum_dtype, exp_nan, online_sum_guard
+from .soft_cross_entropy_ops import SoftCrossEntropyCall
 from .soft_target_math import (
     SoftTargets,
     soft_grad,
@@ -30,64 +30,46 @@ from .soft_target_math import (
 
 def soft_cross_entropy_cpu[
     dtype: DType, with_grad: Bool, reduction: StaticString
-](
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    n_options: Int,
-    rows: Int,
-    n: Int,
-) raises:
-    """Cross-entropy of `rows` rows of `n` logits against as many rows of
-    class probabilities.
+](call: SoftCrossEntropyCall[dtype, with_grad, reduction]) raises:
+    """Cross-entropy of `call`'s (rows, n) logits against as many rows of
+    class probabilities, `options` (eps, z_loss[, n class weights])
+    (soft_target_math) on the host.
 
     Parameters:
         dtype: Element type of logits, probabilities, loss and gradient.
         with_grad: Also write d loss / d logits into `dlogits`.
         reduction: "mean" (over the rows, torch's rule for probability
             targets), "sum" (one loss) or "none" (a loss a row).
-
-    Args:
-        loss: One element ("mean", "sum") or `rows` ("none").
-        dlogits: `rows * n` elements (unused without the gradient).
-        logits: `rows * n` elements, row-major.
-        probs: `rows * n` elements, row-major.
-        options: (eps, z_loss[, n class weights]) (soft_target_math).
-        n_options: Their count.
-        rows: Number of rows.
-        n: Classes (row length).
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    comptime mean = reduction == "mean"
-    comptime reduce = reduction != "none"
+    var rows = call.view.outer
+    var n = call.view.n
+    var options = kernel_arg(call.options.values)
     var row = SoftRow[dtype](
-        SoftTargets[acc](options, soft_weighted(n_options, n), n),
+        SoftTargets[acc](options, soft_weighted(call.options.count, n), n),
         options[unsafe_offset=1].cast[acc](),
-        soft_scale[acc, mean](rows),
+        soft_scale[acc, reduction == "mean"](rows),
         n,
     )
-    var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
-    var losses = row_losses.unsafe_ptr()
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
+    var probs = kernel_arg(call.targets)
 
-    def task_rows(begin: Int, end: Int) raises {imm}:
+    def task_rows(
+        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
+    ) raises {imm}:
         for r in range(begin, end):
-            var value = row.run[with_grad](
-                dlogits.unsafe_offset(r * n),
-                logits.unsafe_offset(r * n),
-                probs.unsafe_offset(r * n),
+            losses.put(
+                r,
+                row.run[with_grad](
+                    dlogits.unsafe_offset(r * n),
+                    logits.unsafe_offset(r * n),
+                    probs.unsafe_offset(r * n),
+                ),
             )
-            comptime if reduce:
-                losses[unsafe_offset=r] = value
-            else:
-                loss[unsafe_offset=r] = value.cast[dtype]()
 
-    run_in_tasks(task_rows, rows, n)
-    comptime if reduce:
-        reduce_row_losses[mean](loss, row_losses, Float64(rows))
-    _ = row_losses^
+    loss_rows_in_tasks(task_rows, call.loss, rows, n, Float64(rows))
 
 
 @fieldwise_init

@@ -9,8 +9,9 @@ plain loss, or the extended options (z-loss, softcap, class weights; their
 layout is `extended_layout`'s, op/cross_entropy_math.mojo). Run-time
 values, so one compiled model per (op, dtype, reduction, device) serves all
 of them. The options' length (known on the host) picks the kernels:
-PLAIN_OPTIONS the plain kernels, more the extended terms (cpu_ce_options;
-on the GPU `launch_cross_entropy` with `n_options`). `reduction` ("mean", "sum", "none") is a compile-time
+PLAIN_OPTIONS the plain kernels, more the extended terms (both chosen by
+`cross_entropy_cpu` on the CPU, by `launch_cross_entropy` with `n_options`
+on the GPU). `reduction` ("mean", "sum", "none") is a compile-time
 parameter: it decides the loss's shape, (1,) or (rows,).
 
 `cross_entropy_with_grad` also writes dlogits = d loss / d logits (for
@@ -22,7 +23,6 @@ registered_ops.mojo).
 
 from max.gpu.host import DeviceContext
 
-from .cpu_ce_options import cross_entropy_options_cpu
 from .cpu_cross_entropy import cross_entropy_cpu
 from .cpu_soft_cross_entropy import soft_cross_entropy_cpu
 from .cross_entropy_math import PLAIN_OPTIONS
@@ -65,6 +65,10 @@ struct LossCall[
     var dlogits: HeldRows[Self.dtype]
     """The gradient (without `with_grad` never written: any address)."""
 
+    def class_indices(self) -> Pointer[Int64, MutAnyOrigin]:
+        """The targets as int64 class indices (`target_dtype` int64)."""
+        return rebind[Pointer[Int64, MutAnyOrigin]](kernel_arg(self.targets))
+
     def run[target: StaticString](self, ctx: DeviceContext) raises:
         """Run the op on `target`. Class indices: the plain families for
         PLAIN_OPTIONS options, the extended ones (z-loss, softcap or class
@@ -85,67 +89,35 @@ struct LossCall[
                     t"max_softmax: cross_entropy options must hold at least"
                     t" {PLAIN_OPTIONS} values, got {n_options}"
                 )
-        var rows = self.view.outer
-        var n = self.view.n
-        var loss = kernel_arg(self.loss)
-        var dlogits = kernel_arg(self.dlogits)
-        var logits = kernel_arg(self.logits)
-        var options = kernel_arg(self.options.values)
         comptime dtype = Self.dtype
         comptime with_grad = Self.with_grad
         comptime rd = Self.reduction
         comptime if Self.soft:
+            # The very type (`target_dtype` == `dtype`, asserted above).
+            var call = rebind[SoftCrossEntropyCall[dtype, with_grad, rd]](self)
             comptime if target == "cpu":
-                soft_cross_entropy_cpu[dtype, with_grad, rd](
-                    loss,
-                    dlogits,
-                    logits,
-                    rebind[type_of(logits)](kernel_arg(self.targets)),
-                    options,
-                    n_options,
-                    rows,
-                    n,
-                )
+                soft_cross_entropy_cpu[dtype, with_grad, rd](call)
                 return
             elif target == "gpu":
-                launch_soft_cross_entropy[dtype, with_grad, rd](
-                    ctx,
-                    rebind[SoftCrossEntropyCall[dtype, with_grad, rd]](self),
-                )
+                launch_soft_cross_entropy[dtype, with_grad, rd](ctx, call)
                 return
         else:
-            var targets = rebind[Pointer[Int64, MutAnyOrigin]](
-                kernel_arg(self.targets)
-            )
             comptime if target == "cpu":
-                if n_options > PLAIN_OPTIONS:
-                    cross_entropy_options_cpu[dtype, with_grad, rd](
-                        loss,
-                        dlogits,
-                        logits,
-                        targets,
-                        options,
-                        n_options,
-                        rows,
-                        n,
-                    )
-                    return
-                var ignore_index = Int64(options[unsafe_offset=0])
-                var eps = options[unsafe_offset=1]
+                # Variants are the GPU's.
                 cross_entropy_cpu[dtype, with_grad, rd](
-                    loss, dlogits, logits, targets, ignore_index, eps, rows, n
+                    rebind[CrossEntropyCall[dtype, with_grad, rd]](self)
                 )
                 return
             elif target == "gpu":
                 launch_cross_entropy[dtype, with_grad, rd, Self.variant](
                     ctx,
-                    loss,
-                    dlogits,
-                    logits,
-                    targets,
-                    options,
-                    rows,
-                    n,
+                    kernel_arg(self.loss),
+                    kernel_arg(self.dlogits),
+                    kernel_arg(self.logits),
+                    self.class_indices(),
+                    kernel_arg(self.options.values),
+                    self.view.outer,
+                    self.view.n,
                     n_options,
                 )
                 return

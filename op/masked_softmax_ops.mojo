@@ -77,34 +77,26 @@ def masked_rows[
 ](call: MaskedCall, ctx: DeviceContext) raises:
     """`call`'s rows by the kernels of its flags, on `target`."""
     comptime dtype = call.dtype
-    var v = call.view
-    var mask_rows = max(call.mask_rows, 1)
-    var causal_rows = max(call.causal_rows, 1)
-    var scale = kernel_arg(call.options.values)
-    var x = kernel_arg(call.x)
-    var mask = kernel_arg(call.mask)
+    # r % mask_rows and r % L need at least 1: without a mask, or not
+    # causal, the call may carry 0.
+    var c = call
+    c.mask_rows = max(call.mask_rows, 1)
+    c.causal_rows = max(call.causal_rows, 1)
     comptime if target == "cpu":
-        masked_softmax_cpu[dtype, call.log_out, has_mask, causal](
-            kernel_arg(call.dst),
-            x,
-            mask,
-            v.outer,
-            v.n,
-            mask_rows,
-            scale[unsafe_offset=0],
-            causal_rows,
+        masked_softmax_cpu[dtype, call.log_out, has_mask, causal, call.variant](
+            c
         )
     elif target == "gpu":
         launch_masked_rows[dtype, call.log_out, has_mask, causal, call.variant](
             ctx,
-            kernel_arg(call.dst),
-            x,
-            mask,
-            scale,
-            v.outer,
-            v.n,
-            mask_rows,
-            causal_rows,
+            kernel_arg(c.dst),
+            kernel_arg(c.x),
+            kernel_arg(c.mask),
+            kernel_arg(c.options.values),
+            c.view.outer,
+            c.view.n,
+            c.mask_rows,
+            c.causal_rows,
         )
     else:
         raise Error("max_softmax: unsupported target " + String(target))

@@ -56,6 +56,18 @@ struct ShardedCall[dtype: DType, kind: StaticString, stats: Bool](OpCall):
             or Self.kind == "cross_entropy"
         ), "kind must be softmax, log_softmax or cross_entropy"
         comptime with_target = Self.kind == "cross_entropy"
+        comptime if target == "cpu":
+            comptime if Self.stats:
+                row_stats_cpu[Self.dtype, Self.kind](
+                    rebind[ShardedCall[Self.dtype, Self.kind, True]](self)
+                )
+            else:
+                epilogue_cpu[Self.dtype, Self.kind](
+                    rebind[ShardedCall[Self.dtype, Self.kind, False]](self)
+                )
+            return
+        elif target != "gpu":
+            raise Error("max_softmax: unsupported target " + target)
         var x = kernel_arg(self.logits)
         var t = kernel_arg(self.targets)
         var o = kernel_arg(self.options)
@@ -64,21 +76,7 @@ struct ShardedCall[dtype: DType, kind: StaticString, stats: Bool](OpCall):
         var n = self.view.n
         comptime if Self.stats:
             var s = rebind[type_of(r)](kernel_arg(self.output))
-            comptime if target == "cpu":
-                row_stats_cpu[Self.dtype, with_target](s, x, t, o, rows, n)
-            elif target == "gpu":
-                launch_row_stats[Self.dtype, with_target](
-                    ctx, s, x, t, o, rows, n
-                )
-            else:
-                raise Error("max_softmax: unsupported target " + target)
+            launch_row_stats[Self.dtype, with_target](ctx, s, x, t, o, rows, n)
         else:
             var y = rebind[type_of(x)](kernel_arg(self.output))
-            comptime if target == "cpu":
-                epilogue_cpu[Self.dtype, Self.kind](y, x, r, t, o, rows, n)
-            elif target == "gpu":
-                launch_epilogue[Self.dtype, Self.kind](
-                    ctx, y, x, r, t, o, rows, n
-                )
-            else:
-                raise Error("max_softmax: unsupported target " + target)
+            launch_epilogue[Self.dtype, Self.kind](ctx, y, x, r, t, o, rows, n)
