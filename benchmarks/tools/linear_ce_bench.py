@@ -11,8 +11,9 @@ is recorded as such, the rest go on):
 - ours: chunked, in place, chunk i's cross-entropy beside chunk i+1's GEMM
   (overlap=True);
 - ours_serial: the chunks one after another in one buffer (the default);
-- ours:MiB, ours_serial:MiB: with CHUNK_BYTES = MiB (default 512: the
-  chunk trades memory for the dW GEMM's efficiency);
+- ours:MiB, ours_serial:MiB: with chunk_bytes = MiB (without: the
+  library's default_chunk_bytes; the chunk trades memory for the dW GEMM's
+  efficiency);
 - eager: F.linear + F.cross_entropy, the logits materialised;
 - compile: the same under torch.compile;
 - liger: liger_kernel's LigerFusedLinearCrossEntropyLoss;
@@ -66,8 +67,6 @@ PROVIDERS = [
     "gemm_floor",
 ]
 
-DEFAULT_CHUNK_BYTES = 512 * 2**20
-
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 """One fwd+bwd: (h, w, target), leaving h.grad and w.grad."""
 
@@ -92,7 +91,7 @@ def make_step(provider: str, softcap: float | None) -> tuple[Step, bool]:
         from max_softmax.torch import linear as lce
 
         overlap = name == "ours"
-        chunk_bytes = int(mib) * 2**20 if mib else DEFAULT_CHUNK_BYTES
+        chunk_bytes = int(mib) * 2**20 if mib else None  # None: the library's default
 
         def ours(h, w, t):
             lce.linear_cross_entropy(
