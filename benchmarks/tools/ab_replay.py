@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> None:
     session = InferenceSession(devices=[gpu])
     rng = np.random.default_rng(0)
     out = Path(args.out) / f"ab_{args.tag}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)  # a lost sitting's A/B taught this
+    out.parent.mkdir(parents=True, exist_ok=True)  # a new $OUT/sub folder on the device
     for op in args.ops:
         for dtype in args.dtypes:
             shapes = CE_SHAPES if op == "cross_entropy" else FWD_SHAPES
