@@ -420,6 +420,7 @@ def test_chunk_rows_for_budget():
     assert tl.chunk_rows_for(100, 128256, 2, 1, budget) == 100
     assert tl.chunk_rows_for(10, 2**40, 4, 1, budget) == 1
     assert tl.chunk_rows_for(8192, 128256, 2, 1) == 2048  # CHUNK_BYTES, 512 MiB
+    assert tl.chunk_rows_for(16384, 256000, 2, 1) == 2048  # Gemma-2: 1/8 of its logits
 
 
 @pytest.mark.parametrize(
@@ -433,10 +434,8 @@ def test_chunk_rows_for_budget():
     ],
 )
 def test_default_chunk_budget_grows_with_the_logits(logits_bytes, budget):
-    """512 MiB, or 1/8 of the logits where that is more, at most 1 GiB: the
-    Gemma-2 head runs in chunks of 2048 rows, Llama-3's as before."""
+    """512 MiB, or 1/8 of the logits where that is more, at most 1 GiB."""
     assert tl.default_chunk_bytes(logits_bytes) == budget
-    assert tl.chunk_rows_for(16384, 256000, 2, 1) == 2048
 
 
 @pytest.mark.parametrize("overlap", [False, True])
