@@ -329,9 +329,22 @@ def extended_row_loss[
         loss = (1 - eps) * loss + eps / Scalar[acc](n) * (
             su * log_s + (su * m - suy)
         )
+    return plus_z_loss[acc](loss, z_loss, m, log_s)
+
+
+@always_inline
+def plus_z_loss[
+    acc: DType
+](
+    loss: Scalar[acc], z_loss: Scalar[acc], m: Scalar[acc], log_s: Scalar[acc]
+) -> Scalar[acc]:
+    """A row's `loss` plus its z-loss term z_loss lse^2 (lse = m + log_s,
+    `log_s` the log of the row's sum of exp(x - m)): the one form of the
+    term, for class-index and soft targets alike. Skipped for z_loss = 0,
+    so a row whose lse is inf or NaN keeps its loss."""
     if z_loss != 0:
         var lse = m + log_s
-        loss += z_loss * lse * lse
+        return loss + z_loss * lse * lse
     return loss
 
 

@@ -17,6 +17,7 @@ length without a sync, so it tells whether the kernels read weights.
 
 from std.math import log
 
+from .cross_entropy_math import plus_z_loss
 from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import exp_nan
 
@@ -144,11 +145,7 @@ def soft_row_loss[
     """A row's loss from its statistics: S log s - T (+ z lse^2)."""
     comptime assert acc.is_floating_point()
     var log_s = log(s)
-    var row = sum_q * log_s - t
-    if z_loss != 0:
-        var lse = m + log_s
-        row += z_loss * lse * lse
-    return row
+    return plus_z_loss[acc](sum_q * log_s - t, z_loss, m, log_s)
 
 
 @always_inline
