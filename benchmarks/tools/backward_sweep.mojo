@@ -29,7 +29,7 @@ from op.gpu_split_workspace import on_chip_split_capacity
 from op.row_math import vector_width
 from op.row_tensors import LaunchRows
 from sweep_inputs import filled_inputs, hashed_value, ptr
-from sweep_timing import has_arg, picks, time_line
+from sweep_timing import Sweep, picks
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -121,7 +121,9 @@ def check_error[
 
 def time_config[
     dtype: DType, family: StaticString
-](ctx: DeviceContext, b: Bench[dtype], once: Bool) raises:
+](sweep: Sweep, b: Bench[dtype]) raises:
+    var ctx = sweep.ctx
+
     @__parameter
     def one(i: Int) raises:
         launch[dtype, family](ctx, b, i % INPUTS)
@@ -143,36 +145,27 @@ def time_config[
                 backward_stream_chunk[dtype](),
             )
         )
-    time_line[dtype, family, one, check](
-        ctx, once, b.rows, b.n, params, PASSES, ITERS, REPS
-    )
+    sweep.line[dtype, family, one, check](b.rows, b.n, params, PASSES)
 
 
-def sweep_shape[
-    dtype: DType
-](ctx: DeviceContext, rows: Int, n: Int, once: Bool) raises:
+def sweep_shape[dtype: DType](sweep: Sweep, rows: Int, n: Int) raises:
     comptime V = vector_width[dtype]()
-    var b = make_bench[dtype](ctx, rows, n)
-    time_config[dtype, "copy"](ctx, b, once)
-    time_config[dtype, "dispatch"](ctx, b, once)
+    var b = make_bench[dtype](sweep.ctx, rows, n)
+    time_config[dtype, "copy"](sweep, b)
+    time_config[dtype, "dispatch"](sweep, b)
     if n <= smem_capacity(V, SMEM_TENSORS):
-        time_config[dtype, "smem"](ctx, b, once)
+        time_config[dtype, "smem"](sweep, b)
     if n <= cluster_capacity(V, SMEM_TENSORS, 2):
-        time_config[dtype, "cluster2"](ctx, b, once)
+        time_config[dtype, "cluster2"](sweep, b)
     if n <= cluster_capacity(V, SMEM_TENSORS, 4):
-        time_config[dtype, "cluster4"](ctx, b, once)
+        time_config[dtype, "cluster4"](sweep, b)
     if n <= on_chip_split_capacity(16 // V):
-        time_config[dtype, "stream"](ctx, b, once)
+        time_config[dtype, "stream"](sweep, b)
 
 
 def main() raises:
-    var ctx = DeviceContext()
-    var once = has_arg("once")
-    sweep_shape[DType.float32](ctx, 4096, 65536, once)
-    sweep_shape[DType.float32](ctx, 8192, 50257, once)
-    sweep_shape[DType.float32](ctx, 4096, 40000, once)
-    sweep_shape[DType.float32](ctx, 2048, 131072, once)
-    sweep_shape[DType.bfloat16](ctx, 8192, 50257, once)
-    sweep_shape[DType.bfloat16](ctx, 4096, 65536, once)
-    sweep_shape[DType.bfloat16](ctx, 2048, 131072, once)
-    sweep_shape[DType.bfloat16](ctx, 2048, 262144, once)
+    var sweep = Sweep(ITERS, REPS)
+    for s in [(4096, 65536), (8192, 50257), (4096, 40000), (2048, 131072)]:
+        sweep_shape[DType.float32](sweep, s[0], s[1])
+    for s in [(8192, 50257), (4096, 65536), (2048, 131072), (2048, 262144)]:
+        sweep_shape[DType.bfloat16](sweep, s[0], s[1])

@@ -36,7 +36,7 @@ from op.gpu_smem_rows import pair_capacity, smem_capacity
 from op.row_math import accum_dtype, vector_width
 from op.variants import Strategy
 from sweep_inputs import filled_inputs, hashed_value, ptr
-from sweep_timing import has_arg, picks, time_line
+from sweep_timing import Sweep, has_arg, picks
 
 comptime ITERS = 20
 comptime REPS = 7
@@ -203,13 +203,9 @@ def check_error[
 
 def time_config[
     dtype: DType, family: StaticString, U: Int = 1, T: Int = 0
-](
-    ctx: DeviceContext,
-    b: Bench[dtype],
-    want0: Float64,
-    want1: Float64,
-    once: Bool,
-) raises:
+](sweep: Sweep, b: Bench[dtype], want0: Float64, want1: Float64) raises:
+    var ctx = sweep.ctx
+
     @__parameter
     def one(i: Int) raises:
         launch[dtype, family, U, T](ctx, b, b.srcs[i % INPUTS], b.options[0])
@@ -234,42 +230,34 @@ def time_config[
         params = picks(
             ce_kernel_for(b.rows, b.n, vector_width[dtype](), with_grad=False)
         )
-    time_line[dtype, family, one, check](
-        ctx, once, b.rows, b.n, params, PASSES, ITERS, REPS
-    )
+    sweep.line[dtype, family, one, check](b.rows, b.n, params, PASSES)
 
 
-def sweep_shape[
-    dtype: DType
-](ctx: DeviceContext, rows: Int, n: Int, once: Bool) raises:
+def sweep_shape[dtype: DType](sweep: Sweep, rows: Int, n: Int) raises:
     comptime V = vector_width[dtype]()
-    var b = Bench[dtype](ctx, rows, n)
+    var b = Bench[dtype](sweep.ctx, rows, n)
     var want0 = Float64(0)
     var want1 = Float64(0)
-    if not once:
+    if not sweep.once:
         want0 = reference_loss[dtype](n, 0.0)
         want1 = reference_loss[dtype](n, 0.1)
-    time_config[dtype, "copy"](ctx, b, want0, want1, once)
-    time_config[dtype, "dispatch"](ctx, b, want0, want1, once)
+    time_config[dtype, "copy"](sweep, b, want0, want1)
+    time_config[dtype, "dispatch"](sweep, b, want0, want1)
     if n <= smem_capacity(V):
-        time_config[dtype, "smem"](ctx, b, want0, want1, once)
+        time_config[dtype, "smem"](sweep, b, want0, want1)
     if n <= pair_capacity(V):
-        time_config[dtype, "pair"](ctx, b, want0, want1, once)
+        time_config[dtype, "pair"](sweep, b, want0, want1)
     comptime for T in [256, 512, 1024]:
         comptime for U in [1, 2, 4, 8]:
-            time_config[dtype, "block", U, T](ctx, b, want0, want1, once)
+            time_config[dtype, "block", U, T](sweep, b, want0, want1)
 
 
 def main() raises:
-    var ctx = DeviceContext()
-    var once = has_arg("once")
-    var bf16 = not has_arg("fp32")
-    var fp32 = not has_arg("bf16")
-    if bf16:
-        sweep_shape[DType.bfloat16](ctx, 16384, 32000, once)
-        sweep_shape[DType.bfloat16](ctx, 4096, 128256, once)
-        sweep_shape[DType.bfloat16](ctx, 8192, 50257, once)
-    if fp32:
-        sweep_shape[DType.float32](ctx, 16384, 32000, once)
-        sweep_shape[DType.float32](ctx, 4096, 128256, once)
-        sweep_shape[DType.float32](ctx, 8192, 50257, once)
+    var sweep = Sweep(ITERS, REPS)
+    var shapes = [(16384, 32000), (4096, 128256), (8192, 50257)]
+    if not has_arg("fp32"):
+        for s in shapes:
+            sweep_shape[DType.bfloat16](sweep, s[0], s[1])
+    if not has_arg("bf16"):
+        for s in shapes:
+            sweep_shape[DType.float32](sweep, s[0], s[1])

@@ -43,30 +43,43 @@ def timed_us[
     return median_launch_us[launch](ctx, iters, reps)
 
 
-def time_line[
-    dtype: DType,
-    family: StaticString,
-    launch: def(Int) raises capturing -> None,
-    check: def() raises capturing -> String,
-](
-    ctx: DeviceContext,
-    once: Bool,
-    rows: Int,
-    n: Int,
-    params: String,
-    passes: Float64,
-    iters: Int,
-    reps: Int,
-) raises:
-    """Time `launch` (`timed_us`) and print its line (`print_result`):
-    "`family` `params`", GB/s counted as `passes` x the tensor's bytes (a
-    "copy": 2, read and written), then `check()`, the error check, run
-    after the timing. With `once`, launch once and print nothing."""
-    var us = timed_us[launch](ctx, once, iters, reps)
-    if us:
-        var label = family + " " + params
-        var counted = 2.0 if family == "copy" else passes
-        print_result[dtype](rows, n, label, us.value(), counted, check())
+struct Sweep(Copyable):
+    """What every timing of a sweep (backward_sweep, ce_loss_sweep) shares:
+    the device, whether each configuration is launched only once (the
+    "once" flag, for ncu), and how it is timed."""
+
+    var ctx: DeviceContext
+    """The device the kernels run on."""
+    var once: Bool
+    """Launch each configuration once: no timing, no checks, no lines."""
+    var iters: Int
+    """Launches back to back a timing."""
+    var reps: Int
+    """Timings a configuration (their median is reported)."""
+
+    def __init__(out self, iters: Int, reps: Int) raises:
+        """A sweep on the first GPU, "once" read from the command line."""
+        self.ctx = DeviceContext()
+        self.once = has_arg("once")
+        self.iters = iters
+        self.reps = reps
+
+    def line[
+        dtype: DType,
+        family: StaticString,
+        launch: def(Int) raises capturing -> None,
+        check: def() raises capturing -> String,
+    ](self, rows: Int, n: Int, params: String, passes: Float64) raises:
+        """Time `launch` (`timed_us`) and print its line (`print_result`):
+        "`family` `params`", GB/s counted as `passes` x the tensor's bytes
+        (a "copy": 2, read and written), then `check()`, the error check,
+        run after the timing. With `once`, launch once and print
+        nothing."""
+        var us = timed_us[launch](self.ctx, self.once, self.iters, self.reps)
+        if us:
+            var label = family + " " + params
+            var counted = 2.0 if family == "copy" else passes
+            print_result[dtype](rows, n, label, us.value(), counted, check())
 
 
 def picks(s: Strategy) -> String:
