@@ -10,7 +10,7 @@ hints the CPU does not need, on the host; see cross_entropy_math for the
 layout and the row math.
 """
 
-from .cpu_cross_entropy import RowLosses, loss_rows_in_tasks
+from .cpu_cross_entropy import LossRow, loss_rows_in_tasks
 from .cross_entropy_math import (
     EXTENDED_OPTIONS,
     extended_p_factor,
@@ -35,32 +35,23 @@ def cross_entropy_options_rows[
     the sum over kept rows of w[target] (1 without weights), what "mean"
     divides by."""
     comptime acc = accum_dtype[dtype]()
-    var rows = call.view.outer
     var n = call.view.n
     var targets = call.class_indices()
     var options = kernel_arg(call.options.values)
     var scale = Scalar[acc](1 / kept) if reduction == "mean" else Scalar[acc](1)
-    var dlogits = kernel_arg(call.dlogits)
-    var logits = kernel_arg(call.logits)
 
-    def task_rows(
-        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
-    ) raises {imm}:
-        for r in range(begin, end):
-            losses.put(
-                r,
-                _row[dtype, with_grad](
-                    dlogits.unsafe_offset(r * n),
-                    logits.unsafe_offset(r * n),
-                    targets[unsafe_offset=r],
-                    options,
-                    has_weight,
-                    scale,
-                    n,
-                ),
-            )
+    def row_loss(row: LossRow[dtype]) {imm} -> Scalar[acc]:
+        return _row[dtype, with_grad](
+            kernel_arg(row.y),
+            kernel_arg(row.x),
+            targets[unsafe_offset=row.index],
+            options,
+            has_weight,
+            scale,
+            n,
+        )
 
-    loss_rows_in_tasks(task_rows, call.loss, rows, n, kept)
+    loss_rows_in_tasks(row_loss, call, kept)
 
 
 @always_inline

@@ -28,7 +28,7 @@ from .cross_entropy_math import (
     smoothing_of,
     target_grad,
 )
-from .cross_entropy_ops import CrossEntropyCall
+from .cross_entropy_ops import CrossEntropyCall, LossCall
 from .gpu_launch import HeldRows, held, kernel_arg
 from .row_math import accum_dtype, exp_nan
 
@@ -80,35 +80,39 @@ def cross_entropy_cpu[
         kept
     ) if reduction == "mean" else Scalar[acc](1)
     var e = options[unsafe_offset=1].cast[acc]()
-    var dlogits = kernel_arg(call.dlogits)
-    var logits = kernel_arg(call.logits)
 
-    def task_rows(
-        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
-    ) raises {imm}:
-        var scratch_row = List[Scalar[acc]](
-            capacity=n if with_grad and size_of[dtype]() < 4 else 0
+    def row_loss(row: LossRow[dtype]) {imm} -> Scalar[acc]:
+        return _row[dtype, with_grad](
+            kernel_arg(row.y),
+            kernel_arg(row.scratch),
+            kernel_arg(row.x),
+            targets[unsafe_offset=row.index],
+            ignore_index,
+            e,
+            scale,
+            n,
         )
-        var scratch = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-            scratch_row.unsafe_ptr()
-        )
-        for r in range(begin, end):
-            losses.put(
-                r,
-                _row[dtype, with_grad](
-                    dlogits.unsafe_offset(r * n),
-                    scratch,
-                    logits.unsafe_offset(r * n),
-                    targets[unsafe_offset=r],
-                    ignore_index,
-                    e,
-                    scale,
-                    n,
-                ),
-            )
-        _ = scratch_row^
 
-    loss_rows_in_tasks(task_rows, call.loss, rows, n, kept)
+    # 16-bit gradients park their exps in a float32 scratch row (`_row`).
+    comptime scratch = with_grad and size_of[dtype]() < 4
+    loss_rows_in_tasks(row_loss, call, kept, n if scratch else 0)
+
+
+@fieldwise_init
+struct LossRow[dtype: DType](ImplicitlyCopyable):
+    """One row of a CPU loss kernel, as `loss_rows_in_tasks` hands it to
+    the kernel's row function: its index and its rows."""
+
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var index: Int
+    """The row's index."""
+    var y: HeldRows[Self.dtype]
+    """Its gradient row (unused without the gradient)."""
+    var x: HeldRows[Self.dtype]
+    """Its logits."""
+    var scratch: HeldRows[Self.acc]
+    """The task's scratch row (`scratch_length` elements)."""
 
 
 @fieldwise_init
@@ -135,35 +139,56 @@ struct RowLosses[dtype: DType, reduction: StaticString](ImplicitlyCopyable):
 
 def loss_rows_in_tasks[
     dtype: DType,
+    target_dtype: DType,
+    with_grad: Bool,
     reduction: StaticString,
+    variant: StaticString,
     //,
-    FuncType: def(Int, Int, RowLosses[dtype, reduction]) raises -> None,
+    FuncType: def(LossRow[dtype]) -> Scalar[accum_dtype[dtype]()],
 ](
-    each_range: FuncType,
-    loss: HeldRows[dtype],
-    rows: Int,
-    n: Int,
+    row_loss: FuncType,
+    call: LossCall[dtype, target_dtype, with_grad, reduction, variant],
     kept: Float64,
+    scratch_length: Int = 0,
 ) raises:
-    """Run `each_range(begin, end, losses)` over `rows` rows of `n` classes
-    (`run_in_tasks`), each row's loss put in `losses`, then for "mean" and
-    "sum" write their sum (divided by `kept` for "mean") to `loss[0]`: the
-    one loss epilogue of the CPU cross-entropy kernels."""
+    """Put `row_loss(row)` for every row of `call`'s (rows, n) logits,
+    whole rows a task (`run_in_tasks`), each task with a scratch row of
+    `scratch_length` accumulator elements; then for "mean" and "sum" write
+    their sum (divided by `kept` for "mean") to the loss: the one row loop
+    and loss epilogue of the CPU cross-entropy kernels."""
     comptime acc = accum_dtype[dtype]()
     comptime reduce = reduction != "none"
+    var rows = call.view.outer
+    var n = call.view.n
     var row_losses = List[Scalar[acc]](length=rows if reduce else 0, fill=0)
     var losses = RowLosses[dtype, reduction](
-        loss,
+        call.loss,
         rebind[HeldRows[acc]](row_losses.unsafe_ptr()),
     )
+    var dlogits = kernel_arg(call.dlogits)
+    var logits = kernel_arg(call.logits)
 
     def task_rows(begin: Int, end: Int) raises {imm}:
-        each_range(begin, end, losses)
+        var scratch_row = List[Scalar[acc]](capacity=scratch_length)
+        var scratch = rebind[HeldRows[acc]](scratch_row.unsafe_ptr())
+        for r in range(begin, end):
+            losses.put(
+                r,
+                row_loss(
+                    LossRow[dtype](
+                        r,
+                        held(dlogits.unsafe_offset(r * n)),
+                        held(logits.unsafe_offset(r * n)),
+                        scratch,
+                    )
+                ),
+            )
+        _ = scratch_row^
 
     run_in_tasks(task_rows, rows, n)
     comptime if reduce:
         reduce_row_losses[reduction == "mean"](
-            kernel_arg(loss), row_losses, kept
+            kernel_arg(call.loss), row_losses, kept
         )
     _ = row_losses^
 

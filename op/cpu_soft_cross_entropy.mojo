@@ -12,7 +12,7 @@ fit it). Row losses are summed in float64 for "mean" and "sum"
 
 from std.sys import simd_width_of
 
-from .cpu_cross_entropy import RowLosses, loss_rows_in_tasks
+from .cpu_cross_entropy import LossRow, loss_rows_in_tasks
 from .cpu_rows import _max_of
 from .cpu_sweeps import SUM_BLOCK, RowPieces, each_piece
 from .gpu_launch import HeldRows, held, kernel_arg
@@ -46,30 +46,22 @@ def soft_cross_entropy_cpu[
     var rows = call.view.outer
     var n = call.view.n
     var options = kernel_arg(call.options.values)
-    var row = SoftRow[dtype](
+    var shared = SoftRow[dtype](
         SoftTargets[acc](options, soft_weighted(call.options.count, n), n),
         options[unsafe_offset=1].cast[acc](),
         soft_scale[acc, reduction == "mean"](rows),
         n,
     )
-    var dlogits = kernel_arg(call.dlogits)
-    var logits = kernel_arg(call.logits)
     var probs = kernel_arg(call.targets)
 
-    def task_rows(
-        begin: Int, end: Int, losses: RowLosses[dtype, reduction]
-    ) raises {imm}:
-        for r in range(begin, end):
-            losses.put(
-                r,
-                row.run[with_grad](
-                    dlogits.unsafe_offset(r * n),
-                    logits.unsafe_offset(r * n),
-                    probs.unsafe_offset(r * n),
-                ),
-            )
+    def row_loss(row: LossRow[dtype]) {imm} -> Scalar[acc]:
+        return shared.run[with_grad](
+            kernel_arg(row.y),
+            kernel_arg(row.x),
+            probs.unsafe_offset(row.index * n),
+        )
 
-    loss_rows_in_tasks(task_rows, call.loss, rows, n, Float64(rows))
+    loss_rows_in_tasks(row_loss, call, Float64(rows))
 
 
 @fieldwise_init
