@@ -234,7 +234,7 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
         comptime if s == Strategy.WARP or s == Strategy.BLOCK_ROWS:
             launch_register_rows[
                 Self.dtype, Self.log_out, s == Strategy.BLOCK_ROWS
-            ](ctx, r.dst(), r.a(), r.rows, r.n, r.aligned)
+            ](ctx, r)
         elif s == Strategy.SMEM:
             launch_smem_rows[Self.dtype, Self.log_out](ctx, r)
         elif s == Strategy.SPLIT_STREAM:
