@@ -41,8 +41,8 @@ from .cpu_rows import softmax_cpu
 from .gpu_backward_rows import (
     backward_plan_registers,
     backward_register_kernel_for,
-    backward_strided_kernel,
     launch_backward_block,
+    launch_backward_strided,
 )
 from .gpu_backward_smem_rows import SMEM_TENSORS, launch_backward_parts
 from .gpu_backward_stream_rows import (
@@ -50,7 +50,7 @@ from .gpu_backward_stream_rows import (
     backward_stream_chunk,
     launch_backward_stream,
 )
-from .gpu_launch import aligned16, vector_flag_of
+from .gpu_launch import aligned16, kernel_arg, vector_flag_of
 from .gpu_register_rows import (
     MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
@@ -71,9 +71,9 @@ from .gpu_smem_rows import (
 from .gpu_split_rows import launch_split_rows
 from .gpu_split_stream_rows import launch_split_stream, split_stream_fits
 from .gpu_split_workspace import on_chip_split_capacity
-from .gpu_strided_rows import launch_strided, strided_rows_kernel
+from .gpu_strided_rows import StridedLauncher, launch_strided_rows
 from .row_math import vector_width
-from .row_tensors import LaunchRows, tensors_of
+from .row_tensors import LaunchRows, RowTensors, tensors_of
 from .variants import (
     RowStrategies,
     Strategy,
@@ -86,6 +86,11 @@ comptime RowsLauncher[dtype: DType] = def(
     DeviceContext, LaunchRows[dtype]
 ) raises thin -> None
 """Launches one family on contiguous rows (their `src` is `a`, and `b`)."""
+
+comptime ViewRows[dtype: DType] = def(
+    RowTensors[dtype], Int, Int, Int
+) raises thin -> None
+"""Runs an op on the CPU over the (outer, n, inner) view of its tensors."""
 
 # Fewer rows than this (two per H100 SM) cannot fill the GPU one block per
 # row, so long rows are split across blocks instead.
@@ -234,7 +239,7 @@ struct ForwardRows[dtype: DType, log_out: Bool](RowStrategies):
         comptime if s == Strategy.WARP or s == Strategy.BLOCK_ROWS:
             launch_register_rows[
                 Self.dtype, Self.log_out, s == Strategy.BLOCK_ROWS
-            ](ctx, r.dst(), r.a(), r.rows, r.n, r.aligned)
+            ](ctx, r)
         elif s == Strategy.SMEM:
             launch_smem_rows[Self.dtype, Self.log_out](ctx, r)
         elif s == Strategy.SPLIT_STREAM:
@@ -263,6 +268,37 @@ comptime launch_auto[dtype: DType, log_out: Bool] = launch_variant[
 """`launch_variant` with "auto": the strategy `gpu_kernel_for` picks."""
 
 
+def run_view[
+    target: StaticString,
+    dtype: DType,
+    cpu_rows: ViewRows[dtype],
+    strided: StridedLauncher[dtype],
+    launch_rows: RowsLauncher[dtype],
+](
+    ctx: DeviceContext, t: RowTensors[dtype], outer: Int, n: Int, inner: Int
+) raises:
+    """Run an op on the (outer, n, inner) view of its tensors `t` on
+    `target`: the one route the forward and the backward share. Nothing
+    runs for an empty view; on the CPU `cpu_rows`; on the GPU, rows along
+    a non-last axis by columns (`strided`, `Strategy.STRIDED`), contiguous
+    rows by `launch_rows`."""
+    if outer * n * inner == 0:
+        return
+    comptime if target == "cpu":
+        cpu_rows(t, outer, n, inner)
+    elif target == "gpu":
+        if inner != 1:
+            strided(ctx, t, outer, n, inner)
+        else:
+            var dst = kernel_arg(t.dst)
+            var a = kernel_arg(t.a)
+            var b = kernel_arg(t.b)
+            var aligned = aligned16(Int(dst), Int(a), Int(b))
+            launch_rows(ctx, LaunchRows(dst, a, b, outer, n, aligned))
+    else:
+        raise Error("max_softmax: unsupported target " + String(target))
+
+
 def softmax_rows[
     target: StaticString,
     dtype: DType,
@@ -276,29 +312,15 @@ def softmax_rows[
     n: Int,
     inner: Int,
 ) raises:
-    """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`:
-    on the GPU along a non-last axis by columns (`Strategy.STRIDED`),
-    contiguous rows by `launch_rows` (`launch_variant`)."""
-    if outer * n * inner == 0:
-        return
-    comptime if target == "cpu":
-        softmax_cpu[dtype, log_out](tensors_of(dst, src, src), outer, n, inner)
-    elif target == "gpu":
-        if inner != 1:
-            launch_strided[strided_rows_kernel[dtype, log_out]](
-                ctx,
-                outer * inner,
-                dst,
-                src,
-                Int64(outer),
-                Int64(n),
-                Int64(inner),
-            )
-        else:
-            var aligned = aligned16(Int(src), Int(dst))
-            launch_rows(ctx, LaunchRows(dst, src, src, outer, n, aligned))
-    else:
-        raise Error("max_softmax: unsupported target " + String(target))
+    """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`
+    (`run_view`): contiguous GPU rows by `launch_rows` (`launch_variant`)."""
+    run_view[
+        target,
+        dtype,
+        softmax_cpu[dtype, log_out],
+        launch_strided_rows[dtype, log_out],
+        launch_rows,
+    ](ctx, tensors_of(dst, src, src), outer, n, inner)
 
 
 @fieldwise_init
@@ -405,30 +427,12 @@ def softmax_backward_rows[
     inner: Int,
 ) raises:
     """Run softmax_backward (or log_softmax_backward) of the (outer, n,
-    inner) view on `target`: contiguous GPU rows under `variant`
-    (`launch_backward_rows`)."""
-    if outer * n * inner == 0:
-        return
-    comptime if target == "cpu":
-        softmax_backward_cpu[dtype, log_in](
-            tensors_of(dx, a, dy), outer, n, inner
-        )
-    elif target == "gpu":
-        if inner != 1:
-            launch_strided[backward_strided_kernel[dtype, log_in]](
-                ctx,
-                outer * inner,
-                dx,
-                a,
-                dy,
-                Int64(outer),
-                Int64(n),
-                Int64(inner),
-            )
-        else:
-            var aligned = aligned16(Int(dx), Int(a), Int(dy))
-            launch_backward_rows[dtype, log_in, variant](
-                ctx, LaunchRows(dx, a, dy, outer, n, aligned)
-            )
-    else:
-        raise Error("max_softmax: unsupported target " + String(target))
+    inner) view on `target` (`run_view`): contiguous GPU rows under
+    `variant` (`launch_backward_rows`)."""
+    run_view[
+        target,
+        dtype,
+        softmax_backward_cpu[dtype, log_in],
+        launch_backward_strided[dtype, log_in],
+        launch_backward_rows[dtype, log_in, variant],
+    ](ctx, tensors_of(dx, a, dy), outer, n, inner)

@@ -31,7 +31,7 @@ from .gpu_register_rows import (
     register_rows,
     store_row_chunks,
 )
-from .gpu_strided_rows import STRIDED_THREADS
+from .gpu_strided_rows import STRIDED_THREADS, launch_strided
 from .row_math import (
     accum_dtype,
     backward_out,
@@ -467,4 +467,23 @@ def launch_backward_block[
         vector_flag_of(r.aligned, r.n, V),
         grid_dim=r.rows,
         block_dim=BACKWARD_BLOCK_THREADS,
+    )
+
+
+def launch_backward_strided[
+    dtype: DType, log_in: Bool
+](
+    ctx: DeviceContext, t: RowTensors[dtype], outer: Int, n: Int, inner: Int
+) raises:
+    """`backward_strided_kernel` on the (outer, n, inner) view of `t` (dx
+    from y or log p and dy)."""
+    launch_strided[backward_strided_kernel[dtype, log_in]](
+        ctx,
+        outer * inner,
+        kernel_arg(t.dst),
+        kernel_arg(t.a),
+        kernel_arg(t.b),
+        Int64(outer),
+        Int64(n),
+        Int64(inner),
     )

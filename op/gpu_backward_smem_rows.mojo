@@ -31,6 +31,7 @@ from .gpu_smem_rows import (
     OnchipLaunch,
     cluster_total,
     onchip_rows,
+    smem_min_blocks,
     start_row_copy,
 )
 from .gpu_split_chunks import SharedBuffer
@@ -320,7 +321,7 @@ struct BackwardRow[dtype_: DType, log_in: Bool, V: Int, T: Int](RowOp):
 
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+    `nvvm.minctasm`=SIMDLength(smem_min_blocks(T)),
 )
 def backward_smem_kernel[
     dtype: DType, log_in: Bool, V: Int, T: Int, C: Int

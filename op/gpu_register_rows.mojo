@@ -56,6 +56,7 @@ from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_sum
 from .row_math import accum_dtype, epilogue, exp_nan, row_scale, vector_width
 from .row_op import RegisterRowOp
+from .row_tensors import LaunchRows
 
 comptime WARP_THREADS = 32
 # Most threads a row: the last plans' 512.
@@ -648,23 +649,17 @@ struct RegisterRows[dtype: DType, log_out: Bool, pdl: Bool](
 
 def launch_register_rows[
     dtype: DType, log_out: Bool, block_rows: Bool, pdl: Bool = PDL
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
-) raises:
-    """Launch `register_rows_kernel` on `rows` rows of `n`: variant "warp"
-    (8 to 32 threads a row; to 1024 fp32 for aligned rows, `WIDE_WARP_PLAN`)
-    or, with `block_rows`, "block" (64 to 512); with Programmatic Dependent
-    Launch if `pdl`. Raises if no plan of those threads holds a row of
-    `n`."""
+](ctx: DeviceContext, r: LaunchRows[dtype]) raises:
+    """Launch `register_rows_kernel` on `r`'s rows (`src` is `a`): variant
+    "warp" (8 to 32 threads a row; to 1024 fp32 for aligned rows,
+    `WIDE_WARP_PLAN`) or, with `block_rows`, "block" (64 to 512); with
+    Programmatic Dependent Launch if `pdl`. Raises if no plan of those
+    threads holds a row of `n`."""
     comptime V = vector_width[dtype]()
     comptime min_threads = 2 * WARP_THREADS if block_rows else 1
     comptime max_threads = MAX_PLAN_THREADS if block_rows else WARP_THREADS
-    var vector_flag = vector_flag_of(aligned, n, V)
+    var n = r.n
+    var vector_flag = vector_flag_of(r.aligned, n, V)
     var wide = wide_warp_rows[dtype](vector_flag)
     var plan = register_plan(n, V, min_threads, wide_warp=wide)
     if plan < 0 or plan_threads(plan) > max_threads:
@@ -685,8 +680,8 @@ def launch_register_rows[
     ](
         ctx,
         RegisterRows[dtype, log_out, pdl](
-            held(dst), held(src), rows, n, vector_flag
+            r.tensors.dst, r.tensors.a, r.rows, n, vector_flag
         ),
         plan,
-        rows,
+        r.rows,
     )

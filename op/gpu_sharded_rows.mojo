@@ -38,7 +38,7 @@ from .row_math import (
     row_scale,
     vector_width,
 )
-from .row_part import BlockRow
+from .row_part import BlockRow, aligned_head
 
 comptime STATS_COLS = 4
 """Per-row statistics of a slice: max, sum of exp, target logit, sum of x."""
@@ -201,7 +201,7 @@ def epilogue_kernel[
         var start = row * len
         var x = logits.unsafe_offset(start)
         var y = output.unsafe_offset(start)
-        var head = min((V - start % V) % V, len) if aligned_flag != 0 else len
+        var head = aligned_head[V](start, len, aligned_flag)
         var nvec = (len - head) // V
         var tail_begin = head + nvec * V
         var r = row_in.unsafe_offset(row * ROW_COLS)

@@ -99,6 +99,13 @@ def smem_threads_for(n: Int, V: Int, tensors: Int = 1) -> Int:
     return SMEM_THREADS
 
 
+def smem_min_blocks(threads: Int) -> Int:
+    """Blocks an SM must hold of an on-chip kernel of `threads` threads
+    (its `nvvm.minctasm`): two of `SMEM_HALF_THREADS`, so that one block's
+    sweeps overlap the other's loads; 1 (no demand) for `SMEM_THREADS`."""
+    return 2 if threads == SMEM_HALF_THREADS else 1
+
+
 def smem_capacity(V: Int, tensors: Int = 1) -> Int:
     """Longest row (elements) the kernels hold on chip, of each of
     `tensors` tensors."""
@@ -712,7 +719,7 @@ struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
 
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+    `nvvm.minctasm`=SIMDLength(smem_min_blocks(T)),
 )
 def smem_rows_kernel[
     dtype: DType, log_out: Bool, V: Int, T: Int, C: Int

@@ -12,6 +12,8 @@ from std.builtin.device_passable import DevicePassable
 from std.math import ceildiv
 from std.utils.numerics import inf
 
+from .gpu_launch import kernel_arg
+
 from .row_math import (
     accum_dtype,
     epilogue,
@@ -20,9 +22,16 @@ from .row_math import (
     online_sum_guard,
     row_scale,
 )
+from .row_tensors import RowTensors
 
 comptime STRIDED_THREADS = 256
 comptime STRIDED_SUM_BLOCK = 256
+
+comptime StridedLauncher[dtype: DType] = def(
+    DeviceContext, RowTensors[dtype], Int, Int, Int
+) raises thin -> None
+"""Launches an op's strided kernel on the (outer, n, inner) view of its
+tensors (this file's, the backward's)."""
 
 
 def strided_rows_kernel[
@@ -89,4 +98,22 @@ def launch_strided[
         *args,
         grid_dim=ceildiv(columns, STRIDED_THREADS),
         block_dim=STRIDED_THREADS,
+    )
+
+
+def launch_strided_rows[
+    dtype: DType, log_out: Bool
+](
+    ctx: DeviceContext, t: RowTensors[dtype], outer: Int, n: Int, inner: Int
+) raises:
+    """`strided_rows_kernel` on the (outer, n, inner) view of `t` (`src` is
+    `a`)."""
+    launch_strided[strided_rows_kernel[dtype, log_out]](
+        ctx,
+        outer * inner,
+        kernel_arg(t.dst),
+        kernel_arg(t.a),
+        Int64(outer),
+        Int64(n),
+        Int64(inner),
     )
