@@ -419,6 +419,29 @@ struct CrossEntropyRow[
             self._close_extended(sums[0], Scalar[acc](self.len_row), sums[1])
 
     @always_inline
+    def _hold_capped_exp[
+        loads: Bool
+    ](
+        mut self,
+        xp: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        smem: SharedBuffer[Self.dtype],
+        p: RowPart,
+    ) -> Scalar[accum_dtype[Self.dtype]()]:
+        """`hold_capped_exp` of this row's part, under its softcap and
+        `row_max`, into its registers and edge pair: sweep 2 without label
+        smoothing (with `loads`, the part's first load too, where the cap
+        stands in for the max)."""
+        return hold_capped_exp[Self.V, Self.T, Self.dtype, loads](
+            xp,
+            smem,
+            p,
+            self.regs,
+            self.edge,
+            Softcap[accum_dtype[Self.dtype]()].of_cap(self.cap),
+            self.row_max,
+        )
+
+    @always_inline
     def _fold_options[
         C: Int
     ](
@@ -451,15 +474,7 @@ struct CrossEntropyRow[
         var part_suy = Scalar[acc](0)
         if self.cap_as_max:
             self.row_max = self.cap
-            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, True](
-                xp,
-                smem,
-                p,
-                self.regs,
-                self.edge,
-                Softcap[acc].of_cap(self.cap),
-                self.row_max,
-            )
+            part_s = self._hold_capped_exp[True](xp, smem, p)
         else:
             var raw_max = self._cluster_max[C](
                 slots,
@@ -471,15 +486,7 @@ struct CrossEntropyRow[
             )
             self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
         if self.holds and not self.cap_as_max:
-            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, False](
-                xp,
-                smem,
-                p,
-                self.regs,
-                self.edge,
-                Softcap[acc].of_cap(self.cap),
-                self.row_max,
-            )
+            part_s = self._hold_capped_exp[False](xp, smem, p)
         elif not self.holds:
             var sums = OptionSums[Self.dtype](
                 Softcap[acc].of_cap(self.cap),
