@@ -33,6 +33,7 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
+from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
     CrossEntropyGrad,
     ce_options,
@@ -696,20 +697,11 @@ def launch_ce_parts[
     terms: Int = NO_TERMS,
 ](
     ctx: DeviceContext,
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
+    op: CERows[dtype, with_grad, mean, reduce],
     has_weight: Int32 = 0,
 ) raises:
-    """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
-    with the shared memory its part needs, and the op's `cluster_slots`
+    """Launch `ce_smem_kernel` on `op`'s rows, C blocks a row, each with
+    the shared memory its part needs, and the op's `cluster_slots`
     partials a row for C > 1 (`OnchipLaunch`); `terms`:
     `CrossEntropyRow`'s, `has_weight` read under OPTION_TERMS. Raises past
     the capacity."""
@@ -718,10 +710,16 @@ def launch_ce_parts[
         dtype, with_grad, mean, reduce, V, SMEM_THREADS, terms
     ].cluster_slots
     var launch = OnchipLaunch[dtype, C](
-        ctx, "the cross-entropy on-chip kernel", rows, n, 1, slots, "classes"
+        ctx,
+        "the cross-entropy on-chip kernel",
+        op.rows,
+        op.n,
+        1,
+        slots,
+        "classes",
     )
-    var aligned_flag = aligned_flag_of(aligned)
-    var partials = launch.partials.ptr(row_losses)
+    var aligned_flag = aligned_flag_of(op.aligned)
+    var partials = launch.partials.ptr(kernel_arg(op.row_losses))
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[
@@ -729,15 +727,15 @@ def launch_ce_parts[
                 T,
             ](
                 ctx,
-                dlogits,
-                logits,
-                targets,
-                options,
-                count,
-                row_losses,
-                loss,
+                kernel_arg(op.dlogits),
+                kernel_arg(op.logits),
+                kernel_arg(op.targets),
+                kernel_arg(op.options),
+                kernel_arg(op.count),
+                kernel_arg(op.row_losses),
+                kernel_arg(op.loss),
                 partials,
-                Int64(n),
+                Int64(op.n),
                 aligned_flag,
                 has_weight,
             )

@@ -70,9 +70,9 @@ from .gpu_ce_block_rows import (
     launch_ce_block,
 )
 from .gpu_ce_pair_rows import launch_ce_pair
-from .gpu_ce_register_rows import ce_register_kernel
+from .gpu_ce_register_rows import enqueue_ce_register
 from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
-from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
+from .gpu_launch import HeldRows, aligned16, held
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -288,22 +288,12 @@ def ce_kernel_for(
     return Strategy.BLOCK
 
 
-comptime CELauncher[dtype: DType] = def(
-    DeviceContext,
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Pointer[Int64, MutAnyOrigin],
-    Pointer[Float64, MutAnyOrigin],
-    Pointer[Float64, MutAnyOrigin],
-    Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Int,
-    Int,
-    Bool,
-    Int32,
+comptime CELauncher[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+] = def(
+    DeviceContext, CERows[dtype, with_grad, mean, reduce], Int32
 ) raises thin -> None
-"""A cross-entropy family's launcher on (ctx, dlogits, logits, targets,
-options, count, row_losses, loss, rows, n, aligned, has_weight)."""
+"""A cross-entropy family's launcher on (ctx, the rows, has_weight)."""
 
 
 @fieldwise_init
@@ -398,49 +388,21 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
             no_strategy(Self.op_name())
 
     def call[
-        launcher: CELauncher[Self.dtype]
+        launcher: CELauncher[Self.dtype, Self.with_grad, Self.mean, Self.reduce]
     ](self, ctx: DeviceContext, has_weight: Int32 = 0) raises:
         """Call a family's launcher (`launch_ce_smem`, `launch_ce_pair`,
         `launch_ce_block`, `launch_ce_parts`) on these rows (`has_weight`:
         under OPTION_TERMS)."""
-        launcher(
-            ctx,
-            kernel_arg(self.dlogits),
-            kernel_arg(self.logits),
-            kernel_arg(self.targets),
-            kernel_arg(self.options),
-            kernel_arg(self.count),
-            kernel_arg(self.row_losses),
-            kernel_arg(self.loss),
-            self.rows,
-            self.n,
-            self.aligned,
-            has_weight,
-        )
+        launcher(ctx, self, has_weight)
 
     def enqueue[
         T: Int, K: Int
     ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
         """Enqueue `ce_register_kernel` for T threads a row, K chunks a
-        thread."""
-        comptime V = vector_width[Self.dtype]()
-        comptime kernel = ce_register_kernel[
-            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, V, K
-        ]
-        ctx.enqueue_function[kernel](
-            kernel_arg(self.dlogits),
-            kernel_arg(self.logits),
-            kernel_arg(self.targets),
-            kernel_arg(self.options),
-            kernel_arg(self.count),
-            kernel_arg(self.row_losses),
-            kernel_arg(self.loss),
-            Int64(self.rows),
-            Int64(self.n),
-            vector_flag_of(self.aligned, self.n, V),
-            grid_dim=grid,
-            block_dim=block,
-        )
+        thread (`enqueue_ce_register`)."""
+        enqueue_ce_register[
+            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, K
+        ](ctx, self, grid, block)
 
 
 def launch_cross_entropy[
@@ -536,12 +498,13 @@ def _launch_extended_rows[
     var parts = options_onchip_parts(
         op.rows, op.n, vector_width[dtype]()
     ) if with_grad else 0
-    comptime for C in [1, 2]:
-        comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
-            if parts == C and terms == T:
-                op.call[launch_ce_parts[dtype, True, mean, reduce, C, T]](
-                    ctx, has_weight
-                )
+    comptime if with_grad:
+        comptime for C in [1, 2]:
+            comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
+                if parts == C and terms == T:
+                    op.call[
+                        launch_ce_parts[dtype, with_grad, mean, reduce, C, T]
+                    ](ctx, has_weight)
     if parts == 0:
         op.call[
             launch_ce_block[
