@@ -34,7 +34,7 @@ capturable for device-graph replay):
    (`ExtendedLayout.terms`): many rows with a gradient on chip
    (`options_onchip_parts`), the rest `ce_block_kernel` under OPTION_TERMS;
    "mean" then counts the kept rows' class weights
-   (`ce_weighted_count_kernel`: torch divides by the sum of w[t]).
+   (`ce_count_kernel[weighted=True]`: torch divides by the sum of w[t]).
 3. "mean"/"sum": `ce_reduce_kernel`, one block, sums the row losses in a
    fixed order (repeatable, unlike atomics) and divides by the count.
 
@@ -99,31 +99,9 @@ comptime CE_PLAN_THREADS = 256
         Int32(CE_SMALL_THREADS)
     )
 )
-def ce_count_kernel(
-    count: Pointer[Float64, MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    rows: Int64,
-):
-    """Count the rows whose target is not ignore_index into `count[0]`
-    (float64: exact to 2^53 rows); one block of CE_SMALL_THREADS."""
-    var t = Int(thread_idx.x)
-    var ignore_index = Int64(options[unsafe_offset=0])
-    var c = Float64(0)
-    for r in range(t, Int(rows), CE_SMALL_THREADS):
-        if targets[unsafe_offset=r] != ignore_index:
-            c += 1
-    var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
-    if t == 0:
-        count[unsafe_offset=0] = total
-
-
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(CE_SMALL_THREADS)
-    )
-)
-def ce_weighted_count_kernel(
+def ce_count_kernel[
+    weighted: Bool
+](
     count: Pointer[Float64, MutAnyOrigin],
     targets: Pointer[Int64, MutAnyOrigin],
     options: Pointer[Float64, MutAnyOrigin],
@@ -131,18 +109,25 @@ def ce_weighted_count_kernel(
     n: Int64,
     has_weight: Int32,
 ):
-    """`count[0]` = the sum over kept rows of w[target] (1 without weights);
-    out-of-range targets add nothing (their rows are NaN). One block of
-    CE_SMALL_THREADS."""
+    """The "mean" count into `count[0]` (float64: exact to 2^53 rows), one
+    block of CE_SMALL_THREADS. Plain options: the rows whose target is not
+    ignore_index (`n` and `has_weight` unread). `weighted` (the extended
+    options): the sum over kept rows of w[target] (1 without weights,
+    `has_weight` zero); out-of-range targets add nothing (their rows are
+    NaN)."""
     var t = Int(thread_idx.x)
     var ignore_index = Int64(options[unsafe_offset=0])
     var c = Float64(0)
     for r in range(t, Int(rows), CE_SMALL_THREADS):
         var tgt = targets[unsafe_offset=r]
-        if target_kind(tgt, ignore_index, Int(n)) == KEPT:
-            if has_weight != 0:
-                c += options[unsafe_offset=EXTENDED_OPTIONS + Int(tgt)]
-            else:
+        comptime if weighted:
+            if target_kind(tgt, ignore_index, Int(n)) == KEPT:
+                if has_weight != 0:
+                    c += options[unsafe_offset=EXTENDED_OPTIONS + Int(tgt)]
+                else:
+                    c += 1
+        else:
+            if tgt != ignore_index:
                 c += 1
     var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
     if t == 0:
@@ -440,26 +425,20 @@ def launch_cross_entropy[
     var count_ptr = workspace.count_ptr()
     var losses_ptr = workspace.losses_ptr()
     comptime if mean:
-        if extended:
-            ctx.enqueue_function[ce_weighted_count_kernel](
-                count_ptr,
-                targets,
-                options,
-                Int64(rows),
-                Int64(n),
-                has_weight,
-                grid_dim=1,
-                block_dim=CE_SMALL_THREADS,
-            )
-        else:
-            ctx.enqueue_function[ce_count_kernel](
-                count_ptr,
-                targets,
-                options,
-                Int64(rows),
-                grid_dim=1,
-                block_dim=CE_SMALL_THREADS,
-            )
+        # Extended options count the kept rows' class weights (torch
+        # divides by the sum of w[t]); plain ones the rows kept.
+        comptime for weighted in [False, True]:
+            if extended == weighted:
+                ctx.enqueue_function[ce_count_kernel[weighted]](
+                    count_ptr,
+                    targets,
+                    options,
+                    Int64(rows),
+                    Int64(n),
+                    has_weight,
+                    grid_dim=1,
+                    block_dim=CE_SMALL_THREADS,
+                )
     var op = CERows[dtype, with_grad, mean, reduce](
         held(dlogits),
         held(logits),
