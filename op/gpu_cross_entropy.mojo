@@ -73,6 +73,7 @@ from .gpu_ce_pair_rows import launch_ce_pair
 from .gpu_ce_register_rows import enqueue_ce_register
 from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
 from .gpu_launch import HeldRows, aligned16, held
+from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -149,16 +150,16 @@ def ce_reduce_kernel[
 ):
     """`loss[0]` = the sum of the row losses (over the count for "mean":
     0 / 0 = NaN when every row is ignored, as torch); one block of
-    CE_SMALL_THREADS, always the same order of additions. The sum and the
+    CE_SMALL_THREADS, always the same order of additions
+    (`block_loss_sum`, as the soft targets' reduce). The sum and the
     division are float64 whatever the row losses' type: a float32 sum of a
     million rows loses ~1e-4 of the loss (torch's fp32 loss is ~1e-7
     off), and this kernel reads a few MB at most."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     var t = Int(thread_idx.x)
-    var s = Float64(0)
-    for r in range(t, Int(rows), CE_SMALL_THREADS):
-        s += row_losses[unsafe_offset=r].cast[DType.float64]()
-    var total = block_sum[DType.float64, CE_SMALL_THREADS](s)
+    var total = block_loss_sum[accum_dtype[dtype](), CE_SMALL_THREADS](
+        t, row_losses, rows
+    )
     if t == 0:
         comptime if mean:
             total = total / count[unsafe_offset=0]
