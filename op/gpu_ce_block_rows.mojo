@@ -34,6 +34,7 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_block_strategy import block_stats
+from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
     CrossEntropyGrad,
     ce_options,
@@ -229,36 +230,27 @@ def launch_ce_block[
     terms: Int = NO_TERMS,
 ](
     ctx: DeviceContext,
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
+    op: CERows[dtype, with_grad, mean, reduce],
     has_weight: Int32 = 0,
 ) raises:
-    """Launch `ce_block_kernel` on `rows` rows of `n`, a block of `T`
-    threads a row (any length), its first pass `U` vectors a thread at a
-    time; under OPTION_TERMS its flag is `has_weight`, else `aligned`."""
+    """Launch `ce_block_kernel` on `op`'s rows, a block of `T` threads a
+    row (any length), its first pass `U` vectors a thread at a time; under
+    OPTION_TERMS its flag is `has_weight`, else whether `op` is aligned."""
     comptime V = vector_width[dtype]()
     comptime kernel = ce_block_kernel[
         dtype, with_grad, mean, reduce, V, T, U, terms
     ]
     ctx.enqueue_function[kernel](
-        dlogits,
-        logits,
-        targets,
-        options,
-        count,
-        row_losses,
-        loss,
-        Int64(n),
-        has_weight if terms == OPTION_TERMS else aligned_flag_of(aligned),
-        grid_dim=rows,
+        kernel_arg(op.dlogits),
+        kernel_arg(op.logits),
+        kernel_arg(op.targets),
+        kernel_arg(op.options),
+        kernel_arg(op.count),
+        kernel_arg(op.row_losses),
+        kernel_arg(op.loss),
+        Int64(op.n),
+        has_weight if terms == OPTION_TERMS else aligned_flag_of(op.aligned),
+        grid_dim=op.rows,
         block_dim=T,
     )
 

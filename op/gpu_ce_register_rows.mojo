@@ -6,7 +6,7 @@ reduced with warp shuffles, the gradient written once.
 `ce_kernel_for` (gpu_cross_entropy) gives it rows to 32K values, and where
 the smem kernel can take the rows, only those of up to `CE_PLAN_THREADS`
 threads a row. `CERows` (gpu_cross_entropy) holds its arguments and
-enqueues it for `launch_register_plan`.
+enqueues it (`enqueue_ce_register`) for `launch_register_plan`.
 """
 
 from max.gpu import (
@@ -15,6 +15,7 @@ from max.gpu import (
     block_idx,
     thread_idx,
 )
+from max.gpu.host import DeviceContext
 from std.utils import StaticTuple
 from std.utils.numerics import inf, nan
 
@@ -28,6 +29,8 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_common import ce_options, grad_scale, store_row_loss
+from .gpu_cross_entropy import CERows
+from .gpu_launch import kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -37,7 +40,7 @@ from .gpu_register_rows import (
     min_blocks_per_sm,
     store_row_chunks,
 )
-from .row_math import accum_dtype, exp_nan
+from .row_math import accum_dtype, exp_nan, vector_width
 
 
 @always_inline
@@ -285,3 +288,34 @@ def ce_register_kernel[
         store_row_chunks[dtype, threads, V, K, dtype](
             dlogits.unsafe_offset(row * Int(n)), out, len, t, vector_loads
         )
+
+
+def enqueue_ce_register[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int, K: Int
+](
+    ctx: DeviceContext,
+    op: CERows[dtype, with_grad, mean, reduce],
+    grid: Int,
+    block: Int,
+) raises:
+    """Enqueue `ce_register_kernel` on `op`'s rows, T threads a row, K
+    chunks a thread, in `grid` blocks of `block` threads (`CERows.enqueue`,
+    for `launch_register_plan`)."""
+    comptime V = vector_width[dtype]()
+    comptime kernel = ce_register_kernel[
+        dtype, with_grad, mean, reduce, T, V, K
+    ]
+    ctx.enqueue_function[kernel](
+        kernel_arg(op.dlogits),
+        kernel_arg(op.logits),
+        kernel_arg(op.targets),
+        kernel_arg(op.options),
+        kernel_arg(op.count),
+        kernel_arg(op.row_losses),
+        kernel_arg(op.loss),
+        Int64(op.rows),
+        Int64(op.n),
+        vector_flag_of(op.aligned, op.n, V),
+        grid_dim=grid,
+        block_dim=block,
+    )

@@ -33,6 +33,7 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
+from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
     CrossEntropyGrad,
     ce_options,
@@ -419,6 +420,29 @@ struct CrossEntropyRow[
             self._close_extended(sums[0], Scalar[acc](self.len_row), sums[1])
 
     @always_inline
+    def _hold_capped_exp[
+        loads: Bool
+    ](
+        mut self,
+        xp: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        smem: SharedBuffer[Self.dtype],
+        p: RowPart,
+    ) -> Scalar[accum_dtype[Self.dtype]()]:
+        """`hold_capped_exp` of this row's part, under its softcap and
+        `row_max`, into its registers and edge pair: sweep 2 without label
+        smoothing (with `loads`, the part's first load too, where the cap
+        stands in for the max)."""
+        return hold_capped_exp[Self.V, Self.T, Self.dtype, loads](
+            xp,
+            smem,
+            p,
+            self.regs,
+            self.edge,
+            Softcap[accum_dtype[Self.dtype]()].of_cap(self.cap),
+            self.row_max,
+        )
+
+    @always_inline
     def _fold_options[
         C: Int
     ](
@@ -451,15 +475,7 @@ struct CrossEntropyRow[
         var part_suy = Scalar[acc](0)
         if self.cap_as_max:
             self.row_max = self.cap
-            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, True](
-                xp,
-                smem,
-                p,
-                self.regs,
-                self.edge,
-                Softcap[acc].of_cap(self.cap),
-                self.row_max,
-            )
+            part_s = self._hold_capped_exp[True](xp, smem, p)
         else:
             var raw_max = self._cluster_max[C](
                 slots,
@@ -471,15 +487,7 @@ struct CrossEntropyRow[
             )
             self.row_max = softcap_of[acc, 1](raw_max, self.cap)[0]
         if self.holds and not self.cap_as_max:
-            part_s = hold_capped_exp[Self.V, Self.T, Self.dtype, False](
-                xp,
-                smem,
-                p,
-                self.regs,
-                self.edge,
-                Softcap[acc].of_cap(self.cap),
-                self.row_max,
-            )
+            part_s = self._hold_capped_exp[False](xp, smem, p)
         elif not self.holds:
             var sums = OptionSums[Self.dtype](
                 Softcap[acc].of_cap(self.cap),
@@ -689,20 +697,11 @@ def launch_ce_parts[
     terms: Int = NO_TERMS,
 ](
     ctx: DeviceContext,
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    n: Int,
-    aligned: Bool,
+    op: CERows[dtype, with_grad, mean, reduce],
     has_weight: Int32 = 0,
 ) raises:
-    """Launch `ce_smem_kernel` on `rows` rows of `n`, C blocks a row, each
-    with the shared memory its part needs, and the op's `cluster_slots`
+    """Launch `ce_smem_kernel` on `op`'s rows, C blocks a row, each with
+    the shared memory its part needs, and the op's `cluster_slots`
     partials a row for C > 1 (`OnchipLaunch`); `terms`:
     `CrossEntropyRow`'s, `has_weight` read under OPTION_TERMS. Raises past
     the capacity."""
@@ -711,10 +710,16 @@ def launch_ce_parts[
         dtype, with_grad, mean, reduce, V, SMEM_THREADS, terms
     ].cluster_slots
     var launch = OnchipLaunch[dtype, C](
-        ctx, "the cross-entropy on-chip kernel", rows, n, 1, slots, "classes"
+        ctx,
+        "the cross-entropy on-chip kernel",
+        op.rows,
+        op.n,
+        1,
+        slots,
+        "classes",
     )
-    var aligned_flag = aligned_flag_of(aligned)
-    var partials = launch.partials.ptr(row_losses)
+    var aligned_flag = aligned_flag_of(op.aligned)
+    var partials = launch.partials.ptr(kernel_arg(op.row_losses))
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[
@@ -722,15 +727,15 @@ def launch_ce_parts[
                 T,
             ](
                 ctx,
-                dlogits,
-                logits,
-                targets,
-                options,
-                count,
-                row_losses,
-                loss,
+                kernel_arg(op.dlogits),
+                kernel_arg(op.logits),
+                kernel_arg(op.targets),
+                kernel_arg(op.options),
+                kernel_arg(op.count),
+                kernel_arg(op.row_losses),
+                kernel_arg(op.loss),
                 partials,
-                Int64(n),
+                Int64(op.n),
                 aligned_flag,
                 has_weight,
             )

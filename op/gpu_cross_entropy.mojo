@@ -34,7 +34,7 @@ capturable for device-graph replay):
    (`ExtendedLayout.terms`): many rows with a gradient on chip
    (`options_onchip_parts`), the rest `ce_block_kernel` under OPTION_TERMS;
    "mean" then counts the kept rows' class weights
-   (`ce_weighted_count_kernel`: torch divides by the sum of w[t]).
+   (`ce_count_kernel[weighted=True]`: torch divides by the sum of w[t]).
 3. "mean"/"sum": `ce_reduce_kernel`, one block, sums the row losses in a
    fixed order (repeatable, unlike atomics) and divides by the count.
 
@@ -70,9 +70,10 @@ from .gpu_ce_block_rows import (
     launch_ce_block,
 )
 from .gpu_ce_pair_rows import launch_ce_pair
-from .gpu_ce_register_rows import ce_register_kernel
+from .gpu_ce_register_rows import enqueue_ce_register
 from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
-from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
+from .gpu_launch import HeldRows, aligned16, held
+from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -99,31 +100,9 @@ comptime CE_PLAN_THREADS = 256
         Int32(CE_SMALL_THREADS)
     )
 )
-def ce_count_kernel(
-    count: Pointer[Float64, MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    rows: Int64,
-):
-    """Count the rows whose target is not ignore_index into `count[0]`
-    (float64: exact to 2^53 rows); one block of CE_SMALL_THREADS."""
-    var t = Int(thread_idx.x)
-    var ignore_index = Int64(options[unsafe_offset=0])
-    var c = Float64(0)
-    for r in range(t, Int(rows), CE_SMALL_THREADS):
-        if targets[unsafe_offset=r] != ignore_index:
-            c += 1
-    var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
-    if t == 0:
-        count[unsafe_offset=0] = total
-
-
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(CE_SMALL_THREADS)
-    )
-)
-def ce_weighted_count_kernel(
+def ce_count_kernel[
+    weighted: Bool
+](
     count: Pointer[Float64, MutAnyOrigin],
     targets: Pointer[Int64, MutAnyOrigin],
     options: Pointer[Float64, MutAnyOrigin],
@@ -131,18 +110,25 @@ def ce_weighted_count_kernel(
     n: Int64,
     has_weight: Int32,
 ):
-    """`count[0]` = the sum over kept rows of w[target] (1 without weights);
-    out-of-range targets add nothing (their rows are NaN). One block of
-    CE_SMALL_THREADS."""
+    """The "mean" count into `count[0]` (float64: exact to 2^53 rows), one
+    block of CE_SMALL_THREADS. Plain options: the rows whose target is not
+    ignore_index (`n` and `has_weight` unread). `weighted` (the extended
+    options): the sum over kept rows of w[target] (1 without weights,
+    `has_weight` zero); out-of-range targets add nothing (their rows are
+    NaN)."""
     var t = Int(thread_idx.x)
     var ignore_index = Int64(options[unsafe_offset=0])
     var c = Float64(0)
     for r in range(t, Int(rows), CE_SMALL_THREADS):
         var tgt = targets[unsafe_offset=r]
-        if target_kind(tgt, ignore_index, Int(n)) == KEPT:
-            if has_weight != 0:
-                c += options[unsafe_offset=EXTENDED_OPTIONS + Int(tgt)]
-            else:
+        comptime if weighted:
+            if target_kind(tgt, ignore_index, Int(n)) == KEPT:
+                if has_weight != 0:
+                    c += options[unsafe_offset=EXTENDED_OPTIONS + Int(tgt)]
+                else:
+                    c += 1
+        else:
+            if tgt != ignore_index:
                 c += 1
     var total = block_sum[DType.float64, CE_SMALL_THREADS](c)
     if t == 0:
@@ -164,16 +150,16 @@ def ce_reduce_kernel[
 ):
     """`loss[0]` = the sum of the row losses (over the count for "mean":
     0 / 0 = NaN when every row is ignored, as torch); one block of
-    CE_SMALL_THREADS, always the same order of additions. The sum and the
+    CE_SMALL_THREADS, always the same order of additions
+    (`block_loss_sum`, as the soft targets' reduce). The sum and the
     division are float64 whatever the row losses' type: a float32 sum of a
     million rows loses ~1e-4 of the loss (torch's fp32 loss is ~1e-7
     off), and this kernel reads a few MB at most."""
     comptime assert accum_dtype[dtype]().is_floating_point()
     var t = Int(thread_idx.x)
-    var s = Float64(0)
-    for r in range(t, Int(rows), CE_SMALL_THREADS):
-        s += row_losses[unsafe_offset=r].cast[DType.float64]()
-    var total = block_sum[DType.float64, CE_SMALL_THREADS](s)
+    var total = block_loss_sum[accum_dtype[dtype](), CE_SMALL_THREADS](
+        t, row_losses, rows
+    )
     if t == 0:
         comptime if mean:
             total = total / count[unsafe_offset=0]
@@ -288,22 +274,12 @@ def ce_kernel_for(
     return Strategy.BLOCK
 
 
-comptime CELauncher[dtype: DType] = def(
-    DeviceContext,
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Pointer[Int64, MutAnyOrigin],
-    Pointer[Float64, MutAnyOrigin],
-    Pointer[Float64, MutAnyOrigin],
-    Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    Pointer[Scalar[dtype], MutAnyOrigin],
-    Int,
-    Int,
-    Bool,
-    Int32,
+comptime CELauncher[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
+] = def(
+    DeviceContext, CERows[dtype, with_grad, mean, reduce], Int32
 ) raises thin -> None
-"""A cross-entropy family's launcher on (ctx, dlogits, logits, targets,
-options, count, row_losses, loss, rows, n, aligned, has_weight)."""
+"""A cross-entropy family's launcher on (ctx, the rows, has_weight)."""
 
 
 @fieldwise_init
@@ -398,49 +374,21 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
             no_strategy(Self.op_name())
 
     def call[
-        launcher: CELauncher[Self.dtype]
+        launcher: CELauncher[Self.dtype, Self.with_grad, Self.mean, Self.reduce]
     ](self, ctx: DeviceContext, has_weight: Int32 = 0) raises:
         """Call a family's launcher (`launch_ce_smem`, `launch_ce_pair`,
         `launch_ce_block`, `launch_ce_parts`) on these rows (`has_weight`:
         under OPTION_TERMS)."""
-        launcher(
-            ctx,
-            kernel_arg(self.dlogits),
-            kernel_arg(self.logits),
-            kernel_arg(self.targets),
-            kernel_arg(self.options),
-            kernel_arg(self.count),
-            kernel_arg(self.row_losses),
-            kernel_arg(self.loss),
-            self.rows,
-            self.n,
-            self.aligned,
-            has_weight,
-        )
+        launcher(ctx, self, has_weight)
 
     def enqueue[
         T: Int, K: Int
     ](self, ctx: DeviceContext, grid: Int, block: Int) raises:
         """Enqueue `ce_register_kernel` for T threads a row, K chunks a
-        thread."""
-        comptime V = vector_width[Self.dtype]()
-        comptime kernel = ce_register_kernel[
-            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, V, K
-        ]
-        ctx.enqueue_function[kernel](
-            kernel_arg(self.dlogits),
-            kernel_arg(self.logits),
-            kernel_arg(self.targets),
-            kernel_arg(self.options),
-            kernel_arg(self.count),
-            kernel_arg(self.row_losses),
-            kernel_arg(self.loss),
-            Int64(self.rows),
-            Int64(self.n),
-            vector_flag_of(self.aligned, self.n, V),
-            grid_dim=grid,
-            block_dim=block,
-        )
+        thread (`enqueue_ce_register`)."""
+        enqueue_ce_register[
+            Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, K
+        ](ctx, self, grid, block)
 
 
 def launch_cross_entropy[
@@ -478,26 +426,20 @@ def launch_cross_entropy[
     var count_ptr = workspace.count_ptr()
     var losses_ptr = workspace.losses_ptr()
     comptime if mean:
-        if extended:
-            ctx.enqueue_function[ce_weighted_count_kernel](
-                count_ptr,
-                targets,
-                options,
-                Int64(rows),
-                Int64(n),
-                has_weight,
-                grid_dim=1,
-                block_dim=CE_SMALL_THREADS,
-            )
-        else:
-            ctx.enqueue_function[ce_count_kernel](
-                count_ptr,
-                targets,
-                options,
-                Int64(rows),
-                grid_dim=1,
-                block_dim=CE_SMALL_THREADS,
-            )
+        # Extended options count the kept rows' class weights (torch
+        # divides by the sum of w[t]); plain ones the rows kept.
+        comptime for weighted in [False, True]:
+            if extended == weighted:
+                ctx.enqueue_function[ce_count_kernel[weighted]](
+                    count_ptr,
+                    targets,
+                    options,
+                    Int64(rows),
+                    Int64(n),
+                    has_weight,
+                    grid_dim=1,
+                    block_dim=CE_SMALL_THREADS,
+                )
     var op = CERows[dtype, with_grad, mean, reduce](
         held(dlogits),
         held(logits),
@@ -536,12 +478,13 @@ def _launch_extended_rows[
     var parts = options_onchip_parts(
         op.rows, op.n, vector_width[dtype]()
     ) if with_grad else 0
-    comptime for C in [1, 2]:
-        comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
-            if parts == C and terms == T:
-                op.call[launch_ce_parts[dtype, True, mean, reduce, C, T]](
-                    ctx, has_weight
-                )
+    comptime if with_grad:
+        comptime for C in [1, 2]:
+            comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
+                if parts == C and terms == T:
+                    op.call[
+                        launch_ce_parts[dtype, with_grad, mean, reduce, C, T]
+                    ](ctx, has_weight)
     if parts == 0:
         op.call[
             launch_ce_block[
