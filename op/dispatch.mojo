@@ -299,28 +299,21 @@ def run_view[
         raise Error("max_softmax: unsupported target " + String(target))
 
 
-def softmax_rows[
+comptime softmax_rows[
     target: StaticString,
     dtype: DType,
     log_out: Bool,
     launch_rows: RowsLauncher[dtype],
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    """Run softmax (or log-softmax) of the (outer, n, inner) view on `target`
-    (`run_view`): contiguous GPU rows by `launch_rows` (`launch_variant`)."""
-    run_view[
-        target,
-        dtype,
-        softmax_cpu[dtype, log_out],
-        launch_strided_rows[dtype, log_out],
-        launch_rows,
-    ](ctx, tensors_of(dst, src, src), outer, n, inner)
+] = run_view[
+    target,
+    dtype,
+    softmax_cpu[dtype, log_out],
+    launch_strided_rows[dtype, log_out],
+    launch_rows,
+]
+"""Softmax (or log-softmax) of the (outer, n, inner) view of `src` (`a`,
+also `b`) into `dst` on `target` (`run_view`): contiguous GPU rows by
+`launch_rows` (`launch_variant`)."""
 
 
 @fieldwise_init
@@ -412,27 +405,18 @@ def launch_backward_rows[
     )
 
 
-def softmax_backward_rows[
+comptime softmax_backward_rows[
     target: StaticString,
     dtype: DType,
     log_in: Bool,
     variant: StaticString = "auto",
-](
-    ctx: DeviceContext,
-    dx: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    dy: Pointer[Scalar[dtype], MutAnyOrigin],
-    outer: Int,
-    n: Int,
-    inner: Int,
-) raises:
-    """Run softmax_backward (or log_softmax_backward) of the (outer, n,
-    inner) view on `target` (`run_view`): contiguous GPU rows under
-    `variant` (`launch_backward_rows`)."""
-    run_view[
-        target,
-        dtype,
-        softmax_backward_cpu[dtype, log_in],
-        launch_backward_strided[dtype, log_in],
-        launch_backward_rows[dtype, log_in, variant],
-    ](ctx, tensors_of(dx, a, dy), outer, n, inner)
+] = run_view[
+    target,
+    dtype,
+    softmax_backward_cpu[dtype, log_in],
+    launch_backward_strided[dtype, log_in],
+    launch_backward_rows[dtype, log_in, variant],
+]
+"""softmax_backward (or log_softmax_backward) of the (outer, n, inner) view
+on `target`, dx (`dst`) from y or log p (`a`) and dy (`b`) (`run_view`):
+contiguous GPU rows under `variant` (`launch_backward_rows`)."""

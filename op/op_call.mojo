@@ -11,7 +11,8 @@ same call from addresses. Each op's call lives beside its kernels' routing:
 from max.gpu.host import DeviceContext
 
 from .dispatch import RowsLauncher, softmax_backward_rows, softmax_rows
-from .gpu_launch import HeldRows, kernel_arg
+from .gpu_launch import HeldRows
+from .row_tensors import RowTensors
 
 
 trait OpCall(ImplicitlyCopyable):
@@ -68,9 +69,8 @@ struct ForwardCall[
     def run[target: StaticString](self, ctx: DeviceContext) raises:
         """Run the op on `target`."""
         var v = self.view
-        var dst = kernel_arg(self.dst)
         softmax_rows[target, Self.dtype, Self.log_out, Self.launch_rows](
-            ctx, dst, kernel_arg(self.src), v.outer, v.n, v.inner
+            ctx, RowTensors(self.dst, self.src, self.src), v.outer, v.n, v.inner
         )
 
 
@@ -92,8 +92,6 @@ struct BackwardCall[dtype: DType, log_in: Bool, variant: StaticString](OpCall):
     def run[target: StaticString](self, ctx: DeviceContext) raises:
         """Run the op on `target`."""
         var v = self.view
-        var a = kernel_arg(self.a)
-        var dy = kernel_arg(self.dy)
         softmax_backward_rows[target, Self.dtype, Self.log_in, Self.variant](
-            ctx, kernel_arg(self.dx), a, dy, v.outer, v.n, v.inner
+            ctx, RowTensors(self.dx, self.a, self.dy), v.outer, v.n, v.inner
         )
