@@ -40,10 +40,10 @@ def cross_entropy_options_rows[
     var options = kernel_arg(call.options.values)
     var scale = Scalar[acc](1 / kept) if reduction == "mean" else Scalar[acc](1)
 
-    def row_loss(row: LossRow[dtype]) {imm} -> Scalar[acc]:
+    def loss_of_row(row: LossRow[dtype]) {imm} -> Scalar[acc]:
         return _row[dtype, with_grad](
-            kernel_arg(row.y),
-            kernel_arg(row.x),
+            kernel_arg(row.dlogits),
+            kernel_arg(row.logits),
             targets[unsafe_offset=row.index],
             options,
             has_weight,
@@ -51,7 +51,7 @@ def cross_entropy_options_rows[
             n,
         )
 
-    loss_rows_in_tasks(row_loss, call, kept)
+    loss_rows_in_tasks(loss_of_row, call, kept)
 
 
 @always_inline

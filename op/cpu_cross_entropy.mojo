@@ -81,11 +81,11 @@ def cross_entropy_cpu[
     ) if reduction == "mean" else Scalar[acc](1)
     var e = options[unsafe_offset=1].cast[acc]()
 
-    def row_loss(row: LossRow[dtype]) {imm} -> Scalar[acc]:
+    def loss_of_row(row: LossRow[dtype]) {imm} -> Scalar[acc]:
         return _row[dtype, with_grad](
-            kernel_arg(row.y),
+            kernel_arg(row.dlogits),
             kernel_arg(row.scratch),
-            kernel_arg(row.x),
+            kernel_arg(row.logits),
             targets[unsafe_offset=row.index],
             ignore_index,
             e,
@@ -95,7 +95,7 @@ def cross_entropy_cpu[
 
     # 16-bit gradients park their exps in a float32 scratch row (`_row`).
     comptime scratch = with_grad and size_of[dtype]() < 4
-    loss_rows_in_tasks(row_loss, call, kept, n if scratch else 0)
+    loss_rows_in_tasks(loss_of_row, call, kept, n if scratch else 0)
 
 
 @fieldwise_init
@@ -107,9 +107,9 @@ struct LossRow[dtype: DType](ImplicitlyCopyable):
 
     var index: Int
     """The row's index."""
-    var y: HeldRows[Self.dtype]
+    var dlogits: HeldRows[Self.dtype]
     """Its gradient row (unused without the gradient)."""
-    var x: HeldRows[Self.dtype]
+    var logits: HeldRows[Self.dtype]
     """Its logits."""
     var scratch: HeldRows[Self.acc]
     """The task's scratch row (`scratch_length` elements)."""
@@ -146,12 +146,12 @@ def loss_rows_in_tasks[
     //,
     FuncType: def(LossRow[dtype]) -> Scalar[accum_dtype[dtype]()],
 ](
-    row_loss: FuncType,
+    loss_of_row: FuncType,
     call: LossCall[dtype, target_dtype, with_grad, reduction, variant],
     kept: Float64,
     scratch_length: Int = 0,
 ) raises:
-    """Put `row_loss(row)` for every row of `call`'s (rows, n) logits,
+    """Put `loss_of_row(row)` for every row of `call`'s (rows, n) logits,
     whole rows a task (`run_in_tasks`), each task with a scratch row of
     `scratch_length` accumulator elements; then for "mean" and "sum" write
     their sum (divided by `kept` for "mean") to the loss: the one row loop
@@ -174,7 +174,7 @@ def loss_rows_in_tasks[
         for r in range(begin, end):
             losses.put(
                 r,
-                row_loss(
+                loss_of_row(
                     LossRow[dtype](
                         r,
                         held(dlogits.unsafe_offset(r * n)),

@@ -54,14 +54,14 @@ def soft_cross_entropy_cpu[
     )
     var probs = kernel_arg(call.targets)
 
-    def row_loss(row: LossRow[dtype]) {imm} -> Scalar[acc]:
+    def loss_of_row(row: LossRow[dtype]) {imm} -> Scalar[acc]:
         return shared.run[with_grad](
-            kernel_arg(row.y),
-            kernel_arg(row.x),
+            kernel_arg(row.dlogits),
+            kernel_arg(row.logits),
             probs.unsafe_offset(row.index * n),
         )
 
-    loss_rows_in_tasks(row_loss, call, Float64(rows))
+    loss_rows_in_tasks(loss_of_row, call, Float64(rows))
 
 
 @fieldwise_init

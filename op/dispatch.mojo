@@ -73,7 +73,7 @@ from .gpu_split_stream_rows import launch_split_stream, split_stream_fits
 from .gpu_split_workspace import on_chip_split_capacity
 from .gpu_strided_rows import StridedLauncher, launch_strided_rows
 from .row_math import vector_width
-from .row_tensors import LaunchRows, RowTensors, tensors_of
+from .row_tensors import LaunchRows, RowTensors
 from .variants import (
     RowStrategies,
     Strategy,

@@ -64,6 +64,7 @@ from .gpu_smem_rows import (
     cluster_exchange,
     load_part_max,
     onchip_rows,
+    smem_min_blocks,
     sum_exp_held,
     write_held,
 )
@@ -651,7 +652,7 @@ struct CrossEntropyRow[
 
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+    `nvvm.minctasm`=SIMDLength(smem_min_blocks(T)),
 )
 def ce_smem_kernel[
     dtype: DType,

@@ -274,14 +274,6 @@ def ce_kernel_for(
     return Strategy.BLOCK
 
 
-comptime CELauncher[
-    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool
-] = def(
-    DeviceContext, CERows[dtype, with_grad, mean, reduce], Int32
-) raises thin -> None
-"""A cross-entropy family's launcher on (ctx, the rows, has_weight)."""
-
-
 @fieldwise_init
 struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     RegisterPlanKernel, RowStrategies
@@ -342,17 +334,13 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
                 ctx, self, self.rows, self.n, Self.op_name()
             )
         elif s == Strategy.SMEM:
-            self.call[
-                launch_ce_smem[
-                    Self.dtype, Self.with_grad, Self.mean, Self.reduce
-                ]
-            ](ctx)
+            launch_ce_smem[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
+                ctx, self
+            )
         elif s == Strategy.CLUSTER2:
-            self.call[
-                launch_ce_pair[
-                    Self.dtype, Self.with_grad, Self.mean, Self.reduce
-                ]
-            ](ctx)
+            launch_ce_pair[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
+                ctx, self
+            )
         elif s == Strategy.BLOCK:
             # The loss alone streams the row with four loads a thread in
             # flight (CE_BLOCK_LOSS_UNROLL); with the gradient the first
@@ -365,21 +353,11 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
                     Self.dtype
                 ]()
             )
-            self.call[
-                launch_ce_block[
-                    Self.dtype, Self.with_grad, Self.mean, Self.reduce, U, T
-                ]
-            ](ctx)
+            launch_ce_block[
+                Self.dtype, Self.with_grad, Self.mean, Self.reduce, U, T
+            ](ctx, self)
         else:
             no_strategy(Self.op_name())
-
-    def call[
-        launcher: CELauncher[Self.dtype, Self.with_grad, Self.mean, Self.reduce]
-    ](self, ctx: DeviceContext, has_weight: Int32 = 0) raises:
-        """Call a family's launcher (`launch_ce_smem`, `launch_ce_pair`,
-        `launch_ce_block`, `launch_ce_parts`) on these rows (`has_weight`:
-        under OPTION_TERMS)."""
-        launcher(ctx, self, has_weight)
 
     def enqueue[
         T: Int, K: Int
@@ -428,6 +406,8 @@ def launch_cross_entropy[
     comptime if mean:
         # Extended options count the kept rows' class weights (torch
         # divides by the sum of w[t]); plain ones the rows kept.
+        # `extended` is known at run time: one instance is picked, as the
+        # entry points pick a dtype.
         comptime for weighted in [False, True]:
             if extended == weighted:
                 ctx.enqueue_function[ce_count_kernel[weighted]](
@@ -475,25 +455,22 @@ def _launch_extended_rows[
     a gradient on chip (`options_onchip_parts`: scalar terms over the
     plain sweeps, OPTION_TERMS over their own), the rest, the loss alone
     included, `ce_block_kernel` under OPTION_TERMS."""
-    var parts = options_onchip_parts(
-        op.rows, op.n, vector_width[dtype]()
-    ) if with_grad else 0
+    var parts = 0
     comptime if with_grad:
+        parts = options_onchip_parts(op.rows, op.n, vector_width[dtype]())
         comptime for C in [1, 2]:
             comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
                 if parts == C and terms == T:
-                    op.call[
-                        launch_ce_parts[dtype, with_grad, mean, reduce, C, T]
-                    ](ctx, has_weight)
+                    launch_ce_parts[dtype, with_grad, mean, reduce, C, T](
+                        ctx, op, has_weight
+                    )
     if parts == 0:
-        op.call[
-            launch_ce_block[
-                dtype,
-                with_grad,
-                mean,
-                reduce,
-                CE_OPTIONS_UNROLL,
-                CE_OPTIONS_THREADS,
-                OPTION_TERMS,
-            ]
-        ](ctx, has_weight)
+        launch_ce_block[
+            dtype,
+            with_grad,
+            mean,
+            reduce,
+            CE_OPTIONS_UNROLL,
+            CE_OPTIONS_THREADS,
+            OPTION_TERMS,
+        ](ctx, op, has_weight)

@@ -1,6 +1,6 @@
-"""The float64 sum of a launch's row losses that a one-block reduce
-kernel (soft targets' `soft_reduce_kernel`; cross-entropy's
-`ce_reduce_kernel` sums the same way) writes its loss from."""
+"""The float64 sum of a launch's row losses that the one-block reduce
+kernels (soft targets' `soft_reduce_kernel`, cross-entropy's
+`ce_reduce_kernel`) write their loss from."""
 
 from .gpu_reductions import block_sum
 

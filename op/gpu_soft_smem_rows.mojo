@@ -26,6 +26,7 @@ from .gpu_smem_rows import (
     REG_CHUNKS,
     SMEM_HALF_THREADS,
     onchip_rows,
+    smem_min_blocks,
     start_row_copy,
 )
 from .gpu_split_chunks import SharedBuffer
@@ -338,7 +339,7 @@ def block_sums[T: Int, acc: DType](part: SoftStats[acc]) -> SoftStats[acc]:
 
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)),
-    `nvvm.minctasm`=SIMDLength(2 if T == SMEM_HALF_THREADS else 1),
+    `nvvm.minctasm`=SIMDLength(smem_min_blocks(T)),
 )
 def soft_smem_kernel[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int

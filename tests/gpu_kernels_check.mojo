@@ -14,13 +14,13 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
     var y = ctx.enqueue_create_buffer[dtype](1 << 20)
     var src = ptr(x)
     var dst = ptr(y)
-    var rows = tensors_of(dst, src, src)
+    var tensors = tensors_of(dst, src, src)
     # Room for the backward's largest shape below (300 x 80001).
     var big_x = ctx.enqueue_create_buffer[dtype](300 * 80001)
     var big_y = ctx.enqueue_create_buffer[dtype](300 * 80001)
     var big_src = ptr(big_x)
     var big_dst = ptr(big_y)
-    var big_rows = tensors_of(big_dst, big_src, big_src)
+    var big_tensors = tensors_of(big_dst, big_src, big_src)
     comptime for log_out in [False, True]:
         comptime for variant in [
             "auto",
@@ -31,9 +31,9 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             "split_stream",
         ]:
             comptime live = launch_variant[dtype, log_out, variant]
-            softmax_rows["gpu", dtype, log_out, live](ctx, rows, 4, 1000, 1)
+            softmax_rows["gpu", dtype, log_out, live](ctx, tensors, 4, 1000, 1)
         comptime auto = launch_variant[dtype, log_out, "auto"]
-        softmax_rows["gpu", dtype, log_out, auto](ctx, rows, 4, 100, 7)
+        softmax_rows["gpu", dtype, log_out, auto](ctx, tensors, 4, 100, 7)
         # Backward, a shape for each family of backward_kernel_for
         # (dispatch.mojo): registers, on chip a block a row (16-bit),
         # a cluster of four blocks a row (fp32 40001, fp64 20001), of two
@@ -51,7 +51,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             (1, 3 << 20),
         ]:
             softmax_backward_rows["gpu", dtype, log_out](
-                ctx, big_rows, shape[0], shape[1], 1
+                ctx, big_tensors, shape[0], shape[1], 1
             )
         # Each backward strategy forced (variant=): the same kernels.
         comptime for variant in [
@@ -63,7 +63,7 @@ def launch_all[dtype: DType](ctx: DeviceContext) raises:
             "block",
         ]:
             softmax_backward_rows["gpu", dtype, log_out, variant](
-                ctx, big_rows, 300, 1000, 1
+                ctx, big_tensors, 300, 1000, 1
             )
     # scale_rows (the op op/scale_ops.mojo registers; the launch extension's
     # cross-entropy backward): one factor, one a row.

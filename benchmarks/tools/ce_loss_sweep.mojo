@@ -177,7 +177,7 @@ def launch[
         elif family == "pair":
             rows.launch[Strategy.CLUSTER2](ctx)
         else:
-            rows.call[launch_ce_block[dtype, False, False, True, U, T]](ctx)
+            launch_ce_block[dtype, False, False, True, U, T](ctx, rows)
 
 
 def check_error[
