@@ -44,15 +44,15 @@ def kernels_in_order(folder: pathlib.Path) -> list[pathlib.Path]:
 def ptx_counts(path: pathlib.Path) -> dict[str, int]:
     """Memory instructions and instruction lines of one kernel's PTX."""
     lines = [line.strip() for line in path.read_text().splitlines()]
-    ins = [l for l in lines if l.endswith(";") and not l.startswith((".", "//"))]
+    ins = [s for s in lines if s.endswith(";") and not s.startswith((".", "//"))]
     return {
         "instr": len(ins),
-        "ld.global": sum(1 for l in ins if _GLOBAL_LD.match(l)),
-        "st.global": sum(1 for l in ins if _GLOBAL_ST.match(l)),
-        "ld.generic": sum(1 for l in ins if _GENERIC_LD.match(l)),
-        "st.generic": sum(1 for l in ins if _GENERIC_ST.match(l)),
-        "ld.param": sum(1 for l in ins if "ld.param" in l),
-        "cvta.to.global": sum(1 for l in ins if "cvta.to.global" in l),
+        "ld.global": sum(1 for s in ins if _GLOBAL_LD.match(s)),
+        "st.global": sum(1 for s in ins if _GLOBAL_ST.match(s)),
+        "ld.generic": sum(1 for s in ins if _GENERIC_LD.match(s)),
+        "st.generic": sum(1 for s in ins if _GENERIC_ST.match(s)),
+        "ld.param": sum(1 for s in ins if "ld.param" in s),
+        "cvta.to.global": sum(1 for s in ins if "cvta.to.global" in s),
     }
 
 
