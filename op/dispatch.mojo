@@ -50,7 +50,7 @@ from .gpu_backward_stream_rows import (
     backward_stream_chunk,
     launch_backward_stream,
 )
-from .gpu_launch import aligned16, kernel_arg, vector_flag_of
+from .gpu_launch import aligned16, vector_flag_of
 from .gpu_register_rows import (
     MAX_PLAN_THREADS,
     MAX_ROW_REGISTERS,
@@ -290,11 +290,8 @@ def run_view[
         if inner != 1:
             strided(ctx, t, outer, n, inner)
         else:
-            var dst = kernel_arg(t.dst)
-            var a = kernel_arg(t.a)
-            var b = kernel_arg(t.b)
-            var aligned = aligned16(Int(dst), Int(a), Int(b))
-            launch_rows(ctx, LaunchRows(dst, a, b, outer, n, aligned))
+            var aligned = aligned16(Int(t.dst), Int(t.a), Int(t.b))
+            launch_rows(ctx, LaunchRows(t, outer, n, aligned))
     else:
         raise Error("max_softmax: unsupported target " + String(target))
 

@@ -13,7 +13,6 @@ from std.math import ceildiv
 from std.utils.numerics import inf
 
 from .gpu_launch import kernel_arg
-
 from .row_math import (
     accum_dtype,
     epilogue,

@@ -57,7 +57,17 @@ struct LaunchRows[dtype: DType](ImplicitlyCopyable):
     ):
         """Rows of `dst` from `a` and `b` (a one-input op passes `a`
         twice)."""
-        self.tensors = tensors_of(dst, a, b)
+        self = Self(tensors_of(dst, a, b), rows, n, aligned)
+
+    def __init__(
+        out self,
+        tensors: RowTensors[Self.dtype],
+        rows: Int,
+        n: Int,
+        aligned: Bool,
+    ):
+        """Rows of `tensors`."""
+        self.tensors = tensors
         self.rows = rows
         self.n = n
         self.aligned = aligned
