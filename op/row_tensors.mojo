@@ -33,6 +33,7 @@ def tensors_of[
     return RowTensors(held(dst), held(a), held(b))
 
 
+@fieldwise_init
 struct LaunchRows[dtype: DType](ImplicitlyCopyable):
     """`rows` contiguous rows of `n` of an op's tensors, and whether every
     buffer starts 16-byte aligned: a launcher's arguments."""
@@ -58,19 +59,6 @@ struct LaunchRows[dtype: DType](ImplicitlyCopyable):
         """Rows of `dst` from `a` and `b` (a one-input op passes `a`
         twice)."""
         self = Self(tensors_of(dst, a, b), rows, n, aligned)
-
-    def __init__(
-        out self,
-        tensors: RowTensors[Self.dtype],
-        rows: Int,
-        n: Int,
-        aligned: Bool,
-    ):
-        """Rows of `tensors`."""
-        self.tensors = tensors
-        self.rows = rows
-        self.n = n
-        self.aligned = aligned
 
     def dst(self) -> Pointer[Scalar[Self.dtype], MutAnyOrigin]:
         """The output, as the kernels take it."""
