@@ -3,6 +3,7 @@ torch.compile. Skipped where torch is not installed."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (extra [torch])")
@@ -131,6 +132,63 @@ def test_first_order_call_applies_its_function_in_c(op):
     assert "Function.apply" not in calls and "unwrap_dead_wrappers" not in calls
     if op in ("softmax", "log_softmax"):
         assert calls.count("is_compiling") <= 3, calls
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_repeated_inference_call_goes_straight_to_its_launch(name):
+    """A repeated call that no autograd, transform or torch.compile sees runs
+    its launch plan without `pick` or the Function machinery, and follows
+    new values."""
+    fn, ref = getattr(mst, name), getattr(torch, name)
+    x = torch.randn(8, 100)
+    fn(x, -1)  # the launch plan made
+    x2 = torch.randn(8, 100)
+    calls = _python_calls(lambda: fn(x2, -1))
+    assert "pick" not in calls and "run_checked" not in " ".join(calls), calls
+    torch.testing.assert_close(fn(x2, -1), ref(x2, -1))
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("transform", ["vmap", "jvp", "grad_escaped"])
+def test_a_plan_is_not_used_for_a_wrapped_tensor(name, transform):
+    """With a launch plan already made for the shape, a tensor a torch.func
+    transform wraps (live, or dead after it escaped) still takes the path that
+    unwraps it: values and tangents as torch's."""
+    fn, ref = getattr(mst, name), getattr(torch, name)
+    x = torch.randn(4, 8, 100, dtype=torch.float64)
+    fn(x[0], -1)  # a plan for each (8, 100) sample's shape
+    if transform == "vmap":
+        torch.testing.assert_close(torch.func.vmap(fn)(x), ref(x, -1))
+    elif transform == "jvp":
+        t = torch.randn_like(x[0])
+        ours = torch.func.jvp(lambda a: fn(a, -1), (x[0],), (t,))
+        theirs = torch.func.jvp(lambda a: ref(a, -1), (x[0],), (t,))
+        torch.testing.assert_close(ours, theirs)
+    else:
+        escaped = []
+
+        def f(a):
+            escaped.append(a)
+            return fn(a, -1).sum()
+
+        torch.func.grad(f)(x[0])
+        torch.testing.assert_close(fn(escaped[0], -1), ref(x[0], -1))
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_dim_types_as_torch(name):
+    """dim takes what torch takes (int, numpy integer, integer tensor) and
+    refuses what torch refuses (bool, float) with a TypeError, a launch plan
+    for dim 1 made or not."""
+    fn, ref = getattr(mst, name), getattr(torch, name)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    for _plan_made in (False, True):
+        for dim in (np.int64(1), torch.tensor(1)):
+            torch.testing.assert_close(fn(x, dim), ref(x, 1))
+        for dim in (True, 1.0, np.bool_(True)):
+            with pytest.raises(TypeError, match="dim must be an int"):
+                fn(x, dim)
+        fn(x, 1)
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])

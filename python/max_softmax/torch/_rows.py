@@ -20,6 +20,8 @@ from ._buffers import DTYPES
 from ._device import check_device, device_kind
 from ._graph_path import execute
 
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
     """Write op `name` of (outer, n, inner) tensors `inputs` into `out`: by
@@ -118,6 +120,25 @@ def run_eager(name: str, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
         return _run_checked(name, dim, *tensors)
     out = _empty_like(first) if first.is_contiguous() else _empty_contiguous(first)
     launch(out, *map(_contiguous, tensors))
+    return out
+
+
+def run_planned(name: str, x: torch.Tensor, dim: int) -> torch.Tensor | None:
+    """`run_eager` of a forward op where its plan exists, else None: the
+    whole path of a repeated call that neither autograd nor torch.compile
+    sees (an inference step). None too where a torch.func transform wraps
+    `x`: a wrapper has no storage, so its launch fails on the address
+    before anything runs, and the caller takes the path that unwraps it."""
+    launch = _plans.get((name, dim, x.shape, x.dtype, x.device))
+    if launch is None:
+        return None
+    out = _empty_like(x) if x.is_contiguous() else _empty_contiguous(x)
+    try:
+        launch(out, _contiguous(x))
+    except RuntimeError:  # LaunchError, or a wrapper's missing storage
+        if _is_wrapped(x):
+            return None
+        raise
     return out
 
 
