@@ -42,13 +42,7 @@ def cross_entropy_options_rows[
 
     def loss_of_row(row: LossRow[dtype]) {imm} -> Scalar[acc]:
         return _row[dtype, with_grad](
-            kernel_arg(row.dlogits),
-            kernel_arg(row.logits),
-            targets[unsafe_offset=row.index],
-            options,
-            has_weight,
-            scale,
-            n,
+            row, targets[unsafe_offset=row.index], options, has_weight, scale, n
         )
 
     loss_rows_in_tasks(loss_of_row, call, kept)
@@ -58,16 +52,18 @@ def cross_entropy_options_rows[
 def _row[
     dtype: DType, with_grad: Bool
 ](
-    y_out: Pointer[Scalar[dtype], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: LossRow[dtype],
     t: Int64,
     options: Pointer[Float64, MutAnyOrigin],
     has_weight: Bool,
     scale: Scalar[accum_dtype[dtype]()],
     n: Int,
 ) -> Scalar[accum_dtype[dtype]()]:
-    """One row's loss (0 if ignored); with the gradient, its gradient row."""
+    """`row`'s loss against class `t` (0 if ignored); with the gradient,
+    its gradient row."""
     comptime acc = accum_dtype[dtype]()
+    var y_out = kernel_arg(row.dlogits)
+    var x = kernel_arg(row.logits)
     var weights = options.unsafe_offset(EXTENDED_OPTIONS)
     if t == Int64(options[unsafe_offset=0]):
         comptime if with_grad:

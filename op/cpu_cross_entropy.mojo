@@ -83,14 +83,7 @@ def cross_entropy_cpu[
 
     def loss_of_row(row: LossRow[dtype]) {imm} -> Scalar[acc]:
         return _row[dtype, with_grad](
-            kernel_arg(row.dlogits),
-            kernel_arg(row.scratch),
-            kernel_arg(row.logits),
-            targets[unsafe_offset=row.index],
-            ignore_index,
-            e,
-            scale,
-            n,
+            row, targets[unsafe_offset=row.index], ignore_index, e, scale, n
         )
 
     # 16-bit gradients park their exps in a float32 scratch row (`_row`).
@@ -217,18 +210,19 @@ def reduce_row_losses[
 def _row[
     dtype: DType, with_grad: Bool
 ](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    scratch: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: LossRow[dtype],
     t: Int64,
     ignore_index: Int64,
     eps: Scalar[accum_dtype[dtype]()],
     scale: Scalar[accum_dtype[dtype]()],
     n: Int,
 ) -> Scalar[accum_dtype[dtype]()]:
-    """One row's loss (0 if ignored); with the gradient, its gradient row."""
+    """`row`'s loss against class `t` (0 if ignored); with the gradient,
+    its gradient row (16-bit types park their exps in the row's scratch)."""
     comptime acc = accum_dtype[dtype]()
     comptime W = simd_width_of[acc]()
+    var y = kernel_arg(row.dlogits)
+    var x = kernel_arg(row.logits)
     if t == ignore_index:
         comptime if with_grad:
             for j in range(0, n - n % W, W):
@@ -244,7 +238,7 @@ def _row[
     comptime lean = size_of[dtype]() < 4
     var m = _max_of[dtype](x, n)
     var s = ExpTerms[dtype, park_in_dst, park_in_scratch, lean](
-        held(y), held(scratch), held(x), m
+        row.dlogits, row.scratch, row.logits, m
     ).sum(n)
     var x_t = x[unsafe_offset=Int(t)].cast[acc]()
     var sum_x = _sum_of[dtype](x, n) if eps != 0 else Scalar[acc](0)
@@ -254,7 +248,7 @@ def _row[
         each_piece[W](
             GradWrite[dtype, park_in_dst](
                 ExpTerms[dtype, park_in_dst, not park_in_dst, False](
-                    held(y), held(scratch), held(x), m
+                    row.dlogits, row.scratch, row.logits, m
                 ),
                 inv_s,
                 smooth,

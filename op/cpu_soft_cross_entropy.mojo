@@ -55,11 +55,7 @@ def soft_cross_entropy_cpu[
     var probs = kernel_arg(call.targets)
 
     def loss_of_row(row: LossRow[dtype]) {imm} -> Scalar[acc]:
-        return shared.run[with_grad](
-            kernel_arg(row.dlogits),
-            kernel_arg(row.logits),
-            probs.unsafe_offset(row.index * n),
-        )
+        return shared.run[with_grad](row, probs.unsafe_offset(row.index * n))
 
     loss_rows_in_tasks(loss_of_row, call, Float64(rows))
 
@@ -96,13 +92,14 @@ struct SoftRow[dtype: DType](ImplicitlyCopyable):
         with_grad: Bool
     ](
         self,
-        y: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        x: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        row: LossRow[Self.dtype],
         p: Pointer[Scalar[Self.dtype], MutAnyOrigin],
     ) -> Scalar[Self.acc]:
-        """One row's loss; with the gradient, its gradient row into y."""
+        """`row`'s loss against the probabilities `p`; with the gradient,
+        its gradient row."""
         comptime acc = Self.acc
         comptime W = Self.W
+        var x = kernel_arg(row.logits)
         var n = self.n
         var m = _max_of[Self.dtype](x, n)
         var n_vec = n - n % W
@@ -135,8 +132,8 @@ struct SoftRow[dtype: DType](ImplicitlyCopyable):
             each_piece[W](
                 SoftGradWrite[Self.dtype](
                     self,
-                    held(y),
-                    held(x),
+                    row.dlogits,
+                    row.logits,
                     held(p),
                     m,
                     soft_p_factor[acc](m, s, sum_q, self.z_loss),

@@ -57,7 +57,7 @@ from .row_math import (
 )
 from .row_op import OnchipBlock, RowOp
 from .row_part import RowPart, cluster_split, row_part
-from .row_tensors import LaunchRows
+from .row_tensors import LaunchRows, RowTensors, tensors_of
 
 # Threads per row (or per part of a row, `smem_parts_for`): 1024 for rows
 # that need most of an SM's shared memory; rows that leave room for two
@@ -622,10 +622,8 @@ struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
     comptime threads = Self.T
     comptime cluster_slots = CLUSTER_SLOTS
 
-    var dst: HeldRows[Self.dtype]
-    """Output rows."""
-    var src: HeldRows[Self.dtype]
-    """Input rows."""
+    var t: RowTensors[Self.dtype]
+    """Output rows (`dst`) from input rows (`a`)."""
     var x: HeldRows[Self.dtype]
     """The block's part of its input row."""
     var y: HeldRows[Self.dtype]
@@ -640,16 +638,11 @@ struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
     """The row's `row_scale`."""
 
     @always_inline
-    def __init__(
-        out self,
-        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        src: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-    ):
+    def __init__(out self, t: RowTensors[Self.dtype]):
         """The op on these tensors."""
-        self.dst = held(dst)
-        self.src = held(src)
-        self.x = self.src
-        self.y = self.dst
+        self.t = t
+        self.x = t.a
+        self.y = t.dst
         self.regs = SIMD[Self.dtype, Self.V * REG_CHUNKS](0)
         self.edge = SIMD[accum_dtype[Self.dtype](), 2](
             -inf[accum_dtype[Self.dtype]()]()
@@ -662,8 +655,8 @@ struct SoftmaxRow[dtype_: DType, log_out: Bool, V: Int, T: Int](RowOp):
         mut self, p: RowPart, row: Int, start: Int, first: Int, len_row: Int
     ) -> Bool:
         """Every row is folded."""
-        self.x = self.src.unsafe_offset(start)
-        self.y = self.dst.unsafe_offset(start)
+        self.x = self.t.a.unsafe_offset(start)
+        self.y = self.t.dst.unsafe_offset(start)
         return True
 
     @always_inline
@@ -734,7 +727,7 @@ def smem_rows_kernel[
     cluster_capacity(V, 1, C)` (`smem_capacity(V)` for C = 1) from `src`
     into `dst`: `onchip_rows` of `SoftmaxRow`, a row per cluster of C
     blocks of `T` threads (`smem_threads_for` of a part)."""
-    var op = SoftmaxRow[dtype, log_out, V, T](dst, src)
+    var op = SoftmaxRow[dtype, log_out, V, T](tensors_of(dst, src, src))
     onchip_rows[C=C](op, partials, n, aligned_flag)
 
 
