@@ -14,7 +14,8 @@ statistic is rescaled. Rows to `smem_capacity(V, 2)` (~37K float32, ~74K
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
-from max.gpu.memory import async_copy_wait_all
+from max.gpu.memory import AddressSpace, async_copy_wait_all
+from std.builtin.device_passable import DevicePassable, DeviceTypeEncoder
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
@@ -46,6 +47,93 @@ from .soft_target_math import (
 comptime SOFT_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
+
+
+comptime GlobalRows[dtype: DType] = Pointer[
+    Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.GLOBAL
+]
+"""Rows in global memory, as an argument struct holds them."""
+
+
+@always_inline
+def to_global[dtype: DType](p: HeldRows[dtype]) -> GlobalRows[dtype]:
+    """`p` (a device buffer's address) typed as global memory, as an
+    argument struct holds it."""
+    return p.unsafe_address_space_cast[AddressSpace.GLOBAL]()
+
+
+@always_inline
+def in_global[
+    dtype: DType
+](p: GlobalRows[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
+    """A global pointer a kernel took inside its argument struct, as the
+    kernels take pointers (generic): LLVM infers the global address space
+    back from the cast, so its loads and stores stay `ld.global` /
+    `st.global`."""
+    return kernel_arg(p.unsafe_address_space_cast[AddressSpace.GENERIC]())
+
+
+struct SoftRowsArgs[dtype: DType](DevicePassable, TrivialRegisterPassable):
+    """The arguments every soft-target rows kernel takes (`soft_block_kernel`,
+    `soft_smem_kernel`), passed as one by value; a kernel takes its
+    pointers out with `in_global`."""
+
+    comptime device_type: AnyType = Self
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var dlogits: GlobalRows[Self.dtype]
+    """Gradient rows (unused without the gradient)."""
+    var logits: GlobalRows[Self.dtype]
+    """Logit rows."""
+    var probs: GlobalRows[Self.dtype]
+    """Probability rows."""
+    var options: GlobalRows[DType.float64]
+    """(eps, z_loss[, n class weights])."""
+    var weighted: Int32
+    """Nonzero when the options carry class weights."""
+    var row_losses: GlobalRows[accum_dtype[Self.dtype]()]
+    """A row loss a row, in the accumulator type (`reduce`)."""
+    var loss: GlobalRows[Self.dtype]
+    """A loss a row ("none")."""
+    var rows: Int64
+    """Number of rows."""
+    var n: Int64
+    """Row length."""
+
+    def __init__(
+        out self,
+        dlogits: HeldRows[Self.dtype],
+        logits: HeldRows[Self.dtype],
+        probs: HeldRows[Self.dtype],
+        options: HeldRows[DType.float64],
+        weighted: Int32,
+        row_losses: HeldRows[accum_dtype[Self.dtype]()],
+        loss: HeldRows[Self.dtype],
+        rows: Int64,
+        n: Int64,
+    ):
+        """The arguments, each buffer's address typed as global memory."""
+        self.dlogits = to_global(dlogits)
+        self.logits = to_global(logits)
+        self.probs = to_global(probs)
+        self.options = to_global(options)
+        self.weighted = weighted
+        self.row_losses = to_global(row_losses)
+        self.loss = to_global(loss)
+        self.rows = rows
+        self.n = n
+
+    def _to_device_type(
+        self, mut encoder: Some[DeviceTypeEncoder], target: MutOpaquePointer[_]
+    ):
+        """Copy the struct to the kernel's argument (it is its own device
+        type)."""
+        encoder.encode(self, target)
+
+    @staticmethod
+    def get_type_name() -> String:
+        """The type's name, for kernel-argument error messages."""
+        return "SoftRowsArgs"
 
 
 struct SoftTargetRow[
@@ -343,31 +431,21 @@ def block_sums[T: Int, acc: DType](part: SoftStats[acc]) -> SoftStats[acc]:
 )
 def soft_smem_kernel[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    weighted: Int32,
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
-    n: Int64,
-    aligned_flag: Int32,
-):
+](args: SoftRowsArgs[dtype], aligned_flag: Int32):
     """Soft-target cross-entropy of rows of `n` (to `smem_capacity(V,
     2)`): `onchip_rows` of `SoftTargetRow`, a block of T threads a row.
     Arguments as `soft_block_kernel`; `aligned_flag` is nonzero when the
     logits, probabilities and gradient start 16-byte aligned."""
+    var row_losses = in_global(args.row_losses)
     var op = SoftTargetRow[dtype, with_grad, mean, reduce, V, T](
-        dlogits,
-        logits,
-        probs,
-        options,
-        weighted != 0,
+        in_global(args.dlogits),
+        in_global(args.logits),
+        in_global(args.probs),
+        in_global(args.options),
+        args.weighted != 0,
         row_losses,
-        loss,
-        Int(rows),
-        Int(n),
+        in_global(args.loss),
+        Int(args.rows),
+        Int(args.n),
     )
-    onchip_rows[C=1](op, row_losses, n, aligned_flag)
+    onchip_rows[C=1](op, row_losses, args.n, aligned_flag)
