@@ -23,7 +23,13 @@ from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_ce_common import store_row_loss
-from .gpu_launch import HeldRows, aligned16, aligned_flag_of, kernel_arg
+from .gpu_launch import (
+    HeldRows,
+    aligned16,
+    aligned_flag_of,
+    in_global,
+    kernel_arg,
+)
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_max
 from .gpu_smem_rows import (
@@ -36,7 +42,6 @@ from .gpu_soft_smem_rows import (
     SOFT_TENSORS,
     SoftRowsArgs,
     block_sums,
-    in_global,
     soft_smem_kernel,
 )
 from .row_math import accum_dtype, vector_width

@@ -14,13 +14,20 @@ statistic is rescaled. Rows to `smem_capacity(V, 2)` (~37K float32, ~74K
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
-from max.gpu.memory import AddressSpace, async_copy_wait_all
+from max.gpu.memory import async_copy_wait_all
 from std.builtin.device_passable import DevicePassable, DeviceTypeEncoder
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_ce_common import store_row_loss
-from .gpu_launch import HeldRows, held, kernel_arg
+from .gpu_launch import (
+    GlobalRows,
+    HeldRows,
+    held,
+    in_global,
+    kernel_arg,
+    to_global,
+)
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
@@ -47,30 +54,6 @@ from .soft_target_math import (
 comptime SOFT_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
-
-
-comptime GlobalRows[dtype: DType] = Pointer[
-    Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.GLOBAL
-]
-"""Rows in global memory, as an argument struct holds them."""
-
-
-@always_inline
-def to_global[dtype: DType](p: HeldRows[dtype]) -> GlobalRows[dtype]:
-    """`p` (a device buffer's address) typed as global memory, as an
-    argument struct holds it."""
-    return p.unsafe_address_space_cast[AddressSpace.GLOBAL]()
-
-
-@always_inline
-def in_global[
-    dtype: DType
-](p: GlobalRows[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
-    """A global pointer a kernel took inside its argument struct, as the
-    kernels take pointers (generic): LLVM infers the global address space
-    back from the cast, so its loads and stores stay `ld.global` /
-    `st.global`."""
-    return kernel_arg(p.unsafe_address_space_cast[AddressSpace.GENERIC]())
 
 
 struct SoftRowsArgs[dtype: DType](DevicePassable, TrivialRegisterPassable):
