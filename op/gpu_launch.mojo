@@ -8,6 +8,7 @@ addresses at run time and pass the answer to the kernels as an Int32 flag
 """
 
 from max.gpu.memory import AddressSpace
+from std.builtin.device_passable import DevicePassable, DeviceTypeEncoder
 
 
 def aligned16(a: Int, b: Int, c: Int = 0) -> Bool:
@@ -79,3 +80,14 @@ def in_global[
     back from the cast, so its loads and stores stay `ld.global` /
     `st.global`."""
     return kernel_arg(p.unsafe_address_space_cast[AddressSpace.GENERIC]())
+
+
+trait KernelArgs(DevicePassable, TrivialRegisterPassable):
+    """A struct of a kernel's arguments passed as one by value (its
+    pointers `GlobalRows`): it is its own device type, copied as it is."""
+
+    def _to_device_type(
+        self, mut encoder: Some[DeviceTypeEncoder], target: MutOpaquePointer[_]
+    ):
+        """Copy the struct to the kernel's argument."""
+        encoder.encode(self, target)

@@ -15,7 +15,6 @@ statistic is rescaled. Rows to `smem_capacity(V, 2)` (~37K float32, ~74K
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.memory import async_copy_wait_all
-from std.builtin.device_passable import DevicePassable, DeviceTypeEncoder
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
@@ -23,6 +22,7 @@ from .gpu_ce_common import store_row_loss
 from .gpu_launch import (
     GlobalRows,
     HeldRows,
+    KernelArgs,
     held,
     in_global,
     kernel_arg,
@@ -56,7 +56,7 @@ comptime SOFT_TENSORS = 2
 comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
 
 
-struct SoftRowsArgs[dtype: DType](DevicePassable, TrivialRegisterPassable):
+struct SoftRowsArgs[dtype: DType](KernelArgs):
     """The arguments every soft-target rows kernel takes (`soft_block_kernel`,
     `soft_smem_kernel`), passed as one by value; a kernel takes its
     pointers out with `in_global`."""
@@ -105,13 +105,6 @@ struct SoftRowsArgs[dtype: DType](DevicePassable, TrivialRegisterPassable):
         self.loss = to_global(loss)
         self.rows = rows
         self.n = n
-
-    def _to_device_type(
-        self, mut encoder: Some[DeviceTypeEncoder], target: MutOpaquePointer[_]
-    ):
-        """Copy the struct to the kernel's argument (it is its own device
-        type)."""
-        encoder.encode(self, target)
 
     @staticmethod
     def get_type_name() -> String:
