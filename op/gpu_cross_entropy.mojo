@@ -72,7 +72,8 @@ from .gpu_ce_block_rows import (
 from .gpu_ce_pair_rows import launch_ce_pair
 from .gpu_ce_register_rows import enqueue_ce_register
 from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
-from .gpu_launch import HeldRows, aligned16, held
+from .gpu_ce_common import CEArgs
+from .gpu_launch import HeldRows, aligned16, held, to_global
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
@@ -304,6 +305,18 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     """Row length."""
     var aligned: Bool
     """Whether logits and dlogits start 16-byte aligned."""
+
+    def args(self) -> CEArgs[Self.dtype]:
+        """The tensors as the row kernels take them (`CEArgs`)."""
+        return CEArgs[Self.dtype](
+            to_global(self.dlogits),
+            to_global(self.logits),
+            to_global(self.targets),
+            to_global(self.options),
+            to_global(self.count),
+            to_global(self.row_losses),
+            to_global(self.loss),
+        )
 
     @staticmethod
     def op_name() -> String:
