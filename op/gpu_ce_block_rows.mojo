@@ -34,7 +34,6 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_block_strategy import block_stats
-from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
     CEArgs,
     CrossEntropyGrad,
@@ -42,6 +41,7 @@ from .gpu_ce_common import (
     grad_scale,
     target_owner,
 )
+from .gpu_cross_entropy import CERows
 from .gpu_launch import HeldRows, aligned_flag_of, held, in_global, kernel_arg
 from .gpu_reductions import block_max_sum, block_sum
 from .row_math import (
@@ -229,7 +229,7 @@ def launch_ce_block[
         dtype, with_grad, mean, reduce, V, T, U, terms
     ]
     ctx.enqueue_function[kernel](
-        op.args(),
+        op.args,
         Int64(op.n),
         has_weight if terms == OPTION_TERMS else aligned_flag_of(op.aligned),
         grid_dim=op.rows,

@@ -84,7 +84,7 @@ struct CEArgs[dtype: DType](KernelArgs):
     (`ce_block_kernel`, `ce_register_kernel`, `ce_smem_kernel`), passed as
     one by value, in the order they had as separate parameters (the SASS
     stays theirs); a kernel takes each pointer out with `in_global`.
-    `CERows.args` builds it."""
+    `CERows` holds it."""
 
     comptime device_type: AnyType = Self
 

@@ -293,7 +293,7 @@ def enqueue_ce_register[
         dtype, with_grad, mean, reduce, T, V, K
     ]
     ctx.enqueue_function[kernel](
-        op.args(),
+        op.args,
         Int64(op.rows),
         Int64(op.n),
         vector_flag_of(op.aligned, op.n, V),

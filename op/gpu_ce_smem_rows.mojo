@@ -33,7 +33,6 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
     CEArgs,
     CrossEntropyGrad,
@@ -54,6 +53,7 @@ from .gpu_ce_options_smem_rows import (
     visit_held,
     write_capped_held,
 )
+from .gpu_cross_entropy import CERows
 from .gpu_launch import HeldRows, aligned_flag_of, held, in_global, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
@@ -704,7 +704,7 @@ def launch_ce_parts[
         "classes",
     )
     var aligned_flag = aligned_flag_of(op.aligned)
-    var partials = launch.partials.ptr(kernel_arg(op.row_losses))
+    var partials = launch.partials.ptr(in_global(op.args.row_losses))
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[
@@ -712,7 +712,7 @@ def launch_ce_parts[
                 T,
             ](
                 ctx,
-                op.args(),
+                op.args,
                 partials,
                 Int64(op.n),
                 aligned_flag,

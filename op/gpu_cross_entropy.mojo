@@ -275,7 +275,6 @@ def ce_kernel_for(
     return Strategy.BLOCK
 
 
-@fieldwise_init
 struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     RegisterPlanKernel, RowStrategies
 ):
@@ -285,20 +284,8 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     (`launch_register_strategy`). Each row's loss goes to `row_losses` if
     `reduce`, else to `loss`; `with_grad`, its gradient to `dlogits`."""
 
-    var dlogits: HeldRows[Self.dtype]
-    """Gradient rows."""
-    var logits: HeldRows[Self.dtype]
-    """Logit rows."""
-    var targets: HeldRows[DType.int64]
-    """A class index a row."""
-    var options: HeldRows[DType.float64]
-    """(ignore_index, label smoothing)."""
-    var count: HeldRows[DType.float64]
-    """Rows kept ("mean")."""
-    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
-    """A loss a row, accumulator type ("mean", "sum")."""
-    var loss: HeldRows[Self.dtype]
-    """A loss a row ("none")."""
+    var args: CEArgs[Self.dtype]
+    """The tensors, as the row kernels take them."""
     var rows: Int
     """Number of rows."""
     var n: Int
@@ -306,17 +293,34 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     var aligned: Bool
     """Whether logits and dlogits start 16-byte aligned."""
 
-    def args(self) -> CEArgs[Self.dtype]:
-        """The tensors as the row kernels take them (`CEArgs`)."""
-        return CEArgs[Self.dtype](
-            to_global(self.dlogits),
-            to_global(self.logits),
-            to_global(self.targets),
-            to_global(self.options),
-            to_global(self.count),
-            to_global(self.row_losses),
-            to_global(self.loss),
+    def __init__(
+        out self,
+        dlogits: HeldRows[Self.dtype],
+        logits: HeldRows[Self.dtype],
+        targets: HeldRows[DType.int64],
+        options: HeldRows[DType.float64],
+        count: HeldRows[DType.float64],
+        row_losses: HeldRows[accum_dtype[Self.dtype]()],
+        loss: HeldRows[Self.dtype],
+        rows: Int,
+        n: Int,
+        aligned: Bool,
+    ):
+        """`rows` rows of `n` of these buffers (`CEArgs` says what each
+        holds), `aligned` where logits and dlogits start 16-byte
+        aligned."""
+        self.args = CEArgs[Self.dtype](
+            to_global(dlogits),
+            to_global(logits),
+            to_global(targets),
+            to_global(options),
+            to_global(count),
+            to_global(row_losses),
+            to_global(loss),
         )
+        self.rows = rows
+        self.n = n
+        self.aligned = aligned
 
     @staticmethod
     def op_name() -> String:

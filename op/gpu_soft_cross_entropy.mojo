@@ -29,6 +29,7 @@ from .gpu_launch import (
     aligned_flag_of,
     in_global,
     kernel_arg,
+    to_global,
 )
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_max
@@ -164,13 +165,13 @@ def launch_soft_cross_entropy[
     )
     var losses = rebind[HeldRows[acc]](row_losses.unsafe_ptr())
     var args = SoftRowsArgs[dtype](
-        call.dlogits,
-        call.logits,
-        call.targets,
-        call.options.values,
+        to_global(call.dlogits),
+        to_global(call.logits),
+        to_global(call.targets),
+        to_global(call.options.values),
         Int32(1 if weighted else 0),
-        losses,
-        call.loss,
+        to_global(losses),
+        to_global(call.loss),
         Int64(rows),
         Int64(n),
     )

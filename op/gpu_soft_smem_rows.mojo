@@ -26,7 +26,6 @@ from .gpu_launch import (
     held,
     in_global,
     kernel_arg,
-    to_global,
 )
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
@@ -56,9 +55,11 @@ comptime SOFT_TENSORS = 2
 comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
 
 
+@fieldwise_init
 struct SoftRowsArgs[dtype: DType](KernelArgs):
     """The arguments every soft-target rows kernel takes (`soft_block_kernel`,
-    `soft_smem_kernel`), passed as one by value; a kernel takes its
+    `soft_smem_kernel`), passed as one by value; the launcher types each
+    buffer's address as global memory (`to_global`), a kernel takes its
     pointers out with `in_global`."""
 
     comptime device_type: AnyType = Self
@@ -82,29 +83,6 @@ struct SoftRowsArgs[dtype: DType](KernelArgs):
     """Number of rows."""
     var n: Int64
     """Row length."""
-
-    def __init__(
-        out self,
-        dlogits: HeldRows[Self.dtype],
-        logits: HeldRows[Self.dtype],
-        probs: HeldRows[Self.dtype],
-        options: HeldRows[DType.float64],
-        weighted: Int32,
-        row_losses: HeldRows[accum_dtype[Self.dtype]()],
-        loss: HeldRows[Self.dtype],
-        rows: Int64,
-        n: Int64,
-    ):
-        """The arguments, each buffer's address typed as global memory."""
-        self.dlogits = to_global(dlogits)
-        self.logits = to_global(logits)
-        self.probs = to_global(probs)
-        self.options = to_global(options)
-        self.weighted = weighted
-        self.row_losses = to_global(row_losses)
-        self.loss = to_global(loss)
-        self.rows = rows
-        self.n = n
 
     @staticmethod
     def get_type_name() -> String:
