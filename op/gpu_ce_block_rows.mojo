@@ -34,15 +34,15 @@ from .cross_entropy_math import (
     target_kind,
 )
 from .gpu_ce_block_strategy import block_stats
-from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
+    CEArgs,
     CrossEntropyGrad,
     ce_options,
     grad_scale,
-    store_row_loss,
     target_owner,
 )
-from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_cross_entropy import CERows
+from .gpu_launch import HeldRows, aligned_flag_of, held, in_global, kernel_arg
 from .gpu_reductions import block_max_sum, block_sum
 from .row_math import (
     accum_dtype,
@@ -137,17 +137,7 @@ def ce_block_kernel[
     T: Int,
     U: Int,
     terms: Int = NO_TERMS,
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    n: Int64,
-    flag: Int32,
-):
+](args: CEArgs[dtype], n: Int64, flag: Int32):
     """Cross-entropy of rows of any length, a block of T threads a row:
     online (max, sum of exp) over the row, then the gradient from a second
     read. Arguments as `ce_register_kernel`; `flag` is nonzero when the
@@ -161,21 +151,19 @@ def ce_block_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime if terms == OPTION_TERMS:
-        _options_row[dtype, with_grad, mean, reduce, T, U](
-            dlogits, logits, targets, options, count, row_losses, loss, n, flag
-        )
+        _options_row[dtype, with_grad, mean, reduce, T, U](args, n, flag)
         return
     var t = Int(thread_idx.x)
     var row = Int(block_idx.x)
     var len = Int(n)
     var start = row * len
-    var x = logits.unsafe_offset(start)
+    var x = in_global(args.logits).unsafe_offset(start)
     var p = row_part[V, T](t, start, len, flag)
-    var opts = ce_options[acc](options)
+    var opts = ce_options[acc](in_global(args.options))
     var eps = opts[1]
-    var tgt = targets[unsafe_offset=row]
+    var tgt = in_global(args.targets)[unsafe_offset=row]
     var kind = target_kind(tgt, opts[0], len)
-    var scale = grad_scale[acc, mean](count)
+    var scale = grad_scale[acc, mean](in_global(args.count))
     var smooth = smoothing_of[acc](eps, len)
     # kind is the same for the whole block, so the reductions inside the
     # branch are reached by every thread or by none.
@@ -199,9 +187,9 @@ def ce_block_kernel[
     elif kind != IGNORED:
         value = nan[acc]()
     if t == 0:
-        store_row_loss[dtype, reduce](row_losses, loss, row, value)
+        args.store_loss[reduce](row, value)
     comptime if with_grad:
-        var y = dlogits.unsafe_offset(start)
+        var y = in_global(args.dlogits).unsafe_offset(start)
         var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
         _write_grad[dtype, V, T](
             y,
@@ -241,13 +229,7 @@ def launch_ce_block[
         dtype, with_grad, mean, reduce, V, T, U, terms
     ]
     ctx.enqueue_function[kernel](
-        kernel_arg(op.dlogits),
-        kernel_arg(op.logits),
-        kernel_arg(op.targets),
-        kernel_arg(op.options),
-        kernel_arg(op.count),
-        kernel_arg(op.row_losses),
-        kernel_arg(op.loss),
+        op.args,
         Int64(op.n),
         has_weight if terms == OPTION_TERMS else aligned_flag_of(op.aligned),
         grid_dim=op.rows,
@@ -312,17 +294,7 @@ struct _OptionTerms[dtype: DType, T: Int]:
 @always_inline
 def _options_row[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int, U: Int
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    n: Int64,
-    has_weight: Int32,
-):
+](args: CEArgs[dtype], n: Int64, has_weight: Int32):
     """One row (block) of the extended cross-entropy: an online (max, sum
     of exp) pass over the capped logits (with, under label smoothing, the
     weighted sums the loss needs), its loss to `row_losses` (`reduce`) or
@@ -332,8 +304,9 @@ def _options_row[
     var t = Int(thread_idx.x)
     var row = Int(block_idx.x)
     var len = Int(n)
-    var x = logits.unsafe_offset(row * len)
-    var y_out = dlogits.unsafe_offset(row * len)
+    var x = in_global(args.logits).unsafe_offset(row * len)
+    var y_out = in_global(args.dlogits).unsafe_offset(row * len)
+    var options = in_global(args.options)
     var ignore_index = Int64(options[unsafe_offset=0])
     var weights = options.unsafe_offset(EXTENDED_OPTIONS)
     var f = _OptionTerms[dtype, T](
@@ -348,7 +321,7 @@ def _options_row[
     )
     var z_loss = options[unsafe_offset=2].cast[acc]()
     f.cap = options[unsafe_offset=3].cast[acc]()
-    var tgt = targets[unsafe_offset=row]
+    var tgt = in_global(args.targets)[unsafe_offset=row]
     var kind = target_kind(tgt, ignore_index, len)
     if kind != KEPT:
         # Ignored: loss 0 and gradient 0; out of range: NaN (the host
@@ -358,7 +331,7 @@ def _options_row[
             for c in range(t, len, T):
                 y_out[unsafe_offset=c] = fill.cast[dtype]()
         if t == 0:
-            store_row_loss[dtype, reduce](row_losses, loss, row, fill)
+            args.store_loss[reduce](row, fill)
         return
     var m = Scalar[acc](-1) / Scalar[acc](0)
     var s = Scalar[acc](0)
@@ -390,9 +363,9 @@ def _options_row[
         var value = extended_row_loss[acc](
             row_max, row_sum, y_t, w_t, su, suy, f.eps, z_loss, len
         )
-        store_row_loss[dtype, reduce](row_losses, loss, row, value)
+        args.store_loss[reduce](row, value)
     comptime if with_grad:
-        var scale = grad_scale[acc, mean](count)
+        var scale = grad_scale[acc, mean](in_global(args.count))
         f.factor = extended_p_factor[acc](
             row_max, row_sum, w_t, su, f.eps, z_loss, len
         )

@@ -4,12 +4,14 @@ goes (`store_row_loss`), and the pieces of a row laid out as a scalar head,
 an aligned vector body and a scalar tail (gpu_ce_block_rows,
 gpu_ce_smem_rows): the gradient of a kept row's logits (`CrossEntropyGrad`),
 the fill of a row not kept, and the thread that writes the target's entry;
-which rows hold exps on chip (`holds_exp`).
+which rows hold exps on chip (`holds_exp`); the tensors the row kernels
+take, as one argument (`CEArgs`).
 """
 
 from std.sys import size_of
 
 from .cross_entropy_math import grad_of
+from .gpu_launch import GlobalRows, KernelArgs, in_global
 from .gpu_smem_rows import HELD_EXP_SHIFT, HeldMap
 from .row_math import accum_dtype, exp_nan
 from .row_part import RowPart
@@ -74,6 +76,46 @@ def store_row_loss[
         row_losses[unsafe_offset=row] = value
     else:
         loss[unsafe_offset=row] = value.cast[dtype]()
+
+
+@fieldwise_init
+struct CEArgs[dtype: DType](KernelArgs):
+    """The tensors every class-index cross-entropy row kernel takes first
+    (`ce_block_kernel`, `ce_register_kernel`, `ce_smem_kernel`), passed as
+    one by value, in the order they had as separate parameters (the SASS
+    stays theirs); a kernel takes each pointer out with `in_global`.
+    `CERows` holds it."""
+
+    comptime device_type: AnyType = Self
+
+    var dlogits: GlobalRows[Self.dtype]
+    """Gradient rows (written only `with_grad`)."""
+    var logits: GlobalRows[Self.dtype]
+    """Logit rows."""
+    var targets: GlobalRows[DType.int64]
+    """A class index a row."""
+    var options: GlobalRows[DType.float64]
+    """(ignore_index, label smoothing), then the extended options."""
+    var count: GlobalRows[DType.float64]
+    """The (weighted) count of kept rows (read only for "mean")."""
+    var row_losses: GlobalRows[accum_dtype[Self.dtype]()]
+    """A loss a row, accumulator type (written if `reduce`)."""
+    var loss: GlobalRows[Self.dtype]
+    """A loss a row in dtype (written unless `reduce`)."""
+
+    @staticmethod
+    def get_type_name() -> String:
+        """The type's name, for kernel-argument error messages."""
+        return "CEArgs"
+
+    @always_inline
+    def store_loss[
+        reduce: Bool
+    ](self, row: Int, value: Scalar[accum_dtype[Self.dtype]()]):
+        """Row `row`'s loss where `reduce` sends it (`store_row_loss`)."""
+        store_row_loss[Self.dtype, reduce](
+            in_global(self.row_losses), in_global(self.loss), row, value
+        )
 
 
 struct CrossEntropyGrad[dtype_: DType, holds_exp: Bool](HeldMap):

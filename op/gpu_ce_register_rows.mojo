@@ -28,9 +28,9 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_ce_common import ce_options, grad_scale, store_row_loss
+from .gpu_ce_common import CEArgs, ce_options, grad_scale
 from .gpu_cross_entropy import CERows
-from .gpu_launch import kernel_arg, vector_flag_of
+from .gpu_launch import in_global, vector_flag_of
 from .gpu_reductions import block_max, block_sum
 from .gpu_register_rows import (
     MAX_ROW_REGISTERS,
@@ -199,18 +199,7 @@ def ce_register_kernel[
     threads: Int,
     V: Int,
     K: Int,
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
-    n: Int64,
-    vector_flag: Int32,
-):
+](args: CEArgs[dtype], rows: Int64, n: Int64, vector_flag: Int32):
     """Cross-entropy of rows of `n <= threads * V * K` held in registers.
 
     Parameters:
@@ -223,13 +212,7 @@ def ce_register_kernel[
         K: Chunks per thread.
 
     Args:
-        dlogits: Gradient rows (written only `with_grad`).
-        logits: Logit rows.
-        targets: A class index a row.
-        options: (ignore_index, label smoothing), float64.
-        count: Rows kept (read only for `mean`).
-        row_losses: A loss a row, accumulator type (written if `reduce`).
-        loss: A loss a row in dtype (written unless `reduce`).
+        args: The tensors (`CEArgs`).
         rows: Number of rows.
         n: Row length (classes).
         vector_flag: Nonzero when row starts are 16-byte aligned.
@@ -252,11 +235,11 @@ def ce_register_kernel[
             return
         len = 0
         row = 0
-    var opts = ce_options[acc](options)
+    var opts = ce_options[acc](in_global(args.options))
     var eps = opts[1]
-    var tgt = targets[unsafe_offset=row]
+    var tgt = in_global(args.targets)[unsafe_offset=row]
     var kind = target_kind(tgt, opts[0], Int(n))
-    var x = logits.unsafe_offset(row * Int(n))
+    var x = in_global(args.logits).unsafe_offset(row * Int(n))
     # Ignored and bad rows load nothing (in LLM batches, padding rows are
     # ignored, and many); every thread still takes part in the reductions.
     var load_len = len if kind == KEPT else 0
@@ -270,11 +253,11 @@ def ce_register_kernel[
         raw, t, vector_loads, load_len, kind, x_t, eps, Int(n)
     )
     if live and t == 0:
-        store_row_loss[dtype, reduce](row_losses, loss, row, value)
+        args.store_loss[reduce](row, value)
     comptime if with_grad:
         var out = _held_grad_row[dtype, mean, threads, V, K](
             raw,
-            count,
+            in_global(args.count),
             row_max,
             row_sum,
             x_t,
@@ -286,7 +269,11 @@ def ce_register_kernel[
             vector_loads,
         )
         store_row_chunks[dtype, threads, V, K, dtype](
-            dlogits.unsafe_offset(row * Int(n)), out, len, t, vector_loads
+            in_global(args.dlogits).unsafe_offset(row * Int(n)),
+            out,
+            len,
+            t,
+            vector_loads,
         )
 
 
@@ -306,13 +293,7 @@ def enqueue_ce_register[
         dtype, with_grad, mean, reduce, T, V, K
     ]
     ctx.enqueue_function[kernel](
-        kernel_arg(op.dlogits),
-        kernel_arg(op.logits),
-        kernel_arg(op.targets),
-        kernel_arg(op.options),
-        kernel_arg(op.count),
-        kernel_arg(op.row_losses),
-        kernel_arg(op.loss),
+        op.args,
         Int64(op.rows),
         Int64(op.n),
         vector_flag_of(op.aligned, op.n, V),

@@ -33,8 +33,8 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_cross_entropy import CERows
 from .gpu_ce_common import (
+    CEArgs,
     CrossEntropyGrad,
     ce_options,
     fill_part,
@@ -53,7 +53,8 @@ from .gpu_ce_options_smem_rows import (
     visit_held,
     write_capped_held,
 )
-from .gpu_launch import HeldRows, aligned_flag_of, held, kernel_arg
+from .gpu_cross_entropy import CERows
+from .gpu_launch import HeldRows, aligned_flag_of, held, in_global, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
     REG_CHUNKS,
@@ -226,28 +227,17 @@ struct CrossEntropyRow[
     """The thread's head and tail elements (-inf where it has none)."""
 
     @always_inline
-    def __init__(
-        out self,
-        dlogits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        logits: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        targets: Pointer[Int64, MutAnyOrigin],
-        options: Pointer[Float64, MutAnyOrigin],
-        count: Pointer[Float64, MutAnyOrigin],
-        row_losses: Pointer[Scalar[accum_dtype[Self.dtype]()], MutAnyOrigin],
-        loss: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        has_weight: Int32 = 0,
-    ):
-        """The op on these tensors."""
+    def __init__(out self, args: CEArgs[Self.dtype], has_weight: Int32 = 0):
+        """The op on the kernel's tensors (each taken out of `args` with
+        `in_global`)."""
         comptime acc = accum_dtype[Self.dtype]()
-        self.dlogits = held(dlogits)
-        self.logits = held(logits)
-        self.targets = rebind[Pointer[Int64, MutUntrackedOrigin]](targets)
-        self.options = rebind[Pointer[Float64, MutUntrackedOrigin]](options)
-        self.count = rebind[Pointer[Float64, MutUntrackedOrigin]](count)
-        self.row_losses = rebind[Pointer[Scalar[acc], MutUntrackedOrigin]](
-            row_losses
-        )
-        self.loss = held(loss)
+        self.dlogits = held(in_global(args.dlogits))
+        self.logits = held(in_global(args.logits))
+        self.targets = held(in_global(args.targets))
+        self.options = held(in_global(args.options))
+        self.count = held(in_global(args.count))
+        self.row_losses = held(in_global(args.row_losses))
+        self.loss = held(in_global(args.loss))
         self.has_weight = has_weight != 0
         self.x = self.logits
         self.start = 0
@@ -664,13 +654,7 @@ def ce_smem_kernel[
     C: Int,
     terms: Int = NO_TERMS,
 ](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    count: Pointer[Float64, MutAnyOrigin],
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
+    args: CEArgs[dtype],
     partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
     n: Int64,
     aligned_flag: Int32,
@@ -684,7 +668,7 @@ def ce_smem_kernel[
     `has_weight`: whether `options` holds a weight a class, read under
     OPTION_TERMS only (every `terms` takes it: one kernel, one launch)."""
     var op = CrossEntropyRow[dtype, with_grad, mean, reduce, V, T, terms](
-        dlogits, logits, targets, options, count, row_losses, loss, has_weight
+        args, has_weight
     )
     onchip_rows[C=C](op, partials, n, aligned_flag)
 
@@ -720,7 +704,7 @@ def launch_ce_parts[
         "classes",
     )
     var aligned_flag = aligned_flag_of(op.aligned)
-    var partials = launch.partials.ptr(kernel_arg(op.row_losses))
+    var partials = launch.partials.ptr(in_global(op.args.row_losses))
     comptime for T in [SMEM_HALF_THREADS, SMEM_THREADS]:
         if launch.threads == T:
             launch.enqueue[
@@ -728,13 +712,7 @@ def launch_ce_parts[
                 T,
             ](
                 ctx,
-                kernel_arg(op.dlogits),
-                kernel_arg(op.logits),
-                kernel_arg(op.targets),
-                kernel_arg(op.options),
-                kernel_arg(op.count),
-                kernel_arg(op.row_losses),
-                kernel_arg(op.loss),
+                op.args,
                 partials,
                 Int64(op.n),
                 aligned_flag,

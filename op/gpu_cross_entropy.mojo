@@ -72,7 +72,8 @@ from .gpu_ce_block_rows import (
 from .gpu_ce_pair_rows import launch_ce_pair
 from .gpu_ce_register_rows import enqueue_ce_register
 from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
-from .gpu_launch import HeldRows, aligned16, held
+from .gpu_ce_common import CEArgs
+from .gpu_launch import HeldRows, aligned16, held, to_global
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
@@ -274,7 +275,6 @@ def ce_kernel_for(
     return Strategy.BLOCK
 
 
-@fieldwise_init
 struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     RegisterPlanKernel, RowStrategies
 ):
@@ -284,26 +284,43 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     (`launch_register_strategy`). Each row's loss goes to `row_losses` if
     `reduce`, else to `loss`; `with_grad`, its gradient to `dlogits`."""
 
-    var dlogits: HeldRows[Self.dtype]
-    """Gradient rows."""
-    var logits: HeldRows[Self.dtype]
-    """Logit rows."""
-    var targets: HeldRows[DType.int64]
-    """A class index a row."""
-    var options: HeldRows[DType.float64]
-    """(ignore_index, label smoothing)."""
-    var count: HeldRows[DType.float64]
-    """Rows kept ("mean")."""
-    var row_losses: HeldRows[accum_dtype[Self.dtype]()]
-    """A loss a row, accumulator type ("mean", "sum")."""
-    var loss: HeldRows[Self.dtype]
-    """A loss a row ("none")."""
+    var args: CEArgs[Self.dtype]
+    """The tensors, as the row kernels take them."""
     var rows: Int
     """Number of rows."""
     var n: Int
     """Row length."""
     var aligned: Bool
     """Whether logits and dlogits start 16-byte aligned."""
+
+    def __init__(
+        out self,
+        dlogits: HeldRows[Self.dtype],
+        logits: HeldRows[Self.dtype],
+        targets: HeldRows[DType.int64],
+        options: HeldRows[DType.float64],
+        count: HeldRows[DType.float64],
+        row_losses: HeldRows[accum_dtype[Self.dtype]()],
+        loss: HeldRows[Self.dtype],
+        rows: Int,
+        n: Int,
+        aligned: Bool,
+    ):
+        """`rows` rows of `n` of these buffers (`CEArgs` says what each
+        holds), `aligned` where logits and dlogits start 16-byte
+        aligned."""
+        self.args = CEArgs[Self.dtype](
+            to_global(dlogits),
+            to_global(logits),
+            to_global(targets),
+            to_global(options),
+            to_global(count),
+            to_global(row_losses),
+            to_global(loss),
+        )
+        self.rows = rows
+        self.n = n
+        self.aligned = aligned
 
     @staticmethod
     def op_name() -> String:

@@ -3,8 +3,12 @@ are safe.
 
 A torch view may start anywhere, so the launchers check the buffers'
 addresses at run time and pass the answer to the kernels as an Int32 flag
-(Bool is not DevicePassable).
+(Bool is not DevicePassable). Pointers held in structs: `HeldRows`
+(host side) and `GlobalRows` (inside a kernel argument struct).
 """
+
+from max.gpu.memory import AddressSpace
+from std.builtin.device_passable import DevicePassable, DeviceTypeEncoder
 
 
 def aligned16(a: Int, b: Int, c: Int = 0) -> Bool:
@@ -45,3 +49,45 @@ def kernel_arg[
 ](p: HeldRows[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
     """A held pointer as the kernels take it."""
     return rebind[Pointer[Scalar[dtype], MutAnyOrigin]](p)
+
+
+# Kernel arguments passed as one struct (`SoftRowsArgs`, `CEArgs`): a
+# by-value struct's generic pointer fields lose the global marking of the
+# kernel's parameters (every `ld.global` / `st.global` becomes a generic
+# `ld` / `st`), and a cast to GLOBAL and back inside the kernel folds away.
+# So the fields are typed GLOBAL (`to_global`, on the host) and a kernel
+# casts each once to GENERIC (`in_global`): with the fields in the old
+# parameters' order the SASS is the separate parameters' (docs/MOJO_NOTES.md).
+comptime GlobalRows[dtype: DType] = Pointer[
+    Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.GLOBAL
+]
+"""Rows in global memory, as an argument struct holds them."""
+
+
+@always_inline
+def to_global[dtype: DType](p: HeldRows[dtype]) -> GlobalRows[dtype]:
+    """`p` (a device buffer's address) typed as global memory, as an
+    argument struct holds it."""
+    return p.unsafe_address_space_cast[AddressSpace.GLOBAL]()
+
+
+@always_inline
+def in_global[
+    dtype: DType
+](p: GlobalRows[dtype]) -> Pointer[Scalar[dtype], MutAnyOrigin]:
+    """A global pointer a kernel took inside its argument struct, as the
+    kernels take pointers (generic): LLVM infers the global address space
+    back from the cast, so its loads and stores stay `ld.global` /
+    `st.global`."""
+    return kernel_arg(p.unsafe_address_space_cast[AddressSpace.GENERIC]())
+
+
+trait KernelArgs(DevicePassable, TrivialRegisterPassable):
+    """A struct of a kernel's arguments passed as one by value (its
+    pointers `GlobalRows`): it is its own device type, copied as it is."""
+
+    def _to_device_type(
+        self, mut encoder: Some[DeviceTypeEncoder], target: MutOpaquePointer[_]
+    ):
+        """Copy the struct to the kernel's argument."""
+        encoder.encode(self, target)

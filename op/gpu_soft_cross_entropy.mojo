@@ -23,7 +23,14 @@ from max.gpu.host import DeviceBuffer, DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_ce_common import store_row_loss
-from .gpu_launch import aligned16, aligned_flag_of, kernel_arg
+from .gpu_launch import (
+    HeldRows,
+    aligned16,
+    aligned_flag_of,
+    in_global,
+    kernel_arg,
+    to_global,
+)
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_max
 from .gpu_smem_rows import (
@@ -32,7 +39,12 @@ from .gpu_smem_rows import (
     OnchipLaunch,
     smem_capacity,
 )
-from .gpu_soft_smem_rows import SOFT_TENSORS, block_sums, soft_smem_kernel
+from .gpu_soft_smem_rows import (
+    SOFT_TENSORS,
+    SoftRowsArgs,
+    block_sums,
+    soft_smem_kernel,
+)
 from .row_math import accum_dtype, vector_width
 from .row_part import BlockRow
 from .soft_cross_entropy_ops import SoftCrossEntropyCall
@@ -54,17 +66,7 @@ comptime SOFT_REDUCE_THREADS = 1024
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
 def soft_block_kernel[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    weighted: Int32,
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
-    n: Int64,
-):
+](args: SoftRowsArgs[dtype]):
     """Soft-target cross-entropy of rows of any length, a block of T
     threads a row: the statistics online over the row (each thread its
     strided elements, then the block's), the row's loss by thread 0, then
@@ -78,16 +80,17 @@ def soft_block_kernel[
         T: Threads a row.
 
     Args:
-        dlogits: Gradient rows (unused without the gradient).
-        logits: Logit rows.
-        probs: Probability rows.
-        options: (eps, z_loss[, n class weights]).
-        weighted: Nonzero when the options carry class weights.
-        row_losses: A row loss a row, in the accumulator type (`reduce`).
-        loss: A loss a row ("none").
-        rows: Number of rows.
-        n: Row length.
+        args: The tensors, options and sizes (`SoftRowsArgs`).
     """
+    var dlogits = in_global(args.dlogits)
+    var logits = in_global(args.logits)
+    var probs = in_global(args.probs)
+    var options = in_global(args.options)
+    var weighted = args.weighted
+    var row_losses = in_global(args.row_losses)
+    var loss = in_global(args.loss)
+    var rows = args.rows
+    var n = args.n
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var r = BlockRow.of(n)
@@ -156,24 +159,30 @@ def launch_soft_cross_entropy[
     comptime reduce = reduction != "none"
     var rows = call.view.outer
     var n = call.view.n
-    var loss = kernel_arg(call.loss)
-    var dlogits = kernel_arg(call.dlogits)
-    var logits = kernel_arg(call.logits)
-    var probs = kernel_arg(call.targets)
-    var options = kernel_arg(call.options.values)
     var weighted = soft_weighted(call.options.count, n)
     var row_losses = ctx.enqueue_create_buffer[acc](
         max(rows, 1) if reduce else 1
     )
-    var losses = rebind[Pointer[Scalar[acc], MutAnyOrigin]](
-        row_losses.unsafe_ptr()
+    var losses = rebind[HeldRows[acc]](row_losses.unsafe_ptr())
+    var args = SoftRowsArgs[dtype](
+        to_global(call.dlogits),
+        to_global(call.logits),
+        to_global(call.targets),
+        to_global(call.options.values),
+        Int32(1 if weighted else 0),
+        to_global(losses),
+        to_global(call.loss),
+        Int64(rows),
+        Int64(n),
     )
     if rows == 0 or n == 0:
         raise Error("max_softmax: soft_cross_entropy needs rows and classes")
     if n <= smem_capacity(vector_width[dtype](), SOFT_TENSORS):
         # A block a row with the shared memory its part of both tensors
         # needs (`OnchipLaunch`), of 512 or 1024 threads.
-        var aligned = aligned16(Int(logits), Int(probs), Int(dlogits))
+        var aligned = aligned16(
+            Int(call.logits), Int(call.targets), Int(call.dlogits)
+        )
         var launch = OnchipLaunch[dtype, 1](
             ctx, "soft cross-entropy's on-chip kernel", rows, n, SOFT_TENSORS
         )
@@ -182,40 +191,20 @@ def launch_soft_cross_entropy[
             if launch.threads == T:
                 launch.enqueue[
                     soft_smem_kernel[dtype, with_grad, mean, reduce, V, T], T
-                ](
-                    ctx,
-                    dlogits,
-                    logits,
-                    probs,
-                    options,
-                    Int32(1 if weighted else 0),
-                    losses,
-                    loss,
-                    Int64(rows),
-                    Int64(n),
-                    aligned_flag_of(aligned),
-                )
+                ](ctx, args, aligned_flag_of(aligned))
     else:
         comptime T = SOFT_BLOCK_THREADS
         comptime kernel = soft_block_kernel[dtype, with_grad, mean, reduce, T]
         ctx.enqueue_function[kernel](
-            dlogits,
-            logits,
-            probs,
-            options,
-            Int32(1 if weighted else 0),
-            losses,
-            loss,
-            Int64(rows),
-            Int64(n),
+            args,
             grid_dim=rows,
             block_dim=T,
         )
     comptime if reduce:
         comptime reduce_kernel = soft_reduce_kernel[dtype, mean]
         ctx.enqueue_function[reduce_kernel](
-            loss,
-            losses,
+            kernel_arg(call.loss),
+            kernel_arg(losses),
             Int64(rows),
             grid_dim=1,
             block_dim=SOFT_REDUCE_THREADS,

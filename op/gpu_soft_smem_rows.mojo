@@ -19,7 +19,14 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .gpu_ce_common import store_row_loss
-from .gpu_launch import HeldRows, held, kernel_arg
+from .gpu_launch import (
+    GlobalRows,
+    HeldRows,
+    KernelArgs,
+    held,
+    in_global,
+    kernel_arg,
+)
 from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
@@ -46,6 +53,41 @@ from .soft_target_math import (
 comptime SOFT_TENSORS = 2
 # 16-byte vectors of each tensor a thread holds in registers.
 comptime SOFT_REG_CHUNKS = REG_CHUNKS // SOFT_TENSORS
+
+
+@fieldwise_init
+struct SoftRowsArgs[dtype: DType](KernelArgs):
+    """The arguments every soft-target rows kernel takes (`soft_block_kernel`,
+    `soft_smem_kernel`), passed as one by value; the launcher types each
+    buffer's address as global memory (`to_global`), a kernel takes its
+    pointers out with `in_global`."""
+
+    comptime device_type: AnyType = Self
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var dlogits: GlobalRows[Self.dtype]
+    """Gradient rows (unused without the gradient)."""
+    var logits: GlobalRows[Self.dtype]
+    """Logit rows."""
+    var probs: GlobalRows[Self.dtype]
+    """Probability rows."""
+    var options: GlobalRows[DType.float64]
+    """(eps, z_loss[, n class weights])."""
+    var weighted: Int32
+    """Nonzero when the options carry class weights."""
+    var row_losses: GlobalRows[accum_dtype[Self.dtype]()]
+    """A row loss a row, in the accumulator type (`reduce`)."""
+    var loss: GlobalRows[Self.dtype]
+    """A loss a row ("none")."""
+    var rows: Int64
+    """Number of rows."""
+    var n: Int64
+    """Row length."""
+
+    @staticmethod
+    def get_type_name() -> String:
+        """The type's name, for kernel-argument error messages."""
+        return "SoftRowsArgs"
 
 
 struct SoftTargetRow[
@@ -343,31 +385,21 @@ def block_sums[T: Int, acc: DType](part: SoftStats[acc]) -> SoftStats[acc]:
 )
 def soft_smem_kernel[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, V: Int, T: Int
-](
-    dlogits: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    probs: Pointer[Scalar[dtype], MutAnyOrigin],
-    options: Pointer[Float64, MutAnyOrigin],
-    weighted: Int32,
-    row_losses: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
-    loss: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
-    n: Int64,
-    aligned_flag: Int32,
-):
+](args: SoftRowsArgs[dtype], aligned_flag: Int32):
     """Soft-target cross-entropy of rows of `n` (to `smem_capacity(V,
     2)`): `onchip_rows` of `SoftTargetRow`, a block of T threads a row.
     Arguments as `soft_block_kernel`; `aligned_flag` is nonzero when the
     logits, probabilities and gradient start 16-byte aligned."""
+    var row_losses = in_global(args.row_losses)
     var op = SoftTargetRow[dtype, with_grad, mean, reduce, V, T](
-        dlogits,
-        logits,
-        probs,
-        options,
-        weighted != 0,
+        in_global(args.dlogits),
+        in_global(args.logits),
+        in_global(args.probs),
+        in_global(args.options),
+        args.weighted != 0,
         row_losses,
-        loss,
-        Int(rows),
-        Int(n),
+        in_global(args.loss),
+        Int(args.rows),
+        Int(args.n),
     )
-    onchip_rows[C=1](op, row_losses, n, aligned_flag)
+    onchip_rows[C=1](op, row_losses, args.n, aligned_flag)
