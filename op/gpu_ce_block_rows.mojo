@@ -36,12 +36,12 @@ from .cross_entropy_math import (
 from .gpu_ce_block_strategy import block_stats
 from .gpu_ce_common import (
     CEArgs,
+    CELaunchRows,
     CrossEntropyGrad,
     ce_options,
     grad_scale,
     target_owner,
 )
-from .gpu_cross_entropy import CERows
 from .gpu_launch import HeldRows, aligned_flag_of, held, in_global, kernel_arg
 from .gpu_reductions import block_max_sum, block_sum
 from .row_math import (
@@ -216,11 +216,7 @@ def launch_ce_block[
     U: Int,
     T: Int,
     terms: Int = NO_TERMS,
-](
-    ctx: DeviceContext,
-    op: CERows[dtype, with_grad, mean, reduce],
-    has_weight: Int32 = 0,
-) raises:
+](ctx: DeviceContext, op: CELaunchRows[dtype], has_weight: Int32 = 0,) raises:
     """Launch `ce_block_kernel` on `op`'s rows, a block of `T` threads a
     row (any length), its first pass `U` vectors a thread at a time; under
     OPTION_TERMS its flag is `has_weight`, else whether `op` is aligned."""

@@ -84,7 +84,7 @@ struct CEArgs[dtype: DType](KernelArgs):
     (`ce_block_kernel`, `ce_register_kernel`, `ce_smem_kernel`), passed as
     one by value, in the order they had as separate parameters (the SASS
     stays theirs); a kernel takes each pointer out with `in_global`.
-    `CERows` holds it."""
+    `CELaunchRows` holds it."""
 
     comptime device_type: AnyType = Self
 
@@ -116,6 +116,24 @@ struct CEArgs[dtype: DType](KernelArgs):
         store_row_loss[Self.dtype, reduce](
             in_global(self.row_losses), in_global(self.loss), row, value
         )
+
+
+@fieldwise_init
+struct CELaunchRows[dtype: DType](ImplicitlyCopyable):
+    """`rows` class-index cross-entropy rows of `n` as a row kernel's
+    launcher takes them (`launch_ce_block`, `launch_ce_parts`,
+    `enqueue_ce_register`): the kernels' `CEArgs`, and whether logits and
+    dlogits start 16-byte aligned. `CERows` holds one, as the forward's
+    strategies hold a `LaunchRows`, so the launchers need not import it."""
+
+    var args: CEArgs[Self.dtype]
+    """The tensors, as the row kernels take them."""
+    var rows: Int
+    """Number of rows."""
+    var n: Int
+    """Row length."""
+    var aligned: Bool
+    """Whether logits and dlogits start 16-byte aligned."""
 
 
 struct CrossEntropyGrad[dtype_: DType, holds_exp: Bool](HeldMap):

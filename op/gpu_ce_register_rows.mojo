@@ -28,8 +28,7 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_ce_common import CEArgs, ce_options, grad_scale
-from .gpu_cross_entropy import CERows
+from .gpu_ce_common import CEArgs, CELaunchRows, ce_options, grad_scale
 from .gpu_launch import in_global, vector_flag_of
 from .gpu_reductions import block_max, block_sum
 from .gpu_register_rows import (
@@ -279,12 +278,7 @@ def ce_register_kernel[
 
 def enqueue_ce_register[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int, K: Int
-](
-    ctx: DeviceContext,
-    op: CERows[dtype, with_grad, mean, reduce],
-    grid: Int,
-    block: Int,
-) raises:
+](ctx: DeviceContext, op: CELaunchRows[dtype], grid: Int, block: Int,) raises:
     """Enqueue `ce_register_kernel` on `op`'s rows, T threads a row, K
     chunks a thread, in `grid` blocks of `block` threads (`CERows.enqueue`,
     for `launch_register_plan`)."""

@@ -35,6 +35,7 @@ from .cross_entropy_math import (
 )
 from .gpu_ce_common import (
     CEArgs,
+    CELaunchRows,
     CrossEntropyGrad,
     ce_options,
     fill_part,
@@ -53,7 +54,6 @@ from .gpu_ce_options_smem_rows import (
     visit_held,
     write_capped_held,
 )
-from .gpu_cross_entropy import CERows
 from .gpu_launch import HeldRows, aligned_flag_of, held, in_global, kernel_arg
 from .gpu_reductions import block_sum
 from .gpu_smem_rows import (
@@ -680,11 +680,7 @@ def launch_ce_parts[
     reduce: Bool,
     C: Int,
     terms: Int = NO_TERMS,
-](
-    ctx: DeviceContext,
-    op: CERows[dtype, with_grad, mean, reduce],
-    has_weight: Int32 = 0,
-) raises:
+](ctx: DeviceContext, op: CELaunchRows[dtype], has_weight: Int32 = 0,) raises:
     """Launch `ce_smem_kernel` on `op`'s rows, C blocks a row, each with
     the shared memory its part needs, and the op's `cluster_slots`
     partials a row for C > 1 (`OnchipLaunch`); `terms`:

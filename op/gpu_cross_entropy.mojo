@@ -72,7 +72,7 @@ from .gpu_ce_block_rows import (
 from .gpu_ce_pair_rows import launch_ce_pair
 from .gpu_ce_register_rows import enqueue_ce_register
 from .gpu_ce_smem_rows import launch_ce_parts, launch_ce_smem
-from .gpu_ce_common import CEArgs
+from .gpu_ce_common import CEArgs, CELaunchRows
 from .gpu_launch import HeldRows, aligned16, held, to_global
 from .gpu_loss_sum import block_loss_sum
 from .gpu_reductions import block_sum
@@ -284,14 +284,8 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     (`launch_register_strategy`). Each row's loss goes to `row_losses` if
     `reduce`, else to `loss`; `with_grad`, its gradient to `dlogits`."""
 
-    var args: CEArgs[Self.dtype]
-    """The tensors, as the row kernels take them."""
-    var rows: Int
-    """Number of rows."""
-    var n: Int
-    """Row length."""
-    var aligned: Bool
-    """Whether logits and dlogits start 16-byte aligned."""
+    var r: CELaunchRows[Self.dtype]
+    """The rows, as the launchers take them."""
 
     def __init__(
         out self,
@@ -309,7 +303,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         """`rows` rows of `n` of these buffers (`CEArgs` says what each
         holds), `aligned` where logits and dlogits start 16-byte
         aligned."""
-        self.args = CEArgs[Self.dtype](
+        var args = CEArgs[Self.dtype](
             to_global(dlogits),
             to_global(logits),
             to_global(targets),
@@ -318,9 +312,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
             to_global(row_losses),
             to_global(loss),
         )
-        self.rows = rows
-        self.n = n
-        self.aligned = aligned
+        self.r = CELaunchRows(args, rows, n, aligned)
 
     @staticmethod
     def op_name() -> String:
@@ -340,7 +332,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
     def auto(self, ctx: DeviceContext) raises -> Strategy:
         """`ce_kernel_for`."""
         return ce_kernel_for(
-            self.rows, self.n, vector_width[Self.dtype](), Self.with_grad
+            self.r.rows, self.r.n, vector_width[Self.dtype](), Self.with_grad
         )
 
     def launch[s: Strategy](self, ctx: DeviceContext) raises:
@@ -348,15 +340,15 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         comptime V = vector_width[Self.dtype]()
         comptime if s == Strategy.REGISTER:
             launch_register_strategy[V, MAX_ROW_REGISTERS](
-                ctx, self, self.rows, self.n, Self.op_name()
+                ctx, self, self.r.rows, self.r.n, Self.op_name()
             )
         elif s == Strategy.SMEM:
             launch_ce_smem[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
-                ctx, self
+                ctx, self.r
             )
         elif s == Strategy.CLUSTER2:
             launch_ce_pair[Self.dtype, Self.with_grad, Self.mean, Self.reduce](
-                ctx, self
+                ctx, self.r
             )
         elif s == Strategy.BLOCK:
             # The loss alone streams the row with four loads a thread in
@@ -372,7 +364,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
             )
             launch_ce_block[
                 Self.dtype, Self.with_grad, Self.mean, Self.reduce, U, T
-            ](ctx, self)
+            ](ctx, self.r)
         else:
             no_strategy(Self.op_name())
 
@@ -383,7 +375,7 @@ struct CERows[dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool](
         thread (`enqueue_ce_register`)."""
         enqueue_ce_register[
             Self.dtype, Self.with_grad, Self.mean, Self.reduce, T, K
-        ](ctx, self, grid, block)
+        ](ctx, self.r, grid, block)
 
 
 def launch_cross_entropy[
@@ -474,12 +466,12 @@ def _launch_extended_rows[
     included, `ce_block_kernel` under OPTION_TERMS."""
     var parts = 0
     comptime if with_grad:
-        parts = options_onchip_parts(op.rows, op.n, vector_width[dtype]())
+        parts = options_onchip_parts(op.r.rows, op.r.n, vector_width[dtype]())
         comptime for C in [1, 2]:
             comptime for T in [Z_TERMS, WEIGHTED_TERMS, OPTION_TERMS]:
                 if parts == C and terms == T:
                     launch_ce_parts[dtype, with_grad, mean, reduce, C, T](
-                        ctx, op, has_weight
+                        ctx, op.r, has_weight
                     )
     if parts == 0:
         launch_ce_block[
@@ -490,4 +482,4 @@ def _launch_extended_rows[
             CE_OPTIONS_UNROLL,
             CE_OPTIONS_THREADS,
             OPTION_TERMS,
-        ](ctx, op, has_weight)
+        ](ctx, op.r, has_weight)

@@ -177,7 +177,7 @@ def launch[
         elif family == "pair":
             rows.launch[Strategy.CLUSTER2](ctx)
         else:
-            launch_ce_block[dtype, False, False, True, U, T](ctx, rows)
+            launch_ce_block[dtype, False, False, True, U, T](ctx, rows.r)
 
 
 def check_error[
