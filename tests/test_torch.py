@@ -175,20 +175,45 @@ def test_a_plan_is_not_used_for_a_wrapped_tensor(name, transform):
         torch.testing.assert_close(fn(escaped[0], -1), ref(x[0], -1))
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "masked", "cross_entropy"])
+@pytest.mark.parametrize("when", ["live", "escaped"])
+def test_functionalize_tensors_are_refused(op, when):
+    """A tensor of torch.func.functionalize has storage at address 0: with a
+    launch plan made or not, every op raises RuntimeError on it (live, or
+    escaped from the transform), never launching a kernel on it."""
+    x = torch.randn(8, 100)
+    targets = torch.randint(0, 100, (8,))
+    calls = {
+        "softmax": lambda a: mst.softmax(a, -1),
+        "log_softmax": lambda a: mst.log_softmax(a, -1),
+        "masked": lambda a: mst.softmax(a, -1, scale=0.5),
+        "cross_entropy": lambda a: mst.cross_entropy(a, targets),
+    }
+    call = calls[op]
+    call(x)  # the launch plans made
+    with pytest.raises(RuntimeError):
+        if when == "live":
+            torch.func.functionalize(call)(x)
+        else:
+            escaped = []
+            torch.func.functionalize(lambda a: escaped.append(a) or a.sum())(x)
+            call(escaped[0])
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_dim_types_as_torch(name):
-    """dim takes what torch takes (int, numpy integer, integer tensor) and
-    refuses what torch refuses (bool, float) with a TypeError, a launch plan
-    for dim 1 made or not."""
+    """dim takes what torch takes (int, numpy integer, 0-d integer tensor)
+    and refuses what torch refuses (bool, float, arrays) with a TypeError,
+    also once a launch plan for dim 1 exists."""
     fn, ref = getattr(mst, name), getattr(torch, name)
     x = torch.randn(4, 5, dtype=torch.float64)
-    for _plan_made in (False, True):
-        for dim in (np.int64(1), torch.tensor(1)):
-            torch.testing.assert_close(fn(x, dim), ref(x, 1))
-        for dim in (True, 1.0, np.bool_(True)):
-            with pytest.raises(TypeError, match="dim must be an int"):
-                fn(x, dim)
-        fn(x, 1)
+    fn(x, 1)  # the launch plan for dim 1
+    for dim in (np.int64(1), torch.tensor(1), torch.tensor(1, dtype=torch.uint8)):
+        torch.testing.assert_close(fn(x, dim), ref(x, 1))
+    bad = (True, 1.0, np.bool_(True), torch.tensor(True), torch.tensor([1]), np.array(1))
+    for dim in bad:
+        with pytest.raises(TypeError, match="dim must be an int"):
+            fn(x, dim)
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])

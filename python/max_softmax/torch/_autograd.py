@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..validation import normalize_axis
+from ._device import refuse_functional
 from ._rows import run, run_eager
 
 _forward_ad = torch.autograd.forward_ad
@@ -91,6 +92,7 @@ def pick(
         return functions[2] if recorded else TRACED
     for t in tensors:
         if _is_wrapped(t):  # live, or dead (fn's apply unwraps it)
+            refuse_functional(t, "this op")
             return functions[0]
     if recorded or _forward_ad._current_level >= 0:
         # Under a transform only a setup_context Function may be applied.

@@ -127,18 +127,13 @@ def run_planned(name: str, x: torch.Tensor, dim: int) -> torch.Tensor | None:
     """`run_eager` of a forward op where its plan exists, else None: the
     whole path of a repeated call that neither autograd nor torch.compile
     sees (an inference step). None too where a torch.func transform wraps
-    `x`: a wrapper has no storage, so its launch fails on the address
-    before anything runs, and the caller takes the path that unwraps it."""
+    `x` (live or dead): a wrapper's address is no data (none, or 0 under
+    `functionalize`), and the caller's path unwraps it or refuses it."""
     launch = _plans.get((name, dim, x.shape, x.dtype, x.device))
-    if launch is None:
+    if launch is None or _is_wrapped(x):
         return None
     out = _empty_like(x) if x.is_contiguous() else _empty_contiguous(x)
-    try:
-        launch(out, _contiguous(x))
-    except RuntimeError:  # LaunchError, or a wrapper's missing storage
-        if _is_wrapped(x):
-            return None
-        raise
+    launch(out, _contiguous(x))
     return out
 
 
