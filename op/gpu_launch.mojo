@@ -1,10 +1,12 @@
 """Launch arguments every GPU family shares: whether 16-byte vector loads
-are safe.
+are safe, and kernel arguments passed as one struct.
 
 A torch view may start anywhere, so the launchers check the buffers'
 addresses at run time and pass the answer to the kernels as an Int32 flag
-(Bool is not DevicePassable). Pointers held in structs: `HeldRows`
-(host side) and `GlobalRows` (inside a kernel argument struct).
+(Bool is not DevicePassable). Pointers held in structs: `HeldRows` (the
+row structs' fields, on the GPU and the CPU) and `GlobalRows` (a kernel
+argument struct's, `KernelArgs`: typed global on the host by `to_global`,
+taken out in the kernel by `in_global`, so loads stay `ld.global`).
 """
 
 from max.gpu.memory import AddressSpace

@@ -19,7 +19,7 @@ capturable for device-graph replay):
 """
 
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA, thread_idx
-from max.gpu.host import DeviceBuffer, DeviceContext
+from max.gpu.host import DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_ce_common import store_row_loss

@@ -31,7 +31,6 @@ from .gpu_reductions import block_max, block_sum
 from .gpu_smem_rows import (
     CLUSTER_SLOTS,
     REG_CHUNKS,
-    SMEM_HALF_THREADS,
     onchip_rows,
     smem_min_blocks,
     start_row_copy,
@@ -63,7 +62,6 @@ struct SoftRowsArgs[dtype: DType](KernelArgs):
     pointers out with `in_global`."""
 
     comptime device_type: AnyType = Self
-    comptime acc = accum_dtype[Self.dtype]()
 
     var dlogits: GlobalRows[Self.dtype]
     """Gradient rows (unused without the gradient)."""
