@@ -216,7 +216,7 @@ def launch_ce_block[
     U: Int,
     T: Int,
     terms: Int = NO_TERMS,
-](ctx: DeviceContext, op: CELaunchRows[dtype], has_weight: Int32 = 0,) raises:
+](ctx: DeviceContext, op: CELaunchRows[dtype], has_weight: Int32 = 0) raises:
     """Launch `ce_block_kernel` on `op`'s rows, a block of `T` threads a
     row (any length), its first pass `U` vectors a thread at a time; under
     OPTION_TERMS its flag is `has_weight`, else whether `op` is aligned."""

@@ -278,7 +278,7 @@ def ce_register_kernel[
 
 def enqueue_ce_register[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int, K: Int
-](ctx: DeviceContext, op: CELaunchRows[dtype], grid: Int, block: Int,) raises:
+](ctx: DeviceContext, op: CELaunchRows[dtype], grid: Int, block: Int) raises:
     """Enqueue `ce_register_kernel` on `op`'s rows, T threads a row, K
     chunks a thread, in `grid` blocks of `block` threads (`CERows.enqueue`,
     for `launch_register_plan`)."""

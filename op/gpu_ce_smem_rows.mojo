@@ -680,7 +680,7 @@ def launch_ce_parts[
     reduce: Bool,
     C: Int,
     terms: Int = NO_TERMS,
-](ctx: DeviceContext, op: CELaunchRows[dtype], has_weight: Int32 = 0,) raises:
+](ctx: DeviceContext, op: CELaunchRows[dtype], has_weight: Int32 = 0) raises:
     """Launch `ce_smem_kernel` on `op`'s rows, C blocks a row, each with
     the shared memory its part needs, and the op's `cluster_slots`
     partials a row for C > 1 (`OnchipLaunch`); `terms`:
