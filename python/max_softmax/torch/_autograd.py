@@ -27,11 +27,10 @@ from typing import Any
 import torch
 
 from ..validation import normalize_axis
-from ._device import refuse_functional
+from ._device import is_wrapped, refuse_functional
 from ._rows import run, run_eager
 
 _forward_ad = torch.autograd.forward_ad
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _transforms_active = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
 _apply_in_c = torch._C._FunctionBase.__dict__["apply"]
@@ -47,11 +46,6 @@ def forward_mode() -> bool:
     return _forward_ad._current_level >= 0
 
 
-def is_wrapped(t: torch.Tensor) -> bool:
-    """Whether a torch.func transform wraps `t` (live or dead)."""
-    return _is_wrapped(t)
-
-
 def needs_function(*tensors: torch.Tensor) -> bool:
     """Whether a call must go through an autograd Function: autograd records
     it, forward-mode AD is on, or a `torch.func` transform wraps a tensor.
@@ -64,7 +58,7 @@ def needs_function(*tensors: torch.Tensor) -> bool:
     if _forward_ad._current_level >= 0:
         return True
     for t in tensors:
-        if _is_wrapped(t):
+        if is_wrapped(t):
             return True
     return False
 
@@ -91,7 +85,7 @@ def pick(
     if torch.compiler.is_compiling():
         return functions[2] if recorded else TRACED
     for t in tensors:
-        if _is_wrapped(t):  # live, or dead (fn's apply unwraps it)
+        if is_wrapped(t):  # live, or dead (fn's apply unwraps it)
             refuse_functional(t, "this op")
             return functions[0]
     if recorded or _forward_ad._current_level >= 0:
@@ -152,7 +146,7 @@ def choose(
     if _transforms_active():
         return fn
     for t in tensors:
-        if _is_wrapped(t):
+        if is_wrapped(t):
             return fn
     return eager
 

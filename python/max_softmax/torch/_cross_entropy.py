@@ -38,13 +38,12 @@ from ._autograd import (
     for_compile,
     for_eager,
     forward_mode,
-    is_wrapped,
     leading,
     needs_function,
     pick,
 )
 from ._buffers import DTYPES
-from ._device import check_device, device_kind
+from ._device import check_device, device_kind, is_wrapped
 from ._functional import log_softmax, softmax
 from ._graph_path import cached, execute
 from ._options import NO_EXTRAS, options_tensor

@@ -35,6 +35,10 @@ def refuse_functional(t: torch.Tensor, op: str) -> None:
 
 _is_functional = torch._is_functional_tensor
 
+is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+"""Whether a torch.func transform wraps a tensor (live, or dead after it
+escaped): such a tensor's address is no data, so no launch takes it as is."""
+
 
 def device_kind(t: torch.Tensor) -> str:
     """The MAX device a model for tensor `t` is built for, by device name:

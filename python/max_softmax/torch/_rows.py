@@ -17,10 +17,8 @@ from ..registry import OPS, op_spec
 from ..validation import TensorMismatchError, normalize_axis
 from . import _launch as torch_launch
 from ._buffers import DTYPES
-from ._device import check_device, device_kind
+from ._device import check_device, device_kind, is_wrapped
 from ._graph_path import execute
-
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _call(name: str, out: torch.Tensor, *inputs: torch.Tensor) -> None:
@@ -130,7 +128,7 @@ def run_planned(name: str, x: torch.Tensor, dim: int) -> torch.Tensor | None:
     `x` (live or dead): a wrapper's address is no data (none, or 0 under
     `functionalize`), and the caller's path unwraps it or refuses it."""
     launch = _plans.get((name, dim, x.shape, x.dtype, x.device))
-    if launch is None or _is_wrapped(x):
+    if launch is None or is_wrapped(x):
         return None
     out = _empty_like(x) if x.is_contiguous() else _empty_contiguous(x)
     launch(out, _contiguous(x))
