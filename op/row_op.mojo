@@ -123,3 +123,52 @@ trait RegisterRowOp:
     def write(self, t: Int, vector_loads: Bool):
         """The epilogue: write thread t's chunks of the output row."""
         ...
+
+
+trait BlockRowOp:
+    """An op whose rows the block strategy takes (`block_rows` in
+    gpu_block_rows): a block of `threads` threads a row, of any length,
+    each thread folding its share of the row (16-byte vectors of `width`
+    elements, or elements) into the op's statistics (its own fields), the
+    block combining them, then each thread reading its share again to
+    write it. The strategy owns the stepping, the choice of vectors or
+    elements and the loops; the op supplies what it reads, folds and
+    writes. Each method runs on every thread of the block; `combine`
+    reduces over the block, so every thread must reach it."""
+
+    comptime threads: Int
+    """Threads a row (the block)."""
+    comptime width: Int
+    """Elements per 16-byte vector of the op's dtype."""
+
+    def begin(mut self, row: Int, len: Int) -> Int:
+        """Set up row `row` (of `len` elements: its pointers, per-row
+        options, empty statistics); return how many of its elements are
+        folded (`len`, or a causal row's to its diagonal). Every element
+        to `len` is written."""
+        ...
+
+    def fold_vector(mut self, e: Int):
+        """Fold the aligned vector of elements [e, e + width) into the
+        thread's statistics."""
+        ...
+
+    def fold_element(mut self, e: Int):
+        """Fold element `e` into the thread's statistics."""
+        ...
+
+    def combine(mut self):
+        """Combine the threads' statistics over the block (the
+        `gpu_reductions` helper the statistics need) into what the write
+        uses."""
+        ...
+
+    def write_vector(self, e: Int):
+        """Write the aligned vector of elements [e, e + width) of the
+        output row from the row's statistics."""
+        ...
+
+    def write_element(self, e: Int):
+        """Write element `e` of the output row from the row's
+        statistics."""
+        ...
