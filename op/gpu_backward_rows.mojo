@@ -21,6 +21,7 @@ from std.memory import bitcast
 from std.sys import inlined_assembly, size_of
 from std.utils import StaticTuple
 
+from .gpu_block_rows import block_rows
 from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
@@ -39,7 +40,7 @@ from .row_math import (
     load_widened,
     vector_width,
 )
-from .row_op import RegisterRowOp
+from .row_op import BlockRowOp, RegisterRowOp
 from .row_tensors import LaunchRows, RowTensors, tensors_of
 
 # 32-bit registers of each tensor's row values a thread holds, as loaded:
@@ -363,44 +364,101 @@ def backward_rows_kernel[
         n: Row length.
         vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
     """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var len = Int(n)
-    var base = Int(block_idx.x) * len
-    var step = threads * V if vector_flag != 0 else threads
-    var first = t * V if vector_flag != 0 else t
+    var op = BackwardBlockRow[dtype, log_in, threads, V](dx, a, dy)
+    block_rows[one_loop=True](op, n, vector_flag)
 
-    var s = Scalar[acc](0)
-    for e in range(first, len, step):
-        if vector_flag != 0:
-            s += backward_term[log_in, acc, V](
-                load_widened[V](a, base + e),
-                load_widened[V](dy, base + e),
-            ).reduce_add()
-        else:
-            s += backward_term[log_in, acc, 1](
-                a[unsafe_offset=base + e].cast[acc](),
-                dy[unsafe_offset=base + e].cast[acc](),
-            )
-    var total = block_sum[acc, threads, threads](s)
 
-    for e in range(first, len, step):
-        if vector_flag != 0:
-            var g = backward_out[log_in, acc, V](
-                load_widened[V](a, base + e),
-                load_widened[V](dy, base + e),
-                total,
-            )
-            dx.unsafe_offset(base + e).unsafe_store[alignment=16](
-                g.cast[dtype]()
-            )
-        else:
-            dx[unsafe_offset=base + e] = backward_out[log_in, acc, 1](
-                a[unsafe_offset=base + e].cast[acc](),
-                dy[unsafe_offset=base + e].cast[acc](),
-                total,
-            ).cast[dtype]()
+struct BackwardBlockRow[dtype: DType, log_in: Bool, T_: Int, V_: Int](
+    BlockRowOp
+):
+    """The backward (of log-softmax with `log_in`) as a `BlockRowOp`: it
+    folds the sum of dy * y (or of dy) over the row, then writes dx from a
+    second read of both tensors."""
+
+    comptime threads = Self.T_
+    comptime width = Self.V_
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var dx: HeldRows[Self.dtype]
+    """Output gradient rows."""
+    var a: HeldRows[Self.dtype]
+    """Forward output rows (y or log p)."""
+    var dy: HeldRows[Self.dtype]
+    """Incoming gradient rows."""
+    var base: Int
+    """Offset of the block's row."""
+    var s: Scalar[Self.acc]
+    """The thread's part of the row's sum."""
+    var total: Scalar[Self.acc]
+    """The row's sum."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dx: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        a: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        dy: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+    ):
+        """The op on these tensors (dx from y or log p and dy)."""
+        comptime assert Self.acc.is_floating_point()
+        self.dx = held(dx)
+        self.a = held(a)
+        self.dy = held(dy)
+        self.base = 0
+        self.s = 0
+        self.total = 0
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int) -> Int:
+        """The row's offset; every element is folded."""
+        self.base = row * len
+        return len
+
+    @always_inline
+    def fold_vector(mut self, e: Int):
+        """Add the vector's dy * y (or dy)."""
+        self.s += backward_term[Self.log_in, Self.acc, Self.V_](
+            load_widened[Self.V_](kernel_arg(self.a), self.base + e),
+            load_widened[Self.V_](kernel_arg(self.dy), self.base + e),
+        ).reduce_add()
+
+    @always_inline
+    def fold_element(mut self, e: Int):
+        """Add the element's dy * y (or dy)."""
+        self.s += backward_term[Self.log_in, Self.acc, 1](
+            kernel_arg(self.a)[unsafe_offset=self.base + e].cast[Self.acc](),
+            kernel_arg(self.dy)[unsafe_offset=self.base + e].cast[Self.acc](),
+        )
+
+    @always_inline
+    def combine(mut self):
+        """The row's sum."""
+        self.total = block_sum[Self.acc, Self.T_, Self.T_](self.s)
+
+    @always_inline
+    def write_vector(self, e: Int):
+        """The vector's gradient."""
+        var g = backward_out[Self.log_in, Self.acc, Self.V_](
+            load_widened[Self.V_](kernel_arg(self.a), self.base + e),
+            load_widened[Self.V_](kernel_arg(self.dy), self.base + e),
+            self.total,
+        )
+        kernel_arg(self.dx).unsafe_offset(self.base + e).unsafe_store[
+            alignment=16
+        ](g.cast[Self.dtype]())
+
+    @always_inline
+    def write_element(self, e: Int):
+        """The element's gradient."""
+        kernel_arg(self.dx)[unsafe_offset=self.base + e] = backward_out[
+            Self.log_in, Self.acc, 1
+        ](
+            kernel_arg(self.a)[unsafe_offset=self.base + e].cast[Self.acc](),
+            kernel_arg(self.dy)[unsafe_offset=self.base + e].cast[Self.acc](),
+            self.total,
+        ).cast[
+            Self.dtype
+        ]()
 
 
 def backward_strided_kernel[
