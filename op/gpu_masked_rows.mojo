@@ -26,17 +26,14 @@ n % V == 0; coalesced scalar loads otherwise. Nothing synchronises with the
 host: the launch is capture-safe.
 """
 
-from max.gpu import (
-    MAX_THREADS_PER_BLOCK_METADATA,
-    block_idx,
-    thread_idx,
-)
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.host import DeviceContext
 from max.gpu.primitives.grid_controls import pdl_launch_attributes
 from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .dispatch import launch_register_strategy
+from .gpu_block_rows import block_rows
 from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_max_sum, block_sum
 from .gpu_register_rows import (
@@ -59,7 +56,7 @@ from .row_math import (
     sum_shift,
     vector_width,
 )
-from .row_op import RegisterRowOp
+from .row_op import BlockRowOp, RegisterRowOp
 from .variants import RowStrategies, Strategy, launch_strategy, no_strategy
 
 # Threads of the block-per-row kernel for rows past the register plans.
@@ -354,52 +351,163 @@ def masked_block_kernel[
     """Masked softmax of a row of any length, a block of T threads a row:
     an online (max, sum of exp) pass, then a second read that writes.
     Arguments as `masked_register_kernel` (one block a row)."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var t = Int(thread_idx.x)
-    var row = Int(block_idx.x)
-    var len = Int(n)
-    var scale = options[unsafe_offset=0].cast[acc]()
+    var op = MaskedBlockRow[dtype, log_out, has_mask, causal, V, T](
+        dst, src, mask, options, mask_rows, causal_rows
+    )
+    block_rows[one_loop=False](op, n, vector_flag)
+
+
+struct MaskedBlockRow[
+    dtype: DType,
+    log_out: Bool,
+    has_mask: Bool,
+    causal: Bool,
+    V_: Int,
+    T_: Int,
+](BlockRowOp):
+    """Masked softmax (log-softmax with `log_out`) of `src` into `dst` as a
+    `BlockRowOp`: an online (max, sum of exp(z - max)) fold of
+    z = x * scale + mask to the row's limit, then z again from a second
+    read, written to the row's end (-inf past a causal row's diagonal,
+    which is not read)."""
+
+    comptime threads = Self.T_
+    comptime width = Self.V_
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var dst: HeldRows[Self.dtype]
+    """Output rows."""
+    var src: HeldRows[Self.dtype]
+    """Input rows."""
+    var mask: HeldRows[Self.dtype]
+    """Mask rows."""
+    var options: HeldRows[DType.float64]
+    """(scale,) on the device."""
+    var mask_rows: Int
+    """Rows of the mask; row r uses row r % mask_rows."""
+    var causal_rows: Int
+    """L: causal row r keeps columns j <= r % L."""
+    var x: HeldRows[Self.dtype]
+    """The block's input row."""
+    var y: HeldRows[Self.dtype]
+    """The block's output row."""
+    var m_row: HeldRows[Self.dtype]
+    """The block's mask row."""
     var limit: Int
-    comptime if causal:
-        limit = row_limit[causal](row, len, Int(causal_rows))
-    else:
-        limit = len
-    var x = src.unsafe_offset(row * len)
-    var y = dst.unsafe_offset(row * len)
-    var m_row = mask.unsafe_offset((row % Int(mask_rows)) * len)
-    var m = -inf[acc]()
-    var s = Scalar[acc](0)
-    if vector_flag != 0:
-        # n % V == 0: every vector lies inside the row; the last one a
-        # causal row reads may straddle its diagonal (-inf past it).
-        for j in range(t * V, limit, T * V):
-            var zc = _chunk[dtype, has_mask, causal, V](
-                x, m_row, j, limit, scale
-            )
-            (m, s) = online_add[acc, V](m, s, zc)
-    else:
-        for e in range(t, limit, T):
-            (m, s) = online_add[acc, 1](
-                m, s, _element[dtype, has_mask](x, m_row, e, limit, scale)
-            )
-    var pair = block_max_sum[acc, T](m, s)
-    var shift = sum_shift[acc](pair[0])
-    var rs = masked_row_scale[log_out, acc](pair[1], pair[0])
-    if vector_flag != 0:
-        for j in range(t * V, len, T * V):
-            var zc = _chunk[dtype, has_mask, causal, V](
-                x, m_row, j, limit, scale
-            )
-            y.unsafe_offset(j).unsafe_store[alignment=16](
-                masked_epilogue[log_out, acc, V](zc, shift, rs).cast[dtype]()
-            )
-    else:
-        for e in range(t, len, T):
-            var z = _element[dtype, has_mask](x, m_row, e, limit, scale)
-            y[unsafe_offset=e] = masked_epilogue[log_out, acc, 1](
-                z, shift, rs
-            ).cast[dtype]()
+    """Elements of the row read: all, or to a causal row's diagonal."""
+    var scale: Scalar[Self.acc]
+    """What x is multiplied by."""
+    var m: Scalar[Self.acc]
+    """The thread's running max."""
+    var s: Scalar[Self.acc]
+    """The thread's sum of exp(z - m)."""
+    var shift: Scalar[Self.acc]
+    """`sum_shift` of the row's max."""
+    var rs: Scalar[Self.acc]
+    """The row's `masked_row_scale`."""
+
+    @always_inline
+    def __init__(
+        out self,
+        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        src: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        mask: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        options: Pointer[Float64, MutAnyOrigin],
+        mask_rows: Int64,
+        causal_rows: Int64,
+    ):
+        """The op on these tensors; nothing is read yet."""
+        comptime assert Self.acc.is_floating_point()
+        self.dst = held(dst)
+        self.src = held(src)
+        self.mask = held(mask)
+        self.options = held(options)
+        self.mask_rows = Int(mask_rows)
+        self.causal_rows = Int(causal_rows)
+        self.x = self.src
+        self.y = self.dst
+        self.m_row = self.mask
+        self.limit = 0
+        self.scale = 0
+        self.m = 0
+        self.s = 0
+        self.shift = 0
+        self.rs = 0
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int) -> Int:
+        """The scale, the row's limit, its input, output and mask rows."""
+        self.scale = kernel_arg(self.options)[unsafe_offset=0].cast[Self.acc]()
+        comptime if Self.causal:
+            self.limit = row_limit[Self.causal](row, len, self.causal_rows)
+        else:
+            self.limit = len
+        self.x = self.src.unsafe_offset(row * len)
+        self.y = self.dst.unsafe_offset(row * len)
+        self.m_row = self.mask.unsafe_offset((row % self.mask_rows) * len)
+        self.m = -inf[Self.acc]()
+        self.s = 0
+        return self.limit
+
+    @always_inline
+    def _z_vector(self, e: Int) -> SIMD[Self.acc, Self.V_]:
+        """z of the vector at e (n % V == 0: it lies inside the row; the
+        last one a causal row reads may straddle its diagonal)."""
+        return _chunk[Self.dtype, Self.has_mask, Self.causal, Self.V_](
+            kernel_arg(self.x),
+            kernel_arg(self.m_row),
+            e,
+            self.limit,
+            self.scale,
+        )
+
+    @always_inline
+    def _z_element(self, e: Int) -> Scalar[Self.acc]:
+        """z of element e."""
+        return _element[Self.dtype, Self.has_mask](
+            kernel_arg(self.x),
+            kernel_arg(self.m_row),
+            e,
+            self.limit,
+            self.scale,
+        )
+
+    @always_inline
+    def fold_vector(mut self, e: Int):
+        """Fold the vector's z into (m, s)."""
+        (self.m, self.s) = online_add[Self.acc, Self.V_](
+            self.m, self.s, self._z_vector(e)
+        )
+
+    @always_inline
+    def fold_element(mut self, e: Int):
+        """Fold the element's z into (m, s)."""
+        (self.m, self.s) = online_add[Self.acc, 1](
+            self.m, self.s, self._z_element(e)
+        )
+
+    @always_inline
+    def combine(mut self):
+        """The row's shift and `masked_row_scale`."""
+        var pair = block_max_sum[Self.acc, Self.T_](self.m, self.s)
+        self.shift = sum_shift[Self.acc](pair[0])
+        self.rs = masked_row_scale[Self.log_out, Self.acc](pair[1], pair[0])
+
+    @always_inline
+    def write_vector(self, e: Int):
+        """The vector's masked softmax."""
+        kernel_arg(self.y).unsafe_offset(e).unsafe_store[alignment=16](
+            masked_epilogue[Self.log_out, Self.acc, Self.V_](
+                self._z_vector(e), self.shift, self.rs
+            ).cast[Self.dtype]()
+        )
+
+    @always_inline
+    def write_element(self, e: Int):
+        """The element's masked softmax."""
+        kernel_arg(self.y)[unsafe_offset=e] = masked_epilogue[
+            Self.log_out, Self.acc, 1
+        ](self._z_element(e), self.shift, self.rs).cast[Self.dtype]()
 
 
 @fieldwise_init
