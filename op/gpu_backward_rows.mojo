@@ -364,7 +364,7 @@ def backward_rows_kernel[
         n: Row length.
         vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
     """
-    var op = BackwardBlockRow[dtype, log_in, threads, V](dx, a, dy)
+    var op = BackwardBlockRow[dtype, log_in, threads, V](tensors_of(dx, a, dy))
     block_rows[one_loop=True](op, n, vector_flag)
 
 
@@ -388,25 +388,17 @@ struct BackwardBlockRow[dtype: DType, log_in: Bool, T_: Int, V_: Int](
     var base: Int
     """Offset of the block's row."""
     var s: Scalar[Self.acc]
-    """The thread's part of the row's sum."""
-    var total: Scalar[Self.acc]
-    """The row's sum."""
+    """The thread's part of the row's sum, then (`combine`) the row's."""
 
     @always_inline
-    def __init__(
-        out self,
-        dx: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        a: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        dy: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-    ):
+    def __init__(out self, tensors: RowTensors[Self.dtype]):
         """The op on these tensors (dx from y or log p and dy)."""
         comptime assert Self.acc.is_floating_point()
-        self.dx = held(dx)
-        self.a = held(a)
-        self.dy = held(dy)
+        self.dx = tensors.dst
+        self.a = tensors.a
+        self.dy = tensors.b
         self.base = 0
         self.s = 0
-        self.total = 0
 
     @always_inline
     def begin(mut self, row: Int, len: Int) -> Int:
@@ -433,7 +425,7 @@ struct BackwardBlockRow[dtype: DType, log_in: Bool, T_: Int, V_: Int](
     @always_inline
     def combine(mut self):
         """The row's sum."""
-        self.total = block_sum[Self.acc, Self.T_, Self.T_](self.s)
+        self.s = block_sum[Self.acc, Self.T_, Self.T_](self.s)
 
     @always_inline
     def write_vector(self, e: Int):
@@ -441,7 +433,7 @@ struct BackwardBlockRow[dtype: DType, log_in: Bool, T_: Int, V_: Int](
         var g = backward_out[Self.log_in, Self.acc, Self.V_](
             load_widened[Self.V_](kernel_arg(self.a), self.base + e),
             load_widened[Self.V_](kernel_arg(self.dy), self.base + e),
-            self.total,
+            self.s,
         )
         kernel_arg(self.dx).unsafe_offset(self.base + e).unsafe_store[
             alignment=16
@@ -455,7 +447,7 @@ struct BackwardBlockRow[dtype: DType, log_in: Bool, T_: Int, V_: Int](
         ](
             kernel_arg(self.a)[unsafe_offset=self.base + e].cast[Self.acc](),
             kernel_arg(self.dy)[unsafe_offset=self.base + e].cast[Self.acc](),
-            self.total,
+            self.s,
         ).cast[
             Self.dtype
         ]()

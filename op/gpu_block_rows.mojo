@@ -42,31 +42,39 @@ def block_rows[
     var t = Int(thread_idx.x)
     var len = Int(n)
     var limit = op.begin(Int(block_idx.x), len)
+    var vector = vector_flag != 0
     comptime if one_loop:
-        var step = T * V if vector_flag != 0 else T
-        var first = t * V if vector_flag != 0 else t
-        for e in range(first, limit, step):
-            if vector_flag != 0:
-                op.fold_vector(e)
-            else:
-                op.fold_element(e)
+        var step = T * V if vector else T
+        var first = t * V if vector else t
+        _pass[write=False](op, first, limit, step, vector)
         op.combine()
-        for e in range(first, len, step):
-            if vector_flag != 0:
-                op.write_vector(e)
-            else:
-                op.write_element(e)
+        _pass[write=True](op, first, len, step, vector)
     else:
-        if vector_flag != 0:
-            for e in range(t * V, limit, T * V):
-                op.fold_vector(e)
+        if vector:
+            _pass[write=False](op, t * V, limit, T * V, True)
         else:
-            for e in range(t, limit, T):
-                op.fold_element(e)
+            _pass[write=False](op, t, limit, T, False)
         op.combine()
-        if vector_flag != 0:
-            for e in range(t * V, len, T * V):
-                op.write_vector(e)
+        if vector:
+            _pass[write=True](op, t * V, len, T * V, True)
         else:
-            for e in range(t, len, T):
+            _pass[write=True](op, t, len, T, False)
+
+
+@always_inline
+def _pass[
+    Op: BlockRowOp, write: Bool
+](mut op: Op, first: Int, end: Int, step: Int, vector: Bool):
+    """One pass over the thread's share [first, end), `step` apart: fold
+    or (`write`) write a vector or an element at each step."""
+    for e in range(first, end, step):
+        comptime if write:
+            if vector:
+                op.write_vector(e)
+            else:
                 op.write_element(e)
+        else:
+            if vector:
+                op.fold_vector(e)
+            else:
+                op.fold_element(e)

@@ -57,6 +57,7 @@ from .row_math import (
     vector_width,
 )
 from .row_op import BlockRowOp, RegisterRowOp
+from .row_tensors import RowTensors, tensors_of
 from .variants import RowStrategies, Strategy, launch_strategy, no_strategy
 
 # Threads of the block-per-row kernel for rows past the register plans.
@@ -352,7 +353,7 @@ def masked_block_kernel[
     an online (max, sum of exp) pass, then a second read that writes.
     Arguments as `masked_register_kernel` (one block a row)."""
     var op = MaskedBlockRow[dtype, log_out, has_mask, causal, V, T](
-        dst, src, mask, options, mask_rows, causal_rows
+        tensors_of(dst, src, mask), options, mask_rows, causal_rows
     )
     block_rows[one_loop=False](op, n, vector_flag)
 
@@ -375,78 +376,58 @@ struct MaskedBlockRow[
     comptime width = Self.V_
     comptime acc = accum_dtype[Self.dtype]()
 
-    var dst: HeldRows[Self.dtype]
-    """Output rows."""
-    var src: HeldRows[Self.dtype]
-    """Input rows."""
-    var mask: HeldRows[Self.dtype]
-    """Mask rows."""
     var options: HeldRows[DType.float64]
     """(scale,) on the device."""
-    var mask_rows: Int
-    """Rows of the mask; row r uses row r % mask_rows."""
-    var causal_rows: Int
-    """L: causal row r keeps columns j <= r % L."""
-    var x: HeldRows[Self.dtype]
-    """The block's input row."""
-    var y: HeldRows[Self.dtype]
-    """The block's output row."""
-    var m_row: HeldRows[Self.dtype]
-    """The block's mask row."""
+    var shape: Tuple[Int, Int]
+    """Rows of the mask and L (causal row r keeps columns j <= r % L)."""
     var limit: Int
     """Elements of the row read: all, or to a causal row's diagonal."""
+    var x: HeldRows[Self.dtype]
+    """The input rows, then (`begin`) the block's row."""
+    var y: HeldRows[Self.dtype]
+    """The output rows, then the block's row."""
+    var m_row: HeldRows[Self.dtype]
+    """The mask rows, then the block's row of them (r % mask_rows)."""
     var scale: Scalar[Self.acc]
     """What x is multiplied by."""
-    var m: Scalar[Self.acc]
-    """The thread's running max."""
-    var s: Scalar[Self.acc]
-    """The thread's sum of exp(z - m)."""
-    var shift: Scalar[Self.acc]
-    """`sum_shift` of the row's max."""
-    var rs: Scalar[Self.acc]
-    """The row's `masked_row_scale`."""
+    var part: Tuple[Scalar[Self.acc], Scalar[Self.acc]]
+    """The thread's online (max, sum of exp(z - max))."""
+    var row: Tuple[Scalar[Self.acc], Scalar[Self.acc]]
+    """The row's `sum_shift` of its max and its `masked_row_scale`."""
 
     @always_inline
     def __init__(
         out self,
-        dst: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        src: Pointer[Scalar[Self.dtype], MutAnyOrigin],
-        mask: Pointer[Scalar[Self.dtype], MutAnyOrigin],
+        t: RowTensors[Self.dtype],
         options: Pointer[Float64, MutAnyOrigin],
         mask_rows: Int64,
         causal_rows: Int64,
     ):
-        """The op on these tensors; nothing is read yet."""
+        """The op on these tensors (dst from src and the mask); nothing is
+        read yet."""
         comptime assert Self.acc.is_floating_point()
-        self.dst = held(dst)
-        self.src = held(src)
-        self.mask = held(mask)
+        self.x = t.a
+        self.y = t.dst
+        self.m_row = t.b
         self.options = held(options)
-        self.mask_rows = Int(mask_rows)
-        self.causal_rows = Int(causal_rows)
-        self.x = self.src
-        self.y = self.dst
-        self.m_row = self.mask
+        self.shape = (Int(mask_rows), Int(causal_rows))
         self.limit = 0
         self.scale = 0
-        self.m = 0
-        self.s = 0
-        self.shift = 0
-        self.rs = 0
+        self.part = (Scalar[Self.acc](0), Scalar[Self.acc](0))
+        self.row = (Scalar[Self.acc](0), Scalar[Self.acc](0))
 
     @always_inline
     def begin(mut self, row: Int, len: Int) -> Int:
         """The scale, the row's limit, its input, output and mask rows."""
         self.scale = kernel_arg(self.options)[unsafe_offset=0].cast[Self.acc]()
         comptime if Self.causal:
-            self.limit = row_limit[Self.causal](row, len, self.causal_rows)
+            self.limit = row_limit[Self.causal](row, len, self.shape[1])
         else:
             self.limit = len
-        self.x = self.src.unsafe_offset(row * len)
-        self.y = self.dst.unsafe_offset(row * len)
-        self.m_row = self.mask.unsafe_offset((row % self.mask_rows) * len)
-        self.m = -inf[Self.acc]()
-        self.s = 0
+        self.x = self.x.unsafe_offset(row * len)
+        self.y = self.y.unsafe_offset(row * len)
+        self.m_row = self.m_row.unsafe_offset((row % self.shape[0]) * len)
+        self.part = (-inf[Self.acc](), Scalar[Self.acc](0))
         return self.limit
 
     @always_inline
@@ -475,30 +456,32 @@ struct MaskedBlockRow[
     @always_inline
     def fold_vector(mut self, e: Int):
         """Fold the vector's z into (m, s)."""
-        (self.m, self.s) = online_add[Self.acc, Self.V_](
-            self.m, self.s, self._z_vector(e)
+        self.part = online_add[Self.acc, Self.V_](
+            self.part[0], self.part[1], self._z_vector(e)
         )
 
     @always_inline
     def fold_element(mut self, e: Int):
         """Fold the element's z into (m, s)."""
-        (self.m, self.s) = online_add[Self.acc, 1](
-            self.m, self.s, self._z_element(e)
+        self.part = online_add[Self.acc, 1](
+            self.part[0], self.part[1], self._z_element(e)
         )
 
     @always_inline
     def combine(mut self):
         """The row's shift and `masked_row_scale`."""
-        var pair = block_max_sum[Self.acc, Self.T_](self.m, self.s)
-        self.shift = sum_shift[Self.acc](pair[0])
-        self.rs = masked_row_scale[Self.log_out, Self.acc](pair[1], pair[0])
+        var pair = block_max_sum[Self.acc, Self.T_](self.part[0], self.part[1])
+        self.row = (
+            sum_shift[Self.acc](pair[0]),
+            masked_row_scale[Self.log_out, Self.acc](pair[1], pair[0]),
+        )
 
     @always_inline
     def write_vector(self, e: Int):
         """The vector's masked softmax."""
         kernel_arg(self.y).unsafe_offset(e).unsafe_store[alignment=16](
             masked_epilogue[Self.log_out, Self.acc, Self.V_](
-                self._z_vector(e), self.shift, self.rs
+                self._z_vector(e), self.row[0], self.row[1]
             ).cast[Self.dtype]()
         )
 
@@ -507,7 +490,7 @@ struct MaskedBlockRow[
         """The element's masked softmax."""
         kernel_arg(self.y)[unsafe_offset=e] = masked_epilogue[
             Self.log_out, Self.acc, 1
-        ](self._z_element(e), self.shift, self.rs).cast[Self.dtype]()
+        ](self._z_element(e), self.row[0], self.row[1]).cast[Self.dtype]()
 
 
 @fieldwise_init
