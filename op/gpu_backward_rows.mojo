@@ -11,7 +11,8 @@ Longer rows go on chip (gpu_backward_smem_rows, gpu_backward_stream_rows;
 dispatch.mojo's `backward_kernel_for` picks; `BackwardRows` there launches
 the register plans). Rows those cannot take (over
 8 MB, or a GPU too small for a row's chunks): a block per row sums dy * y
-(or dy), then re-reads the row (mostly from L2) to write the gradient.
+(or dy), then re-reads the row (mostly from L2) to write the gradient, the
+block strategy (`block_rows`, gpu_block_rows) over `BackwardBlockRow`.
 Rows along another axis use a thread per column, as gpu_strided_rows does.
 """
 

@@ -16,7 +16,8 @@ mask and whether it is causal are compile-time flags.
   Programmatic Dependent Launch as the plain forward (`PDL`): in a graph
   of such ops each launch overlaps the previous one's tail.
 - longer rows: a block of 512 threads a row, an online (max, sum of exp)
-  pass, then a pass that reads x (and the mask) again and writes.
+  pass, then a pass that reads x (and the mask) again and writes: the
+  block strategy (`block_rows`, gpu_block_rows) over `MaskedBlockRow`.
 
 `MaskedRows` holds the buffers and launches either; `variant=` forces one
 ("register", "block").
