@@ -126,8 +126,9 @@ def backward_kernel_for(rows: Int, n: Int, V: Int, chunk: Int) -> Strategy:
     slots (`chunk` elements of each tensor, `backward_stream_chunk`) under
     15/16. Four blocks ran float32 rows past one SM near copy speed, ahead
     of two blocks and the split stream; 16-bit rows that one block holds
-    ran slower on four than on one, so 16-bit rows keep the earlier rule
-    (benchmarks/RESULTS.md, "Backward (issue 17)"). float64 follows float32."""
+    ran slower on four than on one, so 16-bit rows go to two blocks only
+    where the stream would waste its slots (benchmarks/RESULTS.md,
+    "Backward"). float64 follows float32."""
     if backward_register_fits(n, V):
         return Strategy.REGISTER
     if rows < SPLIT_BELOW_ROWS:

@@ -46,7 +46,6 @@ from .gpu_split_stream_rows import (
     split_stream_blocks,
     split_stream_threads,
     split_stream_vectors,
-    stream_chunks,
     sum_word,
     wait_word,
     word_sum,

@@ -34,8 +34,8 @@ def block_rows[
     `one_loop`: each pass is one loop whose stepping is chosen once and
     which chooses vector or element at each step (the backward's);
     otherwise a loop a path (the masked softmax's). The two shapes compile
-    to different machine code, so each op keeps the one it was measured
-    with.
+    to different machine code, so each op keeps the one its timings chose
+    (benchmarks/RESULTS.md).
     """
     comptime T = Op.threads
     comptime V = Op.width

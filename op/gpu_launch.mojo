@@ -58,8 +58,8 @@ def kernel_arg[
 # kernel's parameters (every `ld.global` / `st.global` becomes a generic
 # `ld` / `st`), and a cast to GLOBAL and back inside the kernel folds away.
 # So the fields are typed GLOBAL (`to_global`, on the host) and a kernel
-# casts each once to GENERIC (`in_global`): with the fields in the old
-# parameters' order the SASS is the separate parameters' (docs/MOJO_NOTES.md).
+# casts each once to GENERIC (`in_global`): with the fields in the order
+# separate parameters would take, the SASS is theirs (docs/MOJO_NOTES.md).
 comptime GlobalRows[dtype: DType] = Pointer[
     Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.GLOBAL
 ]

@@ -83,8 +83,9 @@ def chunk_registers(V: Int) -> Int:
     float32.
 
     The backward kernel holds its rows widened. The forward kernel holds
-    them raw (4 registers a chunk) but its plans are still chosen by this
-    widened count, so each row length keeps the plan that was measured.
+    them raw (4 registers a chunk) but its plans are chosen by this
+    widened count too: the plan table was timed with it
+    (benchmarks/RESULTS.md).
     """
     return max(V, 4)
 

@@ -53,9 +53,9 @@ comptime SPLIT_CHUNK = 16384
 # input read meanwhile (this window) plus the output written meanwhile
 # (about as much) stay inside the 50 MB L2. The blocks resident on an H100
 # hold more than that in flight (4 x 132 blocks x 64 KB = 33 MB), so some
-# normalize blocks wait for their row's partials: this kernel measured about
-# two thirds of a device copy at 32 x 1M (see benchmarks/RESULTS.md, 'GPU
-# few long rows'), which is why rows up to 8 MB go to the streaming split.
+# normalize blocks wait for their row's partials: about two thirds of a
+# device copy at 32 x 1M (benchmarks/DECISIONS.md, 'long rows'), which is
+# why rows up to 8 MB go to the streaming split.
 comptime L2_WINDOW_BYTES = 16 << 20
 
 

@@ -2,12 +2,11 @@
 chunk, two chunk buffers each: a chunk loads while the one before waits for
 its row and is written.
 
-A block that holds one chunk (the replaced split_smem design, DECISIONS.md) loads it, then waits
-for the rest of its row, then writes it and exits, so an SM whose blocks
-are all waiting has no loads in flight: at 32 x 1M bfloat16 Nsight Compute
-put a quarter of its warp stalls at that wait and DRAM at 57% of peak (see
-benchmarks/RESULTS.md, 'GPU few long rows'). Here a few blocks an SM
-loop:
+A block that held one chunk would load it, wait for the rest of its row,
+then write it and exit, so an SM whose blocks all wait has no loads in
+flight: at 32 x 1M bfloat16 a quarter of the warp stalls sat at that wait
+and DRAM at 57% of peak (benchmarks/DECISIONS.md, 'long rows'). Here a
+few blocks an SM loop:
 
 1. take the next chunk's ticket, learn whether the held chunk's row is
    complete, and start the new chunk's cp.async copy into the free buffer;
@@ -33,9 +32,8 @@ round trips measured 3-4% slower at 32 x 1M):
   pair at once (`wait_row_terms`), instead of polling a counter and then
   reading the pairs.
 
-At 32 x 1M (the bench's device timer) this reaches 94% of a device copy in
-fp32 and 88% in bf16; the version with three more round trips a chunk and
-2 x 512-thread blocks for every dtype reached 91% and 81%.
+At 32 x 1M this reaches 94% of a device copy in fp32 and 88% in bf16
+(benchmarks/DECISIONS.md, 'long rows').
 
 One kernel (`split_stream_kernel`, the loop `stream_chunks`) and one
 launcher (`launch_streamed`) serve every op, generic over what a chunk
@@ -83,8 +81,7 @@ from .row_tensors import LaunchRows, RowTensors
 # 227 KB) beat 2 of 512 with 56 KB buffers by 3% at 32 x 1M, 4% at
 # 128 x 65536 and 9% at 4 x 1M (about even at 64 x 50257): more blocks hide
 # each other's waits. Float32 keeps 2 x 512 x 56 KB, 3% faster at 16 x 2M
-# and 11% at 64 x 50257 (see benchmarks/RESULTS.md, 'GPU few long
-# rows').
+# and 11% at 64 x 50257 (benchmarks/DECISIONS.md, 'long rows').
 def split_stream_threads[dtype: DType]() -> Int:
     """Threads a block."""
     return 256 if size_of[dtype]() == 2 else 512
