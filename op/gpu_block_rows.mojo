@@ -6,10 +6,12 @@ from L2) and writes it.
 A thread's share is 16-byte vectors `T * V` elements apart from `t * V`
 where the rows are aligned (`vector_flag` nonzero: n % V == 0 and the
 buffers start 16-byte aligned), else elements `T` apart from `t`. The
-backward (`BackwardBlockRow`, gpu_backward_rows) and the masked softmax
-(`MaskedBlockRow`, gpu_masked_rows) run on it; their kernels build the op
-from their arguments and call `block_rows`, so launch bounds and argument
-lists stay the kernels' own.
+backward (`BackwardBlockRow`, gpu_backward_rows), the masked softmax
+(`MaskedBlockRow`, gpu_masked_rows) and the soft-target cross-entropy
+(`SoftBlockRow`, gpu_soft_cross_entropy: elements only, its row loss
+stored in `combine`, its write pass the gradient's, empty without it)
+run on it; their kernels build the op from their arguments and call
+`block_rows`, so launch bounds and argument lists stay the kernels' own.
 
 The cross-entropy's block kernel (`ce_block_kernel`, gpu_ce_block_rows)
 does not: its rows are laid out by address as a `RowPart` (a scalar head,

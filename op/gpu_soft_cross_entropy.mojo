@@ -9,7 +9,8 @@ capturable for device-graph replay):
 1. the rows: where both rows fit one SM (`smem_capacity(V, 2)`),
    `soft_smem_kernel` (gpu_soft_smem_rows: both read once, held on chip,
    the gradient written from there); longer rows `soft_block_kernel`, a
-   block a row of any length: an online pass over both tensors for the
+   block a row of any length (the block strategy, `block_rows` over
+   `SoftBlockRow`): an online pass over both tensors for the
    statistics, then, with the gradient, a second pass that re-reads the
    row (mostly from L2) to write it. Each row's loss goes to the output
    ("none") or to a workspace in the accumulator type;
@@ -23,6 +24,7 @@ from max.gpu.host import DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_ce_common import store_row_loss
+from .gpu_block_rows import block_rows
 from .gpu_launch import (
     HeldRows,
     aligned16,
@@ -46,7 +48,7 @@ from .gpu_soft_smem_rows import (
     soft_smem_kernel,
 )
 from .row_math import accum_dtype, vector_width
-from .row_part import BlockRow
+from .row_op import BlockRowOp
 from .soft_cross_entropy_ops import SoftCrossEntropyCall
 from .soft_target_math import (
     SoftStats,
@@ -68,7 +70,8 @@ def soft_block_kernel[
     dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T: Int
 ](args: SoftRowsArgs[dtype]):
     """Soft-target cross-entropy of rows of any length, a block of T
-    threads a row: the statistics online over the row (each thread its
+    threads a row: the block strategy (`block_rows`, gpu_block_rows) over
+    `SoftBlockRow`: the statistics online over the row (each thread its
     strided elements, then the block's), the row's loss by thread 0, then
     the gradient from a second read.
 
@@ -82,44 +85,132 @@ def soft_block_kernel[
     Args:
         args: The tensors, options and sizes (`SoftRowsArgs`).
     """
-    var dlogits = in_global(args.dlogits)
-    var logits = in_global(args.logits)
-    var probs = in_global(args.probs)
-    var options = in_global(args.options)
-    var weighted = args.weighted
-    var row_losses = in_global(args.row_losses)
-    var loss = in_global(args.loss)
-    var rows = args.rows
-    var n = args.n
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var r = BlockRow.of(n)
-    var t = r.t
-    var len = r.len
-    var x = logits.unsafe_offset(r.start)
-    var p = probs.unsafe_offset(r.start)
-    var eps = options[unsafe_offset=0].cast[acc]()
-    var z_loss = options[unsafe_offset=1].cast[acc]()
-    var targets = SoftTargets[acc](options, weighted != 0, eps, len)
-    var part = SoftStats[acc](Scalar[acc](-1) / Scalar[acc](0), 0, 0, 0)
-    for j in range(t, len, T):
-        var q = targets.q_at(p, j)
-        part.add(x[unsafe_offset=j].cast[acc](), q)
-    part.shift(block_max[acc, T](part.m))
-    var stats = block_sums[T](part)
-    if t == 0:
-        store_row_loss[dtype, reduce](
-            row_losses, loss, r.row, stats.loss(z_loss)
+    var op = SoftBlockRow[dtype, with_grad, mean, reduce, T](args)
+    # Elements only (vector_flag 0), as this kernel has always read: the
+    # launcher checks no alignment, and a constant flag leaves the element
+    # loops alone in the machine code.
+    block_rows[one_loop=False](op, args.n, 0)
+
+
+struct SoftBlockRow[
+    dtype: DType, with_grad: Bool, mean: Bool, reduce: Bool, T_: Int
+](BlockRowOp):
+    """Soft-target cross-entropy of a row of logits and probabilities as a
+    `BlockRowOp`, element by element: an online fold of the row's
+    (m, s, S, T), the block's statistics and the row's loss in `combine`,
+    then, with the gradient, d loss / d logits from a second read."""
+
+    comptime threads = Self.T_
+    comptime width = 1
+    """One element: the rows are read by element (the kernel passes
+    vector_flag 0), so a "vector" is an element and its path the
+    element's."""
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var args: SoftRowsArgs[Self.dtype]
+    """The kernel's tensors, options and sizes, as it took them."""
+    var start: Int
+    """Element of the tensors where the block's row starts."""
+    var row: Int
+    """The block's row."""
+    var targets: SoftTargets[Self.acc]
+    """Label smoothing and class weights (`begin`)."""
+    var z_loss: Scalar[Self.acc]
+    """The z-loss' factor (`begin`)."""
+    var stats: SoftStats[Self.acc]
+    """The thread's online (m, s, S, T), then (`combine`) the row's."""
+    var grad: Tuple[Scalar[Self.acc], Scalar[Self.acc]]
+    """The gradient's p factor and reduction scale (`with_grad`)."""
+
+    @always_inline
+    def __init__(out self, args: SoftRowsArgs[Self.dtype]):
+        """The op on the kernel's arguments; nothing is read yet."""
+        comptime assert Self.acc.is_floating_point()
+        self.args = args
+        self.start = 0
+        self.row = 0
+        self.targets = SoftTargets[Self.acc](
+            in_global(args.options), False, 0, 1
         )
-    comptime if with_grad:
-        var y = dlogits.unsafe_offset(r.start)
-        var p_factor = stats.p_factor(z_loss)
-        var scale = soft_scale[acc, mean](Int(rows))
-        for j in range(t, len, T):
-            var q = targets.q_at(p, j)
-            y[unsafe_offset=j] = soft_grad[acc, 1](
-                x[unsafe_offset=j].cast[acc](), q, stats.m, p_factor, scale
-            )[0].cast[dtype]()
+        self.z_loss = 0
+        self.stats = SoftStats[Self.acc](0, 0, 0, 0)
+        self.grad = (Scalar[Self.acc](0), Scalar[Self.acc](0))
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int) -> Int:
+        """The row; eps and z_loss (read here, after the thread and row, as
+        the kernel always has: an earlier read schedules differently);
+        empty statistics (max -inf)."""
+        self.row = row
+        self.start = row * len
+        var options = in_global(self.args.options)
+        var eps = options[unsafe_offset=0].cast[Self.acc]()
+        self.z_loss = options[unsafe_offset=1].cast[Self.acc]()
+        self.targets = SoftTargets[Self.acc](
+            options, self.args.weighted != 0, eps, len
+        )
+        self.stats = SoftStats[Self.acc](
+            Scalar[Self.acc](-1) / Scalar[Self.acc](0), 0, 0, 0
+        )
+        return len
+
+    @always_inline
+    def _x(self, e: Int) -> Scalar[Self.acc]:
+        """The row's logit e."""
+        var x = in_global(self.args.logits).unsafe_offset(self.start)
+        return x[unsafe_offset=e].cast[Self.acc]()
+
+    @always_inline
+    def _q(self, e: Int) -> Scalar[Self.acc]:
+        """The row's target q at class e."""
+        var p = in_global(self.args.probs).unsafe_offset(self.start)
+        return self.targets.q_at(p, e)
+
+    @always_inline
+    def fold_vector(mut self, e: Int):
+        """Element `e` (width 1: the element path)."""
+        self.fold_element(e)
+
+    @always_inline
+    def fold_element(mut self, e: Int):
+        """Fold the element's (x, q) into the thread's statistics."""
+        var q = self._q(e)
+        self.stats.add(self._x(e), q)
+
+    @always_inline
+    def combine(mut self):
+        """The row's statistics under its max; thread 0 stores the row's
+        loss (`store_row_loss`)."""
+        self.stats.shift(block_max[Self.acc, Self.T_](self.stats.m))
+        self.stats = block_sums[Self.T_](self.stats)
+        if thread_idx.x == 0:
+            store_row_loss[Self.dtype, Self.reduce](
+                in_global(self.args.row_losses),
+                in_global(self.args.loss),
+                self.row,
+                self.stats.loss(self.z_loss),
+            )
+        comptime if Self.with_grad:
+            self.grad = (
+                self.stats.p_factor(self.z_loss),
+                soft_scale[Self.acc, Self.mean](Int(self.args.rows)),
+            )
+
+    @always_inline
+    def write_vector(self, e: Int):
+        """Element `e` (width 1: the element path)."""
+        self.write_element(e)
+
+    @always_inline
+    def write_element(self, e: Int):
+        """The element's gradient (`with_grad`; without it nothing is
+        written and the pass compiles to nothing)."""
+        comptime if Self.with_grad:
+            var q = self._q(e)
+            var y = in_global(self.args.dlogits).unsafe_offset(self.start)
+            y[unsafe_offset=e] = soft_grad[Self.acc, 1](
+                self._x(e), q, self.stats.m, self.grad[0], self.grad[1]
+            )[0].cast[Self.dtype]()
 
 
 @__llvm_metadata(
