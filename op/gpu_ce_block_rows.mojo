@@ -59,7 +59,7 @@ from .row_math import (
     vector_width,
 )
 from .row_op import BlockRowOp
-from .row_part import RowPart
+from .row_part import BlockRow, RowPart
 
 # Rows longer than the register plans: a block of this many threads a row.
 comptime CE_BLOCK_THREADS = 512
@@ -140,20 +140,19 @@ struct CEBlockRow[
 
     var args: CEArgs[Self.dtype]
     """The kernel's tensors, options and sizes, as it took them."""
-    var row: Int
-    """The block's row."""
-    var len: Int
-    """Elements a row."""
-    var start: Int
-    """Element of the tensors where the block's row starts."""
+    var r: BlockRow
+    """The block's row, this thread, the row's length and where it starts
+    (`begin`)."""
     var y: HeldRows[Self.dtype]
     """The row's gradient (`store_row`, with the gradient)."""
     var tgt: Int64
     """The row's target."""
     var kind: Int
-    """KEPT, IGNORED or OUT_OF_RANGE (`target_kind`)."""
+    """KEPT, IGNORED or OUT_OF_RANGE (`target_kind`), the same on every
+    thread of the block."""
     var eps: Scalar[Self.acc]
-    """Label smoothing."""
+    """Label smoothing (the same on every thread: the plain sum's
+    reduction is reached by all or none)."""
     var scale: Scalar[Self.acc]
     """The gradient's scale (`grad_scale`)."""
     var smooth: Scalar[Self.acc]
@@ -178,9 +177,7 @@ struct CEBlockRow[
         """The op on the kernel's arguments; nothing is read yet."""
         comptime assert Self.acc.is_floating_point()
         self.args = args
-        self.row = 0
-        self.len = 0
-        self.start = 0
+        self.r = BlockRow(0, 0, 0, 0)
         self.y = held(in_global(args.dlogits))
         self.tgt = 0
         self.kind = IGNORED
@@ -202,14 +199,12 @@ struct CEBlockRow[
     @always_inline
     def _x(self) -> Pointer[Scalar[Self.dtype], MutAnyOrigin]:
         """The row's logits."""
-        return in_global(self.args.logits).unsafe_offset(self.start)
+        return in_global(self.args.logits).unsafe_offset(self.r.start)
 
     @always_inline
     def begin(mut self, row: Int, len: Int) -> Int:
         """The row, its target and options; every element is folded."""
-        self.row = row
-        self.len = len
-        self.start = row * len
+        self.r = BlockRow(Int(thread_idx.x), row, len, row * len)
         var opts = ce_options[Self.acc](in_global(self.args.options))
         self.eps = opts[1]
         self.tgt = in_global(self.args.targets)[unsafe_offset=row]
@@ -259,7 +254,7 @@ struct CEBlockRow[
             self.row_max = stats[0]
             var row_sum = stats[1]
             self.value = row_loss[Self.acc](
-                self.row_max, row_sum, self.x_t, stats[2], self.eps, self.len
+                self.row_max, row_sum, self.x_t, stats[2], self.eps, self.r.len
             )
             self.inv_s = 1 / row_sum
         elif self.kind != IGNORED:
@@ -269,11 +264,11 @@ struct CEBlockRow[
     def store_row(mut self):
         """The row's loss, by thread 0; with the gradient, its map and the
         fill of a row not kept (0 ignored, NaN out of range)."""
-        if Int(thread_idx.x) == 0:
-            self.args.store_loss[Self.reduce](self.row, self.value)
+        if self.r.t == 0:
+            self.args.store_loss[Self.reduce](self.r.row, self.value)
         comptime if Self.with_grad:
             self.y = held(
-                in_global(self.args.dlogits).unsafe_offset(self.start)
+                in_global(self.args.dlogits).unsafe_offset(self.r.start)
             )
             self.g = CrossEntropyGrad[Self.dtype, False](
                 self.row_max, self.inv_s, self.smooth, self.scale
