@@ -22,7 +22,7 @@ from std.memory import bitcast
 from std.sys import inlined_assembly, size_of
 from std.utils import StaticTuple
 
-from .gpu_block_rows import block_rows
+from .gpu_block_rows import ONE_LOOP, block_rows
 from .gpu_launch import HeldRows, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_sum
 from .gpu_register_rows import (
@@ -366,7 +366,7 @@ def backward_rows_kernel[
         vector_flag: Nonzero when rows are 16-byte aligned (n % V == 0).
     """
     var op = BackwardBlockRow[dtype, log_in, threads, V](tensors_of(dx, a, dy))
-    block_rows[one_loop=True](op, n, vector_flag)
+    block_rows[walk=ONE_LOOP](op, n, vector_flag)
 
 
 struct BackwardBlockRow[dtype: DType, log_in: Bool, T_: Int, V_: Int](

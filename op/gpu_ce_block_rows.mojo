@@ -2,6 +2,12 @@
 an online (max, sum) pass, then, with the gradient, a pass that re-reads
 the row (mostly from L2) to write it. Loss-only reads the row once.
 
+The plain rows run on the block strategy (`block_rows`, gpu_block_rows,
+its ROW_PARTS walk: a row by address as a scalar head, an aligned vector
+body and a scalar tail) over `CEBlockRow`, whose statistics pass
+(`share_stats`, gpu_ce_block_strategy, shared with the sharded
+statistics) keeps U loads a thread in flight.
+
 `ce_kernel_for` (gpu_cross_entropy) gives it the rows the other families
 do not take (rows longer than theirs, or fewer) and, for the loss alone,
 every row past the register plans: a loss needs no row held on chip.
@@ -33,7 +39,8 @@ from .cross_entropy_math import (
     target_grad,
     target_kind,
 )
-from .gpu_ce_block_strategy import block_stats
+from .gpu_block_rows import ROW_PARTS, block_rows
+from .gpu_ce_block_strategy import combine_stats, share_stats
 from .gpu_ce_common import (
     CEArgs,
     CELaunchRows,
@@ -51,7 +58,8 @@ from .row_math import (
     online_sum_guard,
     vector_width,
 )
-from .row_part import RowPart, row_part
+from .row_op import BlockRowOp
+from .row_part import BlockRow, RowPart
 
 # Rows longer than the register plans: a block of this many threads a row.
 comptime CE_BLOCK_THREADS = 512
@@ -78,55 +86,6 @@ def ce_block_loss_threads[dtype: DType]() -> Int:
     return 256 if size_of[dtype]() <= 2 else 512
 
 
-@always_inline
-def _write_grad[
-    dtype: DType, V: Int, T: Int
-](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    p: RowPart,
-    kind: Int,
-    fill: Scalar[dtype],
-    g: CrossEntropyGrad[dtype, False],
-):
-    """Thread `p.t`'s share of the row's gradient into `y` (`fill` for rows
-    not kept), from a second read of the logits `x`: the vector body, then
-    the scalar head and tail. The target's entry is fixed up after."""
-    comptime acc = accum_dtype[dtype]()
-    var t = p.t
-    var head = p.head
-    var tail_begin = p.tail_begin
-    for i in range(t, p.nvec, T):
-        var out = SIMD[dtype, V](fill)
-        if kind == KEPT:
-            out = g.edge[V](
-                x.unsafe_offset(head + i * V)
-                .unsafe_load[width=V, alignment=16]()
-                .cast[acc]()
-            )
-        y.unsafe_offset(head + i * V).unsafe_store[alignment=16](out)
-    for e in range(t, head, T):
-        y[unsafe_offset=e] = _scalar_grad(x, e, kind, fill, g)
-    for e in range(tail_begin + t, p.len, T):
-        y[unsafe_offset=e] = _scalar_grad(x, e, kind, fill, g)
-
-
-@always_inline
-def _scalar_grad[
-    dtype: DType
-](
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    e: Int,
-    kind: Int,
-    fill: Scalar[dtype],
-    g: CrossEntropyGrad[dtype, False],
-) -> Scalar[dtype]:
-    """The gradient of element `e` outside the row's vector body."""
-    if kind != KEPT:
-        return fill
-    return g.edge[1](x[unsafe_offset=e].cast[accum_dtype[dtype]()]())[0]
-
-
 @__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(T)))
 def ce_block_kernel[
     dtype: DType,
@@ -139,73 +98,233 @@ def ce_block_kernel[
     terms: Int = NO_TERMS,
 ](args: CEArgs[dtype], n: Int64, flag: Int32):
     """Cross-entropy of rows of any length, a block of T threads a row:
-    online (max, sum of exp) over the row, then the gradient from a second
-    read. Arguments as `ce_register_kernel`; `flag` is nonzero when the
-    buffers start 16-byte aligned (each row then has a scalar head, an
-    aligned vector body and a scalar tail, as in gpu_smem_rows). The first
-    pass loads U vectors a thread at a time (`block_stats`).
+    the block strategy (`block_rows`, gpu_block_rows, its ROW_PARTS walk)
+    over `CEBlockRow`. Arguments as `ce_register_kernel`; `flag` is
+    nonzero when the buffers start 16-byte aligned (each row then has a
+    scalar head, an aligned vector body and a scalar tail, as in
+    gpu_smem_rows).
 
     OPTION_TERMS: the extended options' row (`_options_row`), U elements a
     thread at a time, `flag` nonzero where `options` holds a weight a
     class."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
     comptime if terms == OPTION_TERMS:
         _options_row[dtype, with_grad, mean, reduce, T, U](args, n, flag)
         return
-    var t = Int(thread_idx.x)
-    var row = Int(block_idx.x)
-    var len = Int(n)
-    var start = row * len
-    var x = in_global(args.logits).unsafe_offset(start)
-    var p = row_part[V, T](t, start, len, flag)
-    var opts = ce_options[acc](in_global(args.options))
-    var eps = opts[1]
-    var tgt = in_global(args.targets)[unsafe_offset=row]
-    var kind = target_kind(tgt, opts[0], len)
-    var scale = grad_scale[acc, mean](in_global(args.count))
-    var smooth = smoothing_of[acc](eps, len)
-    # kind is the same for the whole block, so the reductions inside the
-    # branch are reached by every thread or by none.
-    var value = Scalar[acc](0)
-    var row_max = Scalar[acc](0)
-    var inv_s = Scalar[acc](0)
-    var x_t = Scalar[acc](0)
-    if kind == KEPT:
+    var op = CEBlockRow[dtype, with_grad, mean, reduce, V, T, U](args)
+    block_rows[walk=ROW_PARTS](op, n, flag)
+
+
+struct CEBlockRow[
+    dtype: DType,
+    with_grad: Bool,
+    mean: Bool,
+    reduce: Bool,
+    V_: Int,
+    T_: Int,
+    U: Int,
+](BlockRowOp):
+    """Class-index cross-entropy of a row as a `BlockRowOp` (ROW_PARTS
+    walk): a kept row's target logit and the thread's online (max, sum of
+    exp) over its `RowPart`, U vectors a thread at a time (`share_stats`);
+    the row's loss (`combine`), stored by thread 0 (`store_row`); then,
+    with the gradient, d loss / d logits from a second read, the target's
+    entry by the thread that wrote it (`finish`).
+
+    The row's kind (kept, ignored, out of range) is the same for the whole
+    block, so the reductions under `kind == KEPT` are reached by every
+    thread or by none."""
+
+    comptime threads = Self.T_
+    comptime width = Self.V_
+    comptime acc = accum_dtype[Self.dtype]()
+
+    var args: CEArgs[Self.dtype]
+    """The kernel's tensors, options and sizes, as it took them."""
+    var r: BlockRow
+    """The block's row, this thread, the row's length and where it starts
+    (`begin`)."""
+    var y: HeldRows[Self.dtype]
+    """The row's gradient (`store_row`, with the gradient)."""
+    var tgt: Int64
+    """The row's target."""
+    var kind: Int
+    """KEPT, IGNORED or OUT_OF_RANGE (`target_kind`), the same on every
+    thread of the block."""
+    var eps: Scalar[Self.acc]
+    """Label smoothing (the same on every thread: the plain sum's
+    reduction is reached by all or none)."""
+    var scale: Scalar[Self.acc]
+    """The gradient's scale (`grad_scale`)."""
+    var smooth: Scalar[Self.acc]
+    """eps / V (`smoothing_of`)."""
+    var part: Tuple[Scalar[Self.acc], Scalar[Self.acc], Scalar[Self.acc]]
+    """The thread's (max, sum of exp, sum of x) (a kept row)."""
+    var value: Scalar[Self.acc]
+    """The row's loss (`combine`)."""
+    var row_max: Scalar[Self.acc]
+    """The row's max (a kept row; else 0)."""
+    var inv_s: Scalar[Self.acc]
+    """1 / the row's sum of exp(x - max) (a kept row; else 0)."""
+    var x_t: Scalar[Self.acc]
+    """The target's logit (a kept row)."""
+    var g: CrossEntropyGrad[Self.dtype, False]
+    """The row's gradient map (`store_row`)."""
+    var fill: Scalar[Self.dtype]
+    """The gradient of a row not kept: 0 ignored, NaN out of range."""
+
+    @always_inline
+    def __init__(out self, args: CEArgs[Self.dtype]):
+        """The op on the kernel's arguments; nothing is read yet."""
+        comptime assert Self.acc.is_floating_point()
+        self.args = args
+        self.r = BlockRow(0, 0, 0, 0)
+        self.y = held(in_global(args.dlogits))
+        self.tgt = 0
+        self.kind = IGNORED
+        self.eps = 0
+        self.scale = 0
+        self.smooth = 0
+        self.part = (
+            Scalar[Self.acc](0),
+            Scalar[Self.acc](0),
+            Scalar[Self.acc](0),
+        )
+        self.value = 0
+        self.row_max = 0
+        self.inv_s = 0
+        self.x_t = 0
+        self.g = CrossEntropyGrad[Self.dtype, False](0, 0, 0, 0)
+        self.fill = 0
+
+    @always_inline
+    def _x(self) -> Pointer[Scalar[Self.dtype], MutAnyOrigin]:
+        """The row's logits."""
+        return in_global(self.args.logits).unsafe_offset(self.r.start)
+
+    @always_inline
+    def begin(mut self, row: Int, len: Int) -> Int:
+        """The row, its target and options; every element is folded."""
+        self.r = BlockRow(Int(thread_idx.x), row, len, row * len)
+        var opts = ce_options[Self.acc](in_global(self.args.options))
+        self.eps = opts[1]
+        self.tgt = in_global(self.args.targets)[unsafe_offset=row]
+        self.kind = target_kind(self.tgt, opts[0], len)
+        self.scale = grad_scale[Self.acc, Self.mean](in_global(self.args.count))
+        self.smooth = smoothing_of[Self.acc](self.eps, len)
+        return len
+
+    @always_inline
+    def fold_vector(mut self, e: Int):
+        """Not reached: `fold_part` folds the whole share."""
+        pass
+
+    @always_inline
+    def fold_element(mut self, e: Int):
+        """Not reached: `fold_part` folds the whole share."""
+        pass
+
+    @always_inline
+    def folds(self) -> Bool:
+        """A kept row (the whole block's: the reductions under it are
+        reached by every thread or by none)."""
+        return self.kind == KEPT
+
+    @always_inline
+    def fold_part(mut self, p: RowPart):
+        """The target's logit, then the thread's statistics (`share_stats`,
+        U loads in flight; eps is the same for every thread, so the
+        block's reductions stay uniform)."""
         # The target's logit first: loaded after the block reduction (past
         # its barriers, which no load is moved over) it would be one more
         # round trip at the end of each row.
-        x_t = x[unsafe_offset=Int(tgt)].cast[acc]()
-        # eps is the same for every thread: the block's reductions stay
-        # uniform.
-        var stats = block_stats[dtype, V, T, U, True, True](x, p, eps != 0)
-        row_max = stats[0]
-        var row_sum = stats[1]
-        var sum_x = stats[2]
-        value = row_loss[acc](row_max, row_sum, x_t, sum_x, eps, len)
-        inv_s = 1 / row_sum
-    elif kind != IGNORED:
-        value = nan[acc]()
-    if t == 0:
-        args.store_loss[reduce](row, value)
-    comptime if with_grad:
-        var y = in_global(args.dlogits).unsafe_offset(start)
-        var fill = Scalar[dtype](0) if kind == IGNORED else nan[dtype]()
-        _write_grad[dtype, V, T](
-            y,
-            x,
-            p,
-            kind,
-            fill,
-            CrossEntropyGrad[dtype, False](row_max, inv_s, smooth, scale),
+        var x = self._x()
+        self.x_t = x[unsafe_offset=Int(self.tgt)].cast[Self.acc]()
+        self.part = share_stats[Self.dtype, Self.V_, Self.T_, Self.U, True](
+            x, p, self.eps != 0
         )
-        # The target's entry, by the thread that wrote it (its vector or
-        # scalar store above came first in program order).
-        if kind == KEPT:
-            if t == target_owner[V, T](Int(tgt), p.head, p.tail_begin):
-                y[unsafe_offset=Int(tgt)] = target_grad[acc](
-                    exp_nan[acc, 1](x_t - row_max) * inv_s, smooth, eps, scale
-                ).cast[dtype]()
+
+    @always_inline
+    def combine(mut self):
+        """A kept row's statistics, loss and 1 / sum; else its loss
+        without them (0 ignored, NaN out of range)."""
+        if self.kind == KEPT:
+            var stats = combine_stats[Self.acc, Self.T_, True](
+                self.part, self.eps != 0
+            )
+            self.row_max = stats[0]
+            var row_sum = stats[1]
+            self.value = row_loss[Self.acc](
+                self.row_max, row_sum, self.x_t, stats[2], self.eps, self.r.len
+            )
+            self.inv_s = 1 / row_sum
+        elif self.kind != IGNORED:
+            self.value = nan[Self.acc]()
+
+    @always_inline
+    def store_row(mut self):
+        """The row's loss, by thread 0; with the gradient, its map and the
+        fill of a row not kept (0 ignored, NaN out of range)."""
+        if self.r.t == 0:
+            self.args.store_loss[Self.reduce](self.r.row, self.value)
+        comptime if Self.with_grad:
+            self.y = held(
+                in_global(self.args.dlogits).unsafe_offset(self.r.start)
+            )
+            self.g = CrossEntropyGrad[Self.dtype, False](
+                self.row_max, self.inv_s, self.smooth, self.scale
+            )
+            self.fill = (
+                Scalar[Self.dtype](0) if self.kind
+                == IGNORED else nan[Self.dtype]()
+            )
+
+    @always_inline
+    def write_vector(self, e: Int):
+        """The aligned vector's gradient (`with_grad`; without it nothing
+        is written and the pass compiles to nothing)."""
+        comptime if Self.with_grad:
+            var out = SIMD[Self.dtype, Self.V_](self.fill)
+            if self.kind == KEPT:
+                out = self.g.edge[Self.V_](
+                    self._x()
+                    .unsafe_offset(e)
+                    .unsafe_load[width=Self.V_, alignment=16]()
+                    .cast[Self.acc]()
+                )
+            kernel_arg(self.y).unsafe_offset(e).unsafe_store[alignment=16](out)
+
+    @always_inline
+    def write_element(self, e: Int):
+        """The head's or tail's element's gradient (`with_grad`)."""
+        comptime if Self.with_grad:
+            var out = self.fill
+            if self.kind == KEPT:
+                out = self.g.edge[1](
+                    self._x()[unsafe_offset=e].cast[Self.acc]()
+                )[0]
+            kernel_arg(self.y)[unsafe_offset=e] = out
+
+    @always_inline
+    def finish(self, p: RowPart):
+        """The target's entry, by the thread that wrote it (its vector or
+        element store came first in program order)."""
+        comptime if Self.with_grad:
+            if self.kind == KEPT:
+                var tgt = Int(self.tgt)
+                if p.t == target_owner[Self.V_, Self.T_](
+                    tgt, p.head, p.tail_begin
+                ):
+                    kernel_arg(self.y)[unsafe_offset=tgt] = target_grad[
+                        Self.acc
+                    ](
+                        exp_nan[Self.acc, 1](self.x_t - self.row_max)
+                        * self.inv_s,
+                        self.smooth,
+                        self.eps,
+                        self.scale,
+                    ).cast[
+                        Self.dtype
+                    ]()
 
 
 def launch_ce_block[

@@ -4,10 +4,12 @@ a row of any length, each thread folding its share of the row (scalar
 head, aligned vector body, scalar tail: `RowPart`) U loads in flight,
 then one block reduction.
 
-`ce_block_kernel` (gpu_ce_block_rows) builds a row's loss on it and, with
-the gradient, re-reads the row; `row_stats_kernel` (gpu_sharded_rows)
-writes it out for the other devices to combine. The two differ only in
-how a thread's last items are read (`masked_tails`).
+`CEBlockRow` (gpu_ce_block_rows) folds a thread's share (`share_stats`)
+and combines the block's (`combine_stats`) as the block strategy's two
+steps, then builds a row's loss and, with the gradient, re-reads the row;
+`row_stats_kernel` (gpu_sharded_rows) takes both at once (`block_stats`)
+and writes them out for the other devices to combine. The two differ only
+in how a thread's last items are read (`masked_tails`).
 """
 
 from std.sys import size_of
@@ -207,6 +209,48 @@ def thread_stats[
 
 
 @always_inline
+def share_stats[
+    dtype: DType, V: Int, T: Int, U: Int, masked_tails: Bool
+](
+    x: Pointer[Scalar[dtype], MutAnyOrigin], p: RowPart, smoothing: Bool
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+    Scalar[accum_dtype[dtype]()],
+]:
+    """Thread `p.t`'s `thread_stats` of the row `x`, with the plain sum
+    where `smoothing` (a runtime flag: without it the pass skips the sum,
+    one add an element fewer)."""
+    comptime acc = accum_dtype[dtype]()
+    var part: Tuple[Scalar[acc], Scalar[acc], Scalar[acc]]
+    if smoothing:
+        part = thread_stats[dtype, V, T, U, True, masked_tails](x, p)
+    else:
+        part = thread_stats[dtype, V, T, U, False, masked_tails](x, p)
+    return part
+
+
+@always_inline
+def combine_stats[
+    acc: DType, T: Int, guarded: Bool
+](part: Tuple[Scalar[acc], Scalar[acc], Scalar[acc]], smoothing: Bool) -> Tuple[
+    Scalar[acc], Scalar[acc], Scalar[acc]
+]:
+    """The row's (max, sum of exp(x - `sum_shift(max)`), sum of x (0 unless
+    `smoothing`)) from every thread's `share_stats` `part` of the T-thread
+    block; `guarded`, the sum as a row's own result takes it
+    (`online_sum_guard`: NaN where the max is +-inf), else as a part of a
+    row for a later combine. `smoothing` must be the same for the whole
+    block (the block reductions are reached by every thread)."""
+    var pair = block_max_sum[acc, T](part[0], part[1])
+    var row_sum = pair[1]
+    comptime if guarded:
+        row_sum = online_sum_guard[acc](pair[0], pair[1])
+    var sum_x = block_sum[acc, T](part[2]) if smoothing else Scalar[acc](0)
+    return (pair[0], row_sum, sum_x)
+
+
+@always_inline
 def block_stats[
     dtype: DType, V: Int, T: Int, U: Int, masked_tails: Bool, guarded: Bool
 ](
@@ -216,22 +260,8 @@ def block_stats[
     Scalar[accum_dtype[dtype]()],
     Scalar[accum_dtype[dtype]()],
 ]:
-    """The row `x`'s (max, sum of exp(x - `sum_shift(max)`), sum of x (0
-    unless `smoothing`)) from every thread of the T-thread block, each its
-    `thread_stats`; `guarded`, the sum as a row's own result takes it
-    (`online_sum_guard`: NaN where the max is +-inf), else as a part of a
-    row for a later combine. `smoothing` must be the same for the whole
-    block (the block reductions are reached by every thread); without it
-    the pass skips the plain sum (one add an element fewer)."""
-    comptime acc = accum_dtype[dtype]()
-    var part: Tuple[Scalar[acc], Scalar[acc], Scalar[acc]]
-    if smoothing:
-        part = thread_stats[dtype, V, T, U, True, masked_tails](x, p)
-    else:
-        part = thread_stats[dtype, V, T, U, False, masked_tails](x, p)
-    var pair = block_max_sum[acc, T](part[0], part[1])
-    var row_sum = pair[1]
-    comptime if guarded:
-        row_sum = online_sum_guard[acc](pair[0], pair[1])
-    var sum_x = block_sum[acc, T](part[2]) if smoothing else Scalar[acc](0)
-    return (pair[0], row_sum, sum_x)
+    """The row `x`'s statistics (`combine_stats`) from every thread of the
+    T-thread block, each its `share_stats`."""
+    return combine_stats[accum_dtype[dtype](), T, guarded](
+        share_stats[dtype, V, T, U, masked_tails](x, p, smoothing), smoothing
+    )

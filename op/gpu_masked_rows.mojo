@@ -34,7 +34,7 @@ from std.utils import StaticTuple
 from std.utils.numerics import inf
 
 from .dispatch import launch_register_strategy
-from .gpu_block_rows import block_rows
+from .gpu_block_rows import LOOP_A_PATH, block_rows
 from .gpu_launch import HeldRows, aligned16, held, kernel_arg, vector_flag_of
 from .gpu_reductions import block_max, block_max_sum, block_sum
 from .gpu_register_rows import (
@@ -356,7 +356,7 @@ def masked_block_kernel[
     var op = MaskedBlockRow[dtype, log_out, has_mask, causal, V, T](
         tensors_of(dst, src, mask), options, mask_rows, causal_rows
     )
-    block_rows[one_loop=False](op, n, vector_flag)
+    block_rows[walk=LOOP_A_PATH](op, n, vector_flag)
 
 
 struct MaskedBlockRow[

@@ -24,7 +24,7 @@ from max.gpu.host import DeviceContext
 from std.utils import StaticTuple
 
 from .gpu_ce_common import store_row_loss
-from .gpu_block_rows import block_rows
+from .gpu_block_rows import LOOP_A_PATH, block_rows
 from .gpu_launch import (
     HeldRows,
     aligned16,
@@ -89,7 +89,7 @@ def soft_block_kernel[
     # Elements only (vector_flag 0), as this kernel has always read: the
     # launcher checks no alignment, and a constant flag leaves the element
     # loops alone in the machine code.
-    block_rows[one_loop=False](op, args.n, 0)
+    block_rows[walk=LOOP_A_PATH](op, args.n, 0)
 
 
 struct SoftBlockRow[

@@ -144,8 +144,8 @@ trait BlockRowOp:
     def begin(mut self, row: Int, len: Int) -> Int:
         """Set up row `row` (of `len` elements: its pointers, per-row
         options, empty statistics); return how many of its elements are
-        folded (`len`, or a causal row's to its diagonal). Every element
-        to `len` is written."""
+        folded (`len`, or a causal row's to its diagonal; the ROW_PARTS
+        walk folds every element). Every element to `len` is written."""
         ...
 
     def fold_vector(mut self, e: Int):
@@ -160,7 +160,8 @@ trait BlockRowOp:
     def combine(mut self):
         """Combine the threads' statistics over the block (the
         `gpu_reductions` helper the statistics need) into what the write
-        uses."""
+        uses. Under the ROW_PARTS walk it is also called, with nothing
+        folded, for a row that `folds` not: it then reduces nothing."""
         ...
 
     def write_vector(self, e: Int):
@@ -172,3 +173,38 @@ trait BlockRowOp:
         """Write element `e` of the output row from the row's
         statistics."""
         ...
+
+    @always_inline
+    def folds(self) -> Bool:
+        """Under the ROW_PARTS walk, whether the row is folded at all (the
+        same on every thread of the block; a cross-entropy row whose target
+        is ignored or out of range is not): by default always."""
+        return True
+
+    @always_inline
+    def fold_part(mut self, p: RowPart):
+        """Fold the thread's share `p` of the row under the ROW_PARTS
+        walk: by default the body's vectors, then the head's and the
+        tail's elements; an op overrides it to keep several loads in
+        flight (the cross-entropy's `share_stats`)."""
+        var t = p.t
+        for i in range(t, p.nvec, Self.threads):
+            self.fold_vector(p.head + i * Self.width)
+        for e in range(t, p.head, Self.threads):
+            self.fold_element(e)
+        for e in range(p.tail_begin + t, p.len, Self.threads):
+            self.fold_element(e)
+
+    @always_inline
+    def store_row(mut self):
+        """Under the ROW_PARTS walk, after `combine` and before the
+        output: what the op writes once a row (the cross-entropy's loss):
+        by default nothing."""
+        pass
+
+    @always_inline
+    def finish(self, p: RowPart):
+        """Under the ROW_PARTS walk, what the thread writes after its share
+        `p` of the output row (the cross-entropy's target entry): by
+        default nothing."""
+        pass
