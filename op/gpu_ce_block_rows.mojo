@@ -413,7 +413,12 @@ def _options_row[
     """One row (block) of the extended cross-entropy: an online (max, sum
     of exp) pass over the capped logits (with, under label smoothing, the
     weighted sums the loss needs), its loss to `row_losses` (`reduce`) or
-    `loss`, and `with_grad` its gradient from a second read."""
+    `loss`, and `with_grad` its gradient from a second read.
+
+    Not an op on `block_rows`: both passes, the fold and the gradient,
+    load U elements a thread before using them (`_gather`), and the
+    strategy's write loops take one vector or element at a time, so on it
+    the op would own every loop."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var t = Int(thread_idx.x)
