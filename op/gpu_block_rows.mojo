@@ -21,7 +21,7 @@ launch bounds and argument lists stay the kernels' own.
 
 from max.gpu import block_idx, thread_idx
 
-from .row_op import BlockRowOp
+from .row_op import BlockRowOp, walk_part
 from .row_part import row_part
 
 comptime ONE_LOOP = 0
@@ -72,12 +72,7 @@ def block_rows[
         else:
             op.combine()
         op.store_row()
-        for i in range(t, p.nvec, T):
-            op.write_vector(p.head + i * V)
-        for e in range(t, p.head, T):
-            op.write_element(e)
-        for e in range(p.tail_begin + t, len, T):
-            op.write_element(e)
+        walk_part[write=True](op, p)
         op.finish(p)
         return
     var limit = op.begin(row, len)

@@ -187,13 +187,7 @@ trait BlockRowOp:
         walk: by default the body's vectors, then the head's and the
         tail's elements; an op overrides it to keep several loads in
         flight (the cross-entropy's `share_stats`)."""
-        var t = p.t
-        for i in range(t, p.nvec, Self.threads):
-            self.fold_vector(p.head + i * Self.width)
-        for e in range(t, p.head, Self.threads):
-            self.fold_element(e)
-        for e in range(p.tail_begin + t, p.len, Self.threads):
-            self.fold_element(e)
+        walk_part[write=False](self, p)
 
     @always_inline
     def store_row(mut self):
@@ -208,3 +202,26 @@ trait BlockRowOp:
         `p` of the output row (the cross-entropy's target entry): by
         default nothing."""
         pass
+
+
+@always_inline
+def walk_part[Op: BlockRowOp, write: Bool](mut op: Op, p: RowPart):
+    """Thread `p.t`'s share of a row laid out as a `RowPart` (the block
+    strategy's ROW_PARTS walk): the body's aligned vectors, then the head's
+    and the tail's elements, each folded or (`write`) written."""
+    for i in range(p.t, p.nvec, Op.threads):
+        var e = p.head + i * Op.width
+        comptime if write:
+            op.write_vector(e)
+        else:
+            op.fold_vector(e)
+    for e in range(p.t, p.head, Op.threads):
+        comptime if write:
+            op.write_element(e)
+        else:
+            op.fold_element(e)
+    for e in range(p.tail_begin + p.t, p.len, Op.threads):
+        comptime if write:
+            op.write_element(e)
+        else:
+            op.fold_element(e)
